@@ -1,0 +1,1 @@
+//! IR -> IR passes of pipec, one per file.

@@ -3,5 +3,6 @@
 
 pub mod error;
 pub mod ir;
+pub mod passmgr;
 
 pub use error::{Error, Result};

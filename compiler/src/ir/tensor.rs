@@ -14,6 +14,9 @@ pub enum Payload {
     Raw(Bytes),
     /// One byte string per element (`DType::String`).
     Strings(Vec<Bytes>),
+    /// Data not present: the tensor came from textual IR that printed it as
+    /// `dense_resource<KEY>` without the blob. Shapes and types are still known.
+    Elided(String),
 }
 
 /// A constant tensor.
@@ -34,7 +37,7 @@ impl TensorData {
     pub fn raw(&self) -> Option<&Bytes> {
         match &self.payload {
             Payload::Raw(b) => Some(b),
-            Payload::Strings(_) => None,
+            Payload::Strings(_) | Payload::Elided(_) => None,
         }
     }
 
@@ -43,6 +46,7 @@ impl TensorData {
         match &self.payload {
             Payload::Raw(b) => b.len(),
             Payload::Strings(s) => s.iter().map(|b| b.len()).sum(),
+            Payload::Elided(_) => 0,
         }
     }
 

@@ -1,6 +1,7 @@
 //! pipec's compiler core: the IR, the ONNX front end and exporter, the textual IR (MLIR generic
 //! syntax), the verifier, shape inference and the pass manager. See ARCHITECTURE.md.
 
+pub mod analysis;
 pub mod error;
 pub mod ir;
 pub mod passmgr;

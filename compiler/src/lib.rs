@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod ir;
+pub mod onnx;
 pub mod passmgr;
 
 pub use error::{Error, Result};

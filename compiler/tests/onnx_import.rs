@@ -346,17 +346,20 @@ fn initializers_share_the_source_buffer() {
     }
 }
 
+/// A node as (name, op type, domain, input names, output names, attributes).
+type NodeSummary = (
+    String,
+    String,
+    String,
+    Vec<Option<String>>,
+    Vec<String>,
+    Vec<(String, Attr)>,
+);
+
 /// Everything a round trip must keep.
 #[derive(Debug, PartialEq)]
 struct Summary {
-    nodes: Vec<(
-        String,
-        String,
-        String,
-        Vec<Option<String>>,
-        Vec<String>,
-        Vec<(String, Attr)>,
-    )>,
+    nodes: Vec<NodeSummary>,
     inits: Vec<(String, TensorData)>,
     inputs: Vec<(String, TensorType)>,
     outputs: Vec<(String, TensorType)>,

@@ -237,3 +237,52 @@ fn attr_proto(name: &str, a: &Attr) -> std::result::Result<AttributeProto, Strin
     }
     Ok(p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbolic_dims_become_dim_params() {
+        let b = Dim::sym("batch");
+        let t = TensorType::new(
+            DType::F16,
+            vec![Dim::Known(2).mul(&b).unwrap(), Dim::Known(0)],
+        );
+        let p = type_proto(&t);
+        let Some(type_proto::Value::TensorType(tt)) = p.value else {
+            panic!("not a tensor type")
+        };
+        assert_eq!(tt.elem_type, 10);
+        let dims: Vec<_> = tt.shape.unwrap().dim.into_iter().map(|d| d.value).collect();
+        assert_eq!(
+            dims,
+            vec![
+                Some(dimension::Value::DimParam("2*batch".into())),
+                Some(dimension::Value::DimValue(0))
+            ]
+        );
+        let p = type_proto(&TensorType::unranked(DType::I64));
+        let Some(type_proto::Value::TensorType(tt)) = p.value else {
+            panic!("not a tensor type")
+        };
+        assert!(tt.shape.is_none());
+    }
+
+    #[test]
+    fn attributes_carry_their_type() {
+        let a = attr_proto("k", &Attr::Int(0)).unwrap();
+        assert_eq!((a.r#type, a.i), (at::INT, Some(0)));
+        let a = attr_proto("s", &Attr::Strings(vec!["x".into()])).unwrap();
+        assert_eq!(a.r#type, at::STRINGS);
+        assert_eq!(a.strings[0].as_ref(), b"x");
+        let t = TensorData {
+            dtype: DType::F32,
+            dims: vec![1],
+            payload: Payload::Elided("k0".into()),
+        };
+        assert!(attr_proto("value", &Attr::Tensor(t))
+            .unwrap_err()
+            .contains("k0"));
+    }
+}

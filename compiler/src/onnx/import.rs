@@ -659,3 +659,115 @@ fn external_data(
         payload: Payload::Raw(raw),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::proto::StringStringEntryProto;
+
+    fn no_ext() -> ExternalFiles {
+        ExternalFiles {
+            dir: None,
+            files: HashMap::new(),
+        }
+    }
+
+    #[test]
+    fn dim_params() {
+        assert_eq!(parse_dim_param("batch"), Dim::sym("batch"));
+        let two_b = Dim::Known(2).mul(&Dim::sym("batch")).unwrap();
+        assert_eq!(parse_dim_param("2*batch"), two_b);
+        // Not in canonical form: kept as one opaque symbol so it exports back unchanged.
+        assert_eq!(parse_dim_param("seq*batch"), Dim::sym("seq*batch"));
+        assert_eq!(parse_dim_param("s + 1"), Dim::sym("s + 1"));
+        assert_eq!(parse_dim_param("6"), Dim::sym("6"));
+    }
+
+    #[test]
+    fn typed_int4_and_complex() {
+        let t = TensorProto {
+            data_type: DType::I4.onnx_code(),
+            dims: vec![3],
+            int32_data: vec![0x21, 0x03],
+            ..Default::default()
+        };
+        let d = tensor_data(&t, &mut no_ext()).unwrap();
+        assert_eq!(d.raw().unwrap().as_ref(), &[0x21, 0x03]);
+        let t = TensorProto {
+            data_type: DType::Complex64.onnx_code(),
+            dims: vec![1],
+            float_data: vec![1.0, 2.0],
+            ..Default::default()
+        };
+        assert_eq!(tensor_data(&t, &mut no_ext()).unwrap().byte_len(), 8);
+        let t = TensorProto {
+            data_type: DType::Complex64.onnx_code(),
+            dims: vec![2],
+            float_data: vec![1.0, 2.0],
+            ..Default::default()
+        };
+        let e = tensor_data(&t, &mut no_ext()).unwrap_err();
+        assert!(e.contains("float_data has 2 values instead of 4"), "{e}");
+    }
+
+    #[test]
+    fn attribute_type_inferred_when_missing() {
+        let a = AttributeProto {
+            name: "axis".into(),
+            i: Some(-1),
+            ..Default::default()
+        };
+        assert_eq!(attr_value(&a, &mut no_ext()).unwrap(), Attr::Int(-1));
+        let a = AttributeProto {
+            name: "perm".into(),
+            ints: vec![0, 2, 1],
+            ..Default::default()
+        };
+        assert_eq!(
+            attr_value(&a, &mut no_ext()).unwrap(),
+            Attr::Ints(vec![0, 2, 1])
+        );
+        let a = AttributeProto {
+            name: "mode".into(),
+            r#type: at::STRING,
+            s: Some(Bytes::from_static(&[0xff, 0xfe])),
+            ..Default::default()
+        };
+        assert!(attr_value(&a, &mut no_ext()).unwrap_err().contains("UTF-8"));
+    }
+
+    #[test]
+    fn external_without_model_dir_is_an_error() {
+        let t = TensorProto {
+            data_type: 1,
+            dims: vec![1],
+            data_location: DATA_LOCATION_EXTERNAL,
+            external_data: vec![StringStringEntryProto {
+                key: "location".into(),
+                value: "w.bin".into(),
+            }],
+            ..Default::default()
+        };
+        let e = tensor_data(&t, &mut no_ext()).unwrap_err();
+        assert!(
+            e.contains("w.bin") && e.contains("folder is unknown"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn external_files_are_mapped_once() {
+        let dir = std::env::temp_dir().join(format!("pipec-onnx-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("w.bin"), [7u8; 32]).unwrap();
+        let mut ext = ExternalFiles {
+            dir: Some(dir.clone()),
+            files: HashMap::new(),
+        };
+        let a = ext.file("w.bin").unwrap();
+        let b = ext.file("./w.bin").unwrap();
+        assert_eq!(a.as_ptr(), b.as_ptr());
+        assert_eq!(ext.files.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -481,7 +481,7 @@ fn export_skips_annotations_unless_asked_and_rejects_elided_data() {
 /// Exported files pass `onnx.checker.check_model(full_check=True)` (skipped with a note if
 /// Python's `onnx` is not installed).
 #[test]
-fn exported_models_pass_the_onnx_checker() {
+fn exported_models_pass_the_onnx_checker_and_run_the_same() {
     let has_onnx = std::process::Command::new("python3")
         .args(["-c", "import onnx"])
         .output()
@@ -493,17 +493,44 @@ fn exported_models_pass_the_onnx_checker() {
     }
     let dir = TmpDir::new("checker");
     let mut paths = Vec::new();
+    let mut envs = Vec::new();
     for (file, ..) in MODELS {
         let m = onnx::load(&model_path(file)).unwrap();
         let p = dir.path().join(file);
         onnx::save(&m, &p).unwrap();
         paths.push(p.display().to_string());
+        envs.push((format!("PIPEC_MODELS_{file}"), model_path(file)));
     }
-    let script = "import sys, onnx\nfor p in sys.argv[1:]:\n    onnx.checker.check_model(onnx.load(p), full_check=True)\n    print('ok', p)\n";
+    // The checker on every export; then, where onnxruntime is installed, the exported model must
+    // compute exactly what the original computes on the reference batch.
+    let script = r#"
+import sys, os, onnx
+import numpy as np
+for p in sys.argv[1:]:
+    onnx.checker.check_model(onnx.load(p), full_check=True)
+try:
+    import onnxruntime as ort
+except ImportError:
+    print("note: onnxruntime is not available; outputs not compared")
+    sys.exit(0)
+for p in sys.argv[1:]:
+    orig = os.environ["PIPEC_MODELS_" + os.path.basename(p)]
+    ref = orig[: -len(".onnx")] + ".ref.npz"
+    if not os.path.exists(ref):
+        print("note: no reference batch for", orig)
+        continue
+    z = np.load(ref)
+    feeds = {k[len("input/"):]: z[k] for k in z.files if k.startswith("input/")}
+    run = lambda f: ort.InferenceSession(f, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(run(orig), run(p)):
+        assert np.array_equal(a, b), p
+    print("ok", p)
+"#;
     let out = std::process::Command::new("python3")
         .arg("-c")
         .arg(script)
         .args(&paths)
+        .envs(envs)
         .output()
         .unwrap();
     assert!(
@@ -512,6 +539,25 @@ fn exported_models_pass_the_onnx_checker() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    eprint!("{}", String::from_utf8_lossy(&out.stdout));
+}
+
+#[test]
+fn initializers_listed_as_inputs_stay_constants() {
+    let w = TensorProto {
+        float_data: vec![1.0; 4],
+        ..tensor("w", 1, &[4])
+    };
+    let mut m = relu_model(vec![w]);
+    m.graph.as_mut().unwrap().input.push(vi("w", 1, &[4]));
+    let mut m = import(&m).unwrap();
+    assert_eq!(m.graph.inputs.len(), 1);
+    assert_eq!(m.graph.initializers.len(), 1);
+    // An IR version 3 export lists them as inputs again.
+    m.ir_version = 3;
+    let p = onnx::to_model_proto(&m).unwrap();
+    let names: Vec<_> = p.graph.unwrap().input.into_iter().map(|i| i.name).collect();
+    assert_eq!(names, ["x", "w"]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -46,19 +46,20 @@ pub fn to_model_proto_with(m: &Module, opts: &ExportOptions) -> Result<ModelProt
             opsets.entry(d.clone()).or_insert(1);
         }
     }
+    let ir_version = if m.ir_version > 0 {
+        m.ir_version
+    } else {
+        DEFAULT_IR_VERSION
+    };
     Ok(ModelProto {
-        ir_version: if m.ir_version > 0 {
-            m.ir_version
-        } else {
-            DEFAULT_IR_VERSION
-        },
+        ir_version,
         opset_import: opsets
             .into_iter()
             .map(|(domain, version)| OperatorSetIdProto { domain, version })
             .collect(),
         producer_name: m.producer_name.clone(),
         producer_version: m.producer_version.clone(),
-        graph: Some(graph_proto(g, opts)?),
+        graph: Some(graph_proto(g, ir_version, opts)?),
         ..Default::default()
     })
 }
@@ -84,7 +85,7 @@ pub fn save_with(m: &Module, path: &Path, opts: &ExportOptions) -> Result<()> {
     std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
 }
 
-fn graph_proto(g: &Graph, opts: &ExportOptions) -> Result<GraphProto> {
+fn graph_proto(g: &Graph, ir_version: i64, opts: &ExportOptions) -> Result<GraphProto> {
     let name = |v: &Value| g.values[*v].name.clone();
     let mut node = Vec::with_capacity(g.order.len());
     for &op in &g.order {
@@ -120,7 +121,11 @@ fn graph_proto(g: &Graph, opts: &ExportOptions) -> Result<GraphProto> {
             tensor_proto(&n, t).map_err(|msg| Error::named(&n, format!("initializer: {msg}")))?,
         );
     }
-    let input = g.inputs.iter().map(|v| value_info(g, *v)).collect();
+    let mut input: Vec<ValueInfoProto> = g.inputs.iter().map(|v| value_info(g, *v)).collect();
+    if ir_version < 4 {
+        // Before IR version 4 every initializer must also be listed as a graph input.
+        input.extend(g.initializers.keys().map(|v| value_info(g, *v)));
+    }
     let output = g.outputs.iter().map(|v| value_info(g, *v)).collect();
     let outs: HashSet<Value> = g.outputs.iter().copied().collect();
     let mut vi = Vec::new();

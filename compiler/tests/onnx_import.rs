@@ -969,3 +969,62 @@ fn bad_sparse_initializer() {
         &["'sp'", "sparse initializers are not supported"],
     );
 }
+
+/// Corrupted and truncated files give errors (or, by chance, a valid model), never a panic.
+#[test]
+fn corrupted_files_never_panic() {
+    // gpt2_tiny, mutated only outside the weights' raw data (where the structure is).
+    let orig = std::fs::read(model_path("gpt2_tiny.onnx")).unwrap();
+    let buf = Bytes::from(orig.clone());
+    let base = buf.as_ptr() as usize;
+    let m = onnx::from_bytes(buf, None, "gpt2_tiny").unwrap();
+    let mut weights: Vec<(usize, usize)> = m
+        .graph
+        .initializers
+        .values()
+        .map(|t| {
+            let r = t.raw().unwrap();
+            (
+                r.as_ptr() as usize - base,
+                r.as_ptr() as usize - base + r.len(),
+            )
+        })
+        .collect();
+    weights.sort();
+    let structure: Vec<usize> = (0..orig.len())
+        .filter(|i| !weights.iter().any(|(a, b)| a <= i && i < b))
+        .collect();
+    assert!(structure.len() > 10_000);
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let (mut ok, mut err) = (0, 0);
+    for i in 0..300 {
+        let mut b = orig.clone();
+        if i % 4 == 0 {
+            b.truncate(structure[(rnd() as usize) % structure.len()]);
+        } else {
+            for _ in 0..1 + i % 7 {
+                let at = structure[(rnd() as usize) % structure.len()];
+                b[at] = rnd() as u8;
+            }
+        }
+        match onnx::from_bytes(Bytes::from(b), None, "fuzz.onnx") {
+            Ok(m) => {
+                ok += 1;
+                // Whatever imported must also export.
+                let _ = onnx::to_bytes(&m);
+            }
+            Err(e) => {
+                err += 1;
+                assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+    eprintln!("{ok} imported, {err} rejected");
+    assert!(err > 100 && ok + err == 300);
+}

@@ -649,7 +649,7 @@ fn symbolic_and_unknown_dims() {
     let mut x = vi("x", 1, &[0, 4]);
     if let Some(type_proto::Value::TensorType(t)) = &mut x.r#type.as_mut().unwrap().value {
         let dims = &mut t.shape.as_mut().unwrap().dim;
-        dims[0].value = Some(dimension::Value::DimParam("N".into()));
+        dims[0].value = Some(dimension::Value::DimParam("unk__0".into()));
         dims.push(Dimension::default());
         dims.push(Dimension::default());
     }
@@ -661,10 +661,11 @@ fn symbolic_and_unknown_dims() {
     );
     let m = import(&m).unwrap();
     let t = m.graph.ty(m.graph.inputs[0]).shape.clone().unwrap();
-    assert_eq!(t[0], Dim::sym("N"));
+    // Fresh symbols do not collide with the file's own `unk__0`.
+    assert_eq!(t[0], Dim::sym("unk__0"));
     assert_eq!(t[1], Dim::Known(4));
-    assert_eq!(t[2], Dim::sym("unk__0"));
-    assert_eq!(t[3], Dim::sym("unk__1"));
+    assert_eq!(t[2], Dim::sym("unk__1"));
+    assert_eq!(t[3], Dim::sym("unk__2"));
 }
 
 #[test]

@@ -164,15 +164,41 @@ impl ExternalFiles {
     }
 }
 
-/// Fresh names for dims with neither value nor param (`unk__N`).
-#[derive(Default)]
-struct Fresh(usize);
+/// Fresh names for dims with neither value nor param (`unk__N`), skipping names the file
+/// already uses as `dim_param` (onnxruntime's shape inference writes `unk__N` itself).
+struct Fresh {
+    next: usize,
+    taken: HashSet<String>,
+}
 
 impl Fresh {
+    fn new(gp: &GraphProto) -> Fresh {
+        let mut taken = HashSet::new();
+        for vi in gp.input.iter().chain(&gp.output).chain(&gp.value_info) {
+            if let Some(TypeProto {
+                value:
+                    Some(type_proto::Value::TensorType(type_proto::Tensor { shape: Some(s), .. })),
+                ..
+            }) = &vi.r#type
+            {
+                for d in &s.dim {
+                    if let Some(dimension::Value::DimParam(p)) = &d.value {
+                        taken.insert(p.clone());
+                    }
+                }
+            }
+        }
+        Fresh { next: 0, taken }
+    }
+
     fn next(&mut self) -> Dim {
-        let d = Dim::sym(format!("unk__{}", self.0));
-        self.0 += 1;
-        d
+        loop {
+            let name = format!("unk__{}", self.next);
+            self.next += 1;
+            if !self.taken.contains(&name) {
+                return Dim::sym(name);
+            }
+        }
     }
 }
 
@@ -224,7 +250,7 @@ fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
         return Err(Error::named(name, "sparse initializers are not supported"));
     }
     let mut g = Graph::new(gp.name.clone());
-    let mut fresh = Fresh::default();
+    let mut fresh = Fresh::new(gp);
     // Every defined name -> value, and a description of its definer for duplicate errors.
     let mut by_name: HashMap<String, Value> = HashMap::new();
 

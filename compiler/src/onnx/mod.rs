@@ -4,6 +4,8 @@
 //! - [`import`]: ONNX → IR ([`load`], [`from_bytes`]), zero-copy for weights, with validation.
 //! - [`export`]: IR → ONNX ([`to_model_proto`], [`to_bytes`], [`save`]).
 
+#![warn(missing_docs)]
+
 pub mod export;
 pub mod import;
 pub mod proto;

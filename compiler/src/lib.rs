@@ -4,6 +4,7 @@
 pub mod analysis;
 pub mod error;
 pub mod ir;
+pub mod onnx;
 pub mod passmgr;
 
 pub use error::{Error, Result};

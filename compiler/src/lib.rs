@@ -2,6 +2,7 @@
 //! syntax), the verifier, shape inference and the pass manager. See ARCHITECTURE.md.
 
 pub mod error;
+pub mod eval;
 pub mod ir;
 pub mod passmgr;
 

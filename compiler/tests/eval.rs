@@ -430,6 +430,19 @@ fn slice_steps_and_clamping() {
         9,
     );
     check_i(&s, DType::I64, &[2, 2], &[1, 2, 5, 6]);
+    // An empty axis with a negative step gives an empty result.
+    let s = ev(
+        "Slice",
+        &[],
+        &[
+            iota(&[0]),
+            i64s(&[1], &[-1]),
+            i64s(&[1], &[i64::MIN]),
+            i64s(&[1], &[0]),
+            i64s(&[1], &[-1]),
+        ],
+    );
+    check_i(&s, DType::I64, &[0], &[]);
     assert!(ev_err(
         "Slice",
         &[],
@@ -471,7 +484,21 @@ fn reshape_and_flatten() {
         .dims,
         [6, 4]
     );
-    assert_eq!(ev("Flatten", &[("axis", Attr::Int(3))], &[x]).dims, [24, 1]);
+    assert_eq!(
+        ev(
+            "Flatten",
+            &[("axis", Attr::Int(3))],
+            std::slice::from_ref(&x)
+        )
+        .dims,
+        [24, 1]
+    );
+    assert_eq!(
+        ev("Flatten", &[("axis", Attr::Int(0))], &[i64s(&[], &[1])]).dims,
+        [1, 1]
+    );
+    let e = ev_err("Flatten", &[("axis", Attr::Int(4))], &[iota(&[2, 3, 4])]);
+    assert!(e.contains("axis 4"), "{e}");
 }
 
 #[test]
@@ -569,6 +596,14 @@ fn range_int_and_float() {
     );
     let want = [0.5f32, 0.8, 1.1, 1.4, 1.7];
     check_f(&r, DType::F32, &[5], &want.map(f64::from));
+    // Counts are exact beyond f64's 53 bits: np.arange(0, 2**62 + 1, 2**62) has 2 elements.
+    let big = 1i64 << 62;
+    let r = ev(
+        "Range",
+        &[],
+        &[i64s(&[], &[0]), i64s(&[], &[big + 1]), i64s(&[], &[big])],
+    );
+    check_i(&r, DType::I64, &[2], &[0, big]);
     let r = ev(
         "Range",
         &[],

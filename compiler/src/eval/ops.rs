@@ -323,12 +323,13 @@ fn slice(cx: &Cx) -> R<Tensor> {
             return Err(Fail::invalid("step 0"));
         }
         let fix = |v: i64| if v < 0 { v.saturating_add(d) } else { v };
+        // `max` then `min` rather than `clamp`: for an empty axis the negative-step bounds cross.
         let (s, e) = if st > 0 {
-            (fix(starts[k]).clamp(0, d), fix(ends[k]).clamp(0, d))
+            (fix(starts[k]).max(0).min(d), fix(ends[k]).max(0).min(d))
         } else {
             (
-                fix(starts[k]).clamp(0, d - 1),
-                fix(ends[k]).clamp(-1, d - 1),
+                fix(starts[k]).max(0).min(d - 1),
+                fix(ends[k]).max(-1).min(d - 1),
             )
         };
         // ceil(span / |step|) without overflow for huge steps.
@@ -403,12 +404,8 @@ fn flatten(cx: &Cx) -> R<Tensor> {
     let x = cx.input(0)?;
     let r = x.rank();
     let a = cx.int_attr("axis", 1);
-    let axis = if a == r as i64 {
-        r
-    } else {
-        norm_axis(a, r.max(1))?
-    };
-    let dims = vec![prod(&x.dims[..axis.min(r)]), prod(&x.dims[axis.min(r)..])];
+    let axis = if a == r as i64 { r } else { norm_axis(a, r)? };
+    let dims = vec![prod(&x.dims[..axis]), prod(&x.dims[axis..])];
     Ok(x.reshaped(dims))
 }
 
@@ -508,7 +505,14 @@ fn range(cx: &Cx) -> R<Tensor> {
             if d == 0 {
                 return Err(Fail::invalid("delta is 0"));
             }
-            let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as u64;
+            // Exact ceil((l - s) / d), 0 when the range runs the other way.
+            let span = l - s;
+            let n = if span == 0 || (span < 0) != (d < 0) {
+                0
+            } else {
+                (span.abs() + d.abs() - 1) / d.abs()
+            };
+            let n = u64::try_from(n).map_err(|_| Fail::Unsupported)?;
             cap_len(n)?;
             Num::I((0..n as i128).map(|i| (s + i * d) as i64).collect())
         }

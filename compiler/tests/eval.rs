@@ -1037,6 +1037,19 @@ fn size_cap_declines() {
     let big = MAX_ELEMENTS as i64 + 1;
     ev_none("Identity", &[], &[iota(&[big])]);
     ev_none("Neg", &[], &[iota(&[big])]);
+    // Empty, but with dims whose product overflows: refused, not computed.
+    let empty = i64s(&[0, 1 << 40, 1 << 40], &[]);
+    ev_none("Transpose", &[], &[empty]);
+    ev_none(
+        "ConstantOfShape",
+        &[],
+        &[i64s(&[3], &[0, 1 << 40, 1 << 40])],
+    );
+    ev_none(
+        "Reshape",
+        &[("allowzero", Attr::Int(1))],
+        &[iota(&[0]), i64s(&[3], &[0, 1 << 40, 1 << 40])],
+    );
 }
 
 #[test]

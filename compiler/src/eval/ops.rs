@@ -396,6 +396,8 @@ fn reshape(cx: &Cx) -> R<Tensor> {
             x.dims
         )));
     }
+    // Only `allowzero` can create new zero dims, whose partner dims are unbounded.
+    capped_numel(&dims)?;
     Ok(x.reshaped(dims))
 }
 

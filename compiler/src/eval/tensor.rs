@@ -27,15 +27,19 @@ pub(crate) fn elem_size(dtype: DType) -> R<usize> {
 }
 
 /// Number of elements of `dims`, refusing shapes above [`MAX_ELEMENTS`].
+///
+/// Zero dims count as 1 against the cap, so every partial product of the dims of an accepted
+/// shape is bounded too: strides never overflow and no loop runs long over an empty tensor
+/// (`[0, 2^40, 2^40]` is refused).
 pub(crate) fn capped_numel(dims: &[usize]) -> R<usize> {
-    let n = dims
+    let bound = dims
         .iter()
-        .try_fold(1usize, |acc, d| acc.checked_mul(*d))
+        .try_fold(1usize, |acc, d| acc.checked_mul((*d).max(1)))
         .ok_or(Fail::Unsupported)?;
-    if n as u64 > MAX_ELEMENTS {
+    if bound as u64 > MAX_ELEMENTS {
         return Err(Fail::Unsupported);
     }
-    Ok(n)
+    Ok(dims.iter().product())
 }
 
 /// Dims from ONNX `i64` dims: negative dims are invalid, large shapes are refused.

@@ -1079,3 +1079,134 @@ fn declines_non_constant_unknown_and_foreign() {
     };
     ev_none("Identity", &[], &[s]);
 }
+
+/// Random operands and attributes (deterministic LCG) over every covered op: the evaluator
+/// answers `Ok` or `Err`, never panics, whatever the constant data says.
+#[test]
+fn random_operands_never_panic() {
+    const OPS: &[&str] = &[
+        "Identity",
+        "Cast",
+        "Shape",
+        "Size",
+        "Gather",
+        "Unsqueeze",
+        "Squeeze",
+        "Concat",
+        "Slice",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Expand",
+        "Tile",
+        "ConstantOfShape",
+        "Range",
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "Not",
+        "Where",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Neg",
+        "Abs",
+        "Sqrt",
+        "Pow",
+        "Min",
+        "Max",
+        "Mod",
+        "ReduceProd",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceMean",
+        "Trilu",
+        "CumSum",
+        "Split",
+    ];
+    const DTYPES: &[DType] = &[
+        DType::F32,
+        DType::F64,
+        DType::F16,
+        DType::BF16,
+        DType::I64,
+        DType::I32,
+        DType::I8,
+        DType::U8,
+        DType::Bool,
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % n
+    };
+    let mut outcomes = [0usize; 3];
+    for case in 0..20_000 {
+        let op_type = OPS[case % OPS.len()];
+        let n_in = rnd(4) as usize;
+        let ins: Vec<TensorData> = (0..n_in)
+            .map(|_| {
+                let dtype = if rnd(2) == 0 {
+                    DType::I64
+                } else {
+                    DTYPES[rnd(DTYPES.len() as u64) as usize]
+                };
+                let dims: Vec<i64> = (0..rnd(4)).map(|_| rnd(4) as i64).collect();
+                let n: i64 = dims.iter().product();
+                let vals: Vec<f64> = (0..n).map(|_| rnd(9) as f64 - 4.0).collect();
+                typed(dtype, &dims, &vals)
+            })
+            .collect();
+        let r = |rnd: &mut dyn FnMut(u64) -> u64| rnd(9) as i64 - 4;
+        let mut attrs: Vec<(&str, Attr)> = Vec::new();
+        for name in [
+            "axis",
+            "keepdims",
+            "upper",
+            "exclusive",
+            "reverse",
+            "fmod",
+            "start",
+            "end",
+            "allowzero",
+            "num_outputs",
+            "noop_with_empty_axes",
+        ] {
+            if rnd(3) == 0 {
+                attrs.push((name, Attr::Int(r(&mut rnd))));
+            }
+        }
+        for name in ["axes", "perm", "split", "starts", "ends"] {
+            if rnd(4) == 0 {
+                let v = (0..rnd(4)).map(|_| r(&mut rnd)).collect();
+                attrs.push((name, Attr::Ints(v)));
+            }
+        }
+        if rnd(3) == 0 {
+            attrs.push(("to", Attr::Int(rnd(24) as i64)));
+        }
+        let mut op = node(op_type, n_in, &attrs);
+        op.outputs = (0..1 + rnd(3) as usize).map(Value::new).collect();
+        let opset = [9, 11, 13, 17, 18][rnd(5) as usize];
+        let k = match eval_at(&op, &ins, opset) {
+            Ok(Some(_)) => 0,
+            Ok(None) => 1,
+            Err(e) => {
+                assert!(e.to_string().contains(op_type), "{e}");
+                2
+            }
+        };
+        outcomes[k] += 1;
+    }
+    // Each outcome happens often enough for the test to mean something.
+    assert!(outcomes.iter().all(|n| *n > 500), "{outcomes:?}");
+}

@@ -3,6 +3,7 @@
 
 pub mod analysis;
 pub mod error;
+pub mod eval;
 pub mod ir;
 pub mod onnx;
 pub mod passmgr;

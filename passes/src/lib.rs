@@ -4,16 +4,19 @@
 
 pub mod dce;
 pub mod fold_constants;
+pub mod shape_infer;
 
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;
+pub use shape_infer::ShapeInfer;
 
 use pipec_compiler::passmgr::Pass;
 
 /// Every pass, in the order `--list-passes` prints them (roughly the order a pipeline runs them).
 pub fn registry() -> Vec<Box<dyn Pass>> {
     vec![
-        // Analyses that refine types go first: `shape-infer` belongs here.
+        // Analyses that refine types go first.
+        Box::new(ShapeInfer),
         // Canonicalization.
         Box::new(FoldConstants),
         Box::new(Dce),

@@ -460,11 +460,11 @@ fn tiny() -> Module {
     );
     let w = g.add_initializer(
         "fc.weight",
-        TensorData::from_f32(vec![4, 5], &(0..20).map(|i| i as f32).collect::<Vec<_>>()),
+        TensorData::from_f32(vec![8, 3], &(0..24).map(|i| i as f32).collect::<Vec<_>>()),
     );
     let b = g.add_initializer(
         "fc.bias",
-        TensorData::from_f32(vec![4], &[0.5, -1.0, 0.0, 2.0]),
+        TensorData::from_f32(vec![8], &[0.5, -1.0, 0.0, 2.0, 0.1, 1e-8, 3e20, -0.0]),
     );
     let mut gemm = op("/fc/Gemm", "Gemm", "", vec![Some(x), Some(w), Some(b)]);
     gemm.attrs.insert("transB".into(), Attr::Int(1));
@@ -473,14 +473,14 @@ fn tiny() -> Module {
         gemm,
         vec![(
             "/fc/Gemm_output_0".into(),
-            TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::Known(4)]),
+            TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::Known(8)]),
         )],
     );
     let (_, z) = g.add_op(
         op("relu", "Relu", "", vec![Some(y[0])]),
         vec![(
             "out".into(),
-            TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::Known(4)]),
+            TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::Known(8)]),
         )],
     );
     g.outputs = vec![z[0]];
@@ -497,12 +497,12 @@ fn tiny() -> Module {
 #[test]
 fn golden_tiny_graph() {
     let expected = r#"module attributes {pipec.ir_version = 8 : i64, pipec.opset_imports = [["", 17]], pipec.producer_name = "pytorch"} {
-  func.func @main(%input: tensor<?x3xf32, ["batch"]>) -> (tensor<?x4xf32, ["batch"]>) {
-    %fc.weight = "pipec.initializer"() {value = dense_resource<fc.weight> : tensor<4x5xf32>} : () -> tensor<4x5xf32>
-    %fc.bias = "pipec.initializer"() {value = dense<[0.5, -1.0, 0.0, 2.0]> : tensor<4xf32>} : () -> tensor<4xf32>
-    %fc_Gemm_output_0 = "onnx.Gemm"(%input, %fc.weight, %fc.bias) {alpha = 1.0 : f32, pipec.names = ["/fc/Gemm_output_0"], pipec.node = "/fc/Gemm", transB = 1 : i64} : (tensor<?x3xf32, ["batch"]>, tensor<4x5xf32>, tensor<4xf32>) -> tensor<?x4xf32, ["batch"]>
-    %out = "onnx.Relu"(%fc_Gemm_output_0) {pipec.node = "relu"} : (tensor<?x4xf32, ["batch"]>) -> tensor<?x4xf32, ["batch"]>
-    func.return %out : tensor<?x4xf32, ["batch"]>
+  func.func @main(%input: tensor<?x3xf32, ["batch"]>) -> (tensor<?x8xf32, ["batch"]>) {
+    %fc.weight = "pipec.initializer"() {value = dense_resource<fc.weight> : tensor<8x3xf32>} : () -> tensor<8x3xf32>
+    %fc.bias = "pipec.initializer"() {value = dense<[0.5, -1.0, 0.0, 2.0, 0.1, 1.0e-8, 3.0e20, -0.0]> : tensor<8xf32>} : () -> tensor<8xf32>
+    %fc_Gemm_output_0 = "onnx.Gemm"(%input, %fc.weight, %fc.bias) {alpha = 1.0 : f32, pipec.names = ["/fc/Gemm_output_0"], pipec.node = "/fc/Gemm", transB = 1 : i64} : (tensor<?x3xf32, ["batch"]>, tensor<8x3xf32>, tensor<8xf32>) -> tensor<?x8xf32, ["batch"]>
+    %out = "onnx.Relu"(%fc_Gemm_output_0) {pipec.node = "relu"} : (tensor<?x8xf32, ["batch"]>) -> tensor<?x8xf32, ["batch"]>
+    func.return %out : tensor<?x8xf32, ["batch"]>
   }
 }
 "#;
@@ -696,4 +696,18 @@ func.func @f(%a: tensor<?x2xf32>) -> tensor<?x2xf32> {
     // And it prints to something that round-trips.
     let t = print(&m);
     assert_eq!(print(&parse(&t, "t").unwrap()), t);
+}
+
+#[test]
+fn empty_module() {
+    let m = Module::default();
+    let t = print(&m);
+    assert_eq!(
+        t,
+        "module attributes {pipec.ir_version = 0 : i64, pipec.opset_imports = []} {\n  func.func @main() attributes {pipec.graph_name = \"\"} {\n    func.return\n  }\n}\n"
+    );
+    let m2 = parse(&t, "t").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m2.graph.name, "");
+    assert_eq!(print(&m2), t);
+    check_mlir_opt(&t, "empty");
 }

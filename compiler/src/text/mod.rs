@@ -11,14 +11,31 @@
 //!
 //! ```text
 //! module attributes {pipec.ir_version = 8 : i64, pipec.opset_imports = [["", 17]], pipec.producer_name = "pytorch"} {
-//!   func.func @main(%input: tensor<?x3xf32, ["batch"]>) -> (tensor<?x4xf32, ["batch"]>) {
-//!     %fc.weight = "pipec.initializer"() {value = dense_resource<fc.weight> : tensor<4x3xf32>} : () -> tensor<4x3xf32>
-//!     %fc.bias = "pipec.initializer"() {value = dense<[0.5, -1.0, 0.0, 2.0]> : tensor<4xf32>} : () -> tensor<4xf32>
-//!     %fc.Gemm_output_0 = "onnx.Gemm"(%input, %fc.weight, %fc.bias) {pipec.names = ["/fc/Gemm_output_0"], pipec.node = "/fc/Gemm", transB = 1 : i64} : (tensor<?x3xf32, ["batch"]>, tensor<4x3xf32>, tensor<4xf32>) -> tensor<?x4xf32, ["batch"]>
-//!     func.return %fc.Gemm_output_0 : tensor<?x4xf32, ["batch"]>
+//!   func.func @main(%input: tensor<?x3xf32, ["batch"]>) -> (tensor<?x8xf32, ["batch"]>) {
+//!     %fc.weight = "pipec.initializer"() {value = dense_resource<fc.weight> : tensor<8x3xf32>} : () -> tensor<8x3xf32>
+//!     %fc.bias = "pipec.initializer"() {value = dense<[0.5, -1.0, 0.0, 2.0, 0.1, 1.0e-8, 3.0e20, -0.0]> : tensor<8xf32>} : () -> tensor<8xf32>
+//!     %fc_Gemm_output_0 = "onnx.Gemm"(%input, %fc.weight, %fc.bias) {alpha = 1.0 : f32, pipec.names = ["/fc/Gemm_output_0"], pipec.node = "/fc/Gemm", transB = 1 : i64} : (tensor<?x3xf32, ["batch"]>, tensor<8x3xf32>, tensor<8xf32>) -> tensor<?x8xf32, ["batch"]>
+//!     %out = "onnx.Relu"(%fc_Gemm_output_0) {pipec.node = "relu"} : (tensor<?x8xf32, ["batch"]>) -> tensor<?x8xf32, ["batch"]>
+//!     func.return %out : tensor<?x8xf32, ["batch"]>
 //!   }
 //! }
 //! ```
+//!
+//! With [`PrintOptions::emit_resources`] the weight's bytes follow the module (MLIR's blob
+//! format: a 4-byte little-endian alignment, then the little-endian elements):
+//!
+//! ```text
+//! {-#
+//!   dialect_resources: {
+//!     builtin: {
+//!       fc.weight: "0x04000000000000000000803F00000040..."
+//!     }
+//!   }
+//! #-}
+//! ```
+//!
+//! Check it with `mlir-opt --allow-unregistered-dialect FILE` (the `onnx` dialect and the
+//! `!onnx.string` element type are unregistered).
 //!
 //! # Format
 //!
@@ -66,13 +83,17 @@
 //!   a negative known size (not valid MLIR) is written as `?` with the integer in the encoding.
 //!   On input a `?` without an encoding reads as the symbol `?`.
 //!
+//! Only what the module reaches is printed: graph inputs, initializers, the ops in
+//! `Graph::order` and the graph outputs. Dead ops stay out, and a use of a value that nothing
+//! printed defines (an unverified module) prints but does not parse back.
+//!
 //! The text after `mlir-opt` (which renames values to `%0`, `%arg0`, sorts attributes and may
 //! print `return`, `%0:2` result groups, splat `dense` literals) also parses; names that were
 //! not kept in `pipec.name(s)` then come from MLIR's numbering.
 //!
 //! # Parser
 //!
-//! A hand-written on-demand lexer ([`lexer`]) and a recursive-descent parser. MLIR's grammar is
+//! A hand-written on-demand lexer (`text/lexer.rs`) and a recursive-descent parser. MLIR's grammar is
 //! context-sensitive in ways that parser crates handle badly (`2x?xf32` dimension lists lex
 //! differently inside `tensor<...>`, `-` and `:` mean different things in different places,
 //! `{-# ... #-}` metadata), and exact error positions matter, so it is written by hand. Errors

@@ -8,7 +8,7 @@ use crate::ir::{
     ValueData, ValueDef,
 };
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// Deepest nesting of attribute lists / dense literals accepted.
 const MAX_DEPTH: usize = 64;
@@ -110,6 +110,7 @@ impl<'a> Parser<'a> {
     fn dict(&mut self) -> Result<Vec<(String, usize, AV<'a>)>> {
         self.lx.expect("{")?;
         let mut out = Vec::new();
+        let mut seen = HashSet::new();
         if self.lx.eat("}") {
             return Ok(out);
         }
@@ -133,7 +134,7 @@ impl<'a> Parser<'a> {
             self.lx.skip_ws();
             let vpos = self.lx.pos;
             let v = self.attr(0)?;
-            if out.iter().any(|(k, _, _)| *k == key) {
+            if !seen.insert(key.clone()) {
                 return Err(self.lx.err_at(pos, format!("duplicate attribute '{key}'")));
             }
             out.push((key, vpos, v));
@@ -502,7 +503,7 @@ impl<'a> Parser<'a> {
                 }
                 if bits == 4 {
                     let nib = (v as u8) & 0xf;
-                    if i % 2 == 0 {
+                    if i & 1 == 0 {
                         raw.push(nib);
                     } else if let Some(last) = raw.last_mut() {
                         *last |= nib << 4;

@@ -283,7 +283,7 @@ fn fmt_elem(out: &mut String, dtype: DType, b: &[u8], i: usize) {
         }
         U4 | I4 => {
             let byte = b.get(i / 2).copied().unwrap_or(0);
-            let nib = if i % 2 == 0 { byte & 0xf } else { byte >> 4 };
+            let nib = if i & 1 == 0 { byte & 0xf } else { byte >> 4 };
             if dtype == I4 {
                 let _ = write!(out, "{}", ((nib << 4) as i8) >> 4);
             } else {

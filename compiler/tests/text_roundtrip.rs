@@ -711,3 +711,48 @@ fn empty_module() {
     assert_eq!(print(&m2), t);
     check_mlir_opt(&t, "empty");
 }
+
+/// A longer run of the mutation fuzzing, over the big module (`cargo test -- --ignored`).
+#[test]
+#[ignore]
+fn fuzz_long() {
+    let texts = [
+        print(&big_module()),
+        print_with(
+            &big_module(),
+            &PrintOptions {
+                emit_resources: true,
+                elide_threshold: 8,
+            },
+        ),
+    ];
+    let alphabet = b"%@\"{}[]()<>:,=-#?*x0123456789.abcfiste_ \n\\!";
+    let mut rng = Rng(987654321);
+    let iters: usize = std::env::var("FUZZ_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    for k in 0..iters {
+        let mut b = texts[k % 2].clone().into_bytes();
+        for _ in 0..(1 + rng.next() % 3) {
+            if b.is_empty() {
+                break;
+            }
+            let i = (rng.next() as usize) % b.len();
+            match rng.next() % 4 {
+                0 => b[i] = alphabet[(rng.next() as usize) % alphabet.len()],
+                1 => {
+                    b.remove(i);
+                }
+                2 => b.insert(i, alphabet[(rng.next() as usize) % alphabet.len()]),
+                _ => b.truncate(i),
+            }
+        }
+        let s = String::from_utf8_lossy(&b);
+        if let Ok(m) = parse(&s, "mutated") {
+            let t = print(&m);
+            let m2 = parse(&t, "reprint").unwrap_or_else(|e| panic!("{e}\n{t}"));
+            assert_eq!(print(&m2), t);
+        }
+    }
+}

@@ -243,7 +243,10 @@ impl<'a> Parser<'a> {
                     payload: Payload::Elided(key),
                 }))
             }
-            _ => Err(self.lx.err_at(pos, "expected an attribute value")),
+            Some(other) => Err(self
+                .lx
+                .err_at(pos, format!("expected an attribute value, found '{other}'"))),
+            None => Err(self.lx.err("expected an attribute value")),
         }
     }
 
@@ -532,11 +535,11 @@ impl<'a> Parser<'a> {
     /// `tensor<...>`.
     fn tensor_type(&mut self) -> Result<TensorType> {
         self.lx.skip_ws();
-        let start = self.lx.pos;
         if !self.lx.eat_keyword("tensor") {
             return Err(self.lx.err("expected a tensor type"));
         }
         self.lx.expect_raw("<")?;
+        self.lx.skip_ws();
         let mut shape: Option<Vec<Option<i64>>> = Some(Vec::new());
         if self.lx.peek_raw() == Some(b'*') {
             self.lx.expect_raw("*")?;
@@ -639,7 +642,6 @@ impl<'a> Parser<'a> {
                 None => it.next().unwrap_or_else(|| Dim::sym("?")),
             })
             .collect();
-        let _ = start;
         Ok(TensorType::new(dtype, dims))
     }
 

@@ -557,6 +557,13 @@ fn errors_name_the_culprit_with_position() {
     let (_, _, msg) = parse_err("module {\n func.func @main() {\n \"onnx.X\"() {v = dense<[1, 2]> : tensor<3xf32>} : () -> ()\n func.return\n }\n}");
     assert!(msg.contains("2 elements"), "{msg}");
 
+    let (line, col, msg) = parse_err("module {\n func.func @main(%x: tensor<2xf32>) {\n %y = \"onnx.Neg\"(%x) : (tensor<3xf32>) -> tensor<2xf32>\n func.return\n }\n}");
+    assert_eq!((line, col), (3, 18), "{msg}");
+    assert!(
+        msg.contains("used with type tensor<3xf32> but defined with type tensor<2xf32>"),
+        "{msg}"
+    );
+
     let (_, _, msg) = parse_err("");
     assert!(msg.contains("end of input"), "{msg}");
 

@@ -10,6 +10,13 @@ use crate::ir::{
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// A type as printed, for messages.
+fn type_text(t: &TensorType) -> String {
+    let mut s = String::new();
+    super::printer::fmt_type(&mut s, t);
+    s
+}
+
 /// Deepest nesting of attribute lists / dense literals accepted.
 const MAX_DEPTH: usize = 64;
 /// Largest tensor a splat literal may expand to (elements).
@@ -946,12 +953,41 @@ impl<'a> Parser<'a> {
                         ),
                     ));
                 }
-                self.m.graph.outputs = outs;
+                for (((v, p), ty), rty) in outs.iter().zip(&tys).zip(&results) {
+                    self.check_type(*v, *p, ty)?;
+                    if ty != rty {
+                        return Err(self.lx.err_at(
+                            *p,
+                            format!(
+                                "returned type {} does not match the declared result type {}",
+                                type_text(ty),
+                                type_text(rty)
+                            ),
+                        ));
+                    }
+                }
+                self.m.graph.outputs = outs.into_iter().map(|(v, _)| v).collect();
                 break;
             }
             self.op()?;
         }
         self.lx.expect("}")?;
+        Ok(())
+    }
+
+    /// Check that a use of `v` (at `pos`) states the type `v` was defined with.
+    fn check_type(&self, v: Value, pos: usize, ty: &TensorType) -> Result<()> {
+        let def = &self.m.graph.values[v].ty;
+        if def != ty {
+            return Err(self.lx.err_at(
+                pos,
+                format!(
+                    "value used with type {} but defined with type {}",
+                    type_text(ty),
+                    type_text(def)
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -985,7 +1021,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A comma-separated operand list; `parens` when enclosed in `(...)`.
-    fn operands(&mut self, parens: bool) -> Result<Vec<Value>> {
+    fn operands(&mut self, parens: bool) -> Result<Vec<(Value, usize)>> {
         let mut out = Vec::new();
         if parens {
             self.lx.expect("(")?;
@@ -996,7 +1032,9 @@ impl<'a> Parser<'a> {
             return Ok(out);
         }
         loop {
-            out.push(self.use_value()?);
+            self.lx.skip_ws();
+            let pos = self.lx.pos;
+            out.push((self.use_value()?, pos));
             if !self.lx.eat(",") {
                 break;
             }
@@ -1061,6 +1099,10 @@ impl<'a> Parser<'a> {
                 ),
             ));
         }
+        for ((v, p), ty) in operands.iter().zip(&in_tys) {
+            self.check_type(*v, *p, ty)?;
+        }
+        let operands: Vec<Value> = operands.into_iter().map(|(v, _)| v).collect();
         let nres: usize = res.iter().map(|r| r.2).sum();
         if nres != out_tys.len() {
             return Err(self.lx.err_at(

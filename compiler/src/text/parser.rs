@@ -464,11 +464,12 @@ impl<'a> Parser<'a> {
                 let bits = if n.kind == NumKind::Hex {
                     self.hex_bits(&n, 16)? as u16
                 } else {
-                    let f = self.f32_of(&n)?;
+                    // Through f64, not f32: one rounding step that matters, not two.
+                    let f = self.f64_of(&n)?;
                     if dtype == F16 {
-                        half::f16::from_f32(f).to_bits()
+                        half::f16::from_f64(f).to_bits()
                     } else {
-                        half::bf16::from_f32(f).to_bits()
+                        half::bf16::from_f64(f).to_bits()
                     }
                 };
                 raw.extend_from_slice(&bits.to_le_bytes());
@@ -479,7 +480,7 @@ impl<'a> Parser<'a> {
                     raw.push(self.hex_bits(&n, 8)? as u8);
                 } else {
                     // Decimal (as mlir-opt prints them): the nearest float8 value.
-                    let f = self.f32_of(&n)?;
+                    let f = self.f64_of(&n)?;
                     raw.push(nearest_f8(dtype, f).ok_or_else(|| {
                         self.lx
                             .err_at(n.pos, format!("{} is not a finite {dtype}", n.text))
@@ -1436,15 +1437,16 @@ fn f8_value(dtype: DType, b: u8) -> Option<f32> {
 
 /// The float8 bit pattern nearest to `f` (ties to the even pattern; `-0.0` kept where the
 /// format has it).
-fn nearest_f8(dtype: DType, f: f32) -> Option<u8> {
+fn nearest_f8(dtype: DType, f: f64) -> Option<u8> {
     if !f.is_finite() {
         return None;
     }
-    let mut best: Option<(f32, u8)> = None;
+    let mut best: Option<(f64, u8)> = None;
     for b in 0..=255u8 {
         let Some(v) = f8_value(dtype, b) else {
             continue;
         };
+        let v = v as f64;
         if v.to_bits() == f.to_bits() {
             return Some(b);
         }
@@ -1478,7 +1480,7 @@ mod tests {
         ] {
             for b in 0..=255u8 {
                 if let Some(v) = f8_value(dt, b) {
-                    assert_eq!(nearest_f8(dt, v), Some(b), "{dt} {b:#x}");
+                    assert_eq!(nearest_f8(dt, v as f64), Some(b), "{dt} {b:#x}");
                     // Six significant digits, as mlir-opt prints them, still find it.
                     let s = format!("{v:.5e}");
                     assert_eq!(nearest_f8(dt, s.parse().unwrap()), Some(b), "{dt} {s}");

@@ -367,6 +367,9 @@ fn exact_round_trip_of_everything() {
     let t1 = print(&m);
     let m2 = parse(&t1, "t1.mlir").unwrap_or_else(|e| panic!("{e}\n{t1}"));
     let t2 = print(&m2);
+    if std::env::var_os("PIPEC_SHOW_TEXT").is_some() {
+        println!("{t1}");
+    }
     assert_eq!(t1, t2);
     assert_same(&m, &m2, true);
     // The names that needed it are kept.

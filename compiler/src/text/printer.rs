@@ -66,6 +66,8 @@ fn sanitize_ssa(name: &str) -> String {
 /// A resource key (an MLIR keyword: `[A-Za-z_][A-Za-z0-9_.]*`) for a name.
 fn sanitize_key(name: &str) -> String {
     let mut out: String = name
+        .strip_prefix('/')
+        .unwrap_or(name)
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '.' | '_') {
@@ -797,7 +799,8 @@ mod tests {
         assert_eq!(sanitize_ssa(""), "v");
         assert_eq!(sanitize_key("conv1.weight"), "conv1.weight");
         assert_eq!(sanitize_key("1w"), "_1w");
-        assert_eq!(sanitize_key("/a-b"), "_a_b");
+        assert_eq!(sanitize_key("/a-b"), "a_b");
+        assert_eq!(sanitize_key("/"), "t");
         assert!(is_key(&sanitize_key("")));
     }
 }

@@ -780,3 +780,50 @@ fn fuzz_long() {
         }
     }
 }
+
+#[test]
+fn wide_inline_tensors_survive_mlir_opt_hex_form() {
+    // mlir-opt prints dense literals over 100 elements as dense<"0x...">; that must parse back.
+    let mut rng = Rng(99);
+    let mut g = Graph::new("main");
+    let mut outs = Vec::new();
+    for &dt in &DType::ALL {
+        outs.push(g.add_initializer(
+            format!("big.{dt}"),
+            random_tensor(&mut rng, dt, vec![3, 67]),
+        ));
+        outs.push(g.add_initializer(
+            format!("splat.{dt}"),
+            TensorData {
+                dtype: dt,
+                dims: vec![150],
+                payload: match dt {
+                    DType::String => Payload::Strings(vec![Bytes::from_static(b"x"); 150]),
+                    _ => Payload::Raw(Bytes::from(vec![
+                        if dt == DType::Bool { 1 } else { 0x11 };
+                        dt.bytes_for(150).unwrap() as usize
+                    ])),
+                },
+            },
+        ));
+    }
+    g.outputs = outs;
+    let m = Module {
+        graph: g,
+        ..Default::default()
+    };
+    let opts = PrintOptions {
+        elide_threshold: 1000,
+        emit_resources: false,
+    };
+    let t = print_with(&m, &opts);
+    assert!(!t.contains("dense_resource"));
+    let m2 = parse(&t, "t").unwrap_or_else(|e| panic!("{e}"));
+    assert_same(&m, &m2, false);
+    assert_eq!(print_with(&m2, &opts), t);
+    if let Some(out) = run_mlir_opt(&t, "hex") {
+        assert!(out.contains("dense<\"0x"), "{out}");
+        let back = parse(&out, "hex-out").unwrap_or_else(|e| panic!("{e}"));
+        assert_same_impl(&m, &back, false, false);
+    }
+}

@@ -310,6 +310,11 @@ impl<'a> Parser<'a> {
     fn dense(&self, lit: Option<Elem<'a>>, ty: TensorType, tpos: usize) -> Result<TensorData> {
         let dims = self.static_dims(&ty, tpos)?;
         let n = numel(&dims).ok_or_else(|| self.lx.err_at(tpos, "bad tensor shape"))?;
+        if let Some(Elem::Str(b, pos)) = &lit {
+            if ty.dtype != DType::String {
+                return self.dense_hex(b, *pos, ty.dtype, dims, n);
+            }
+        }
         let mut flat: Vec<&Elem<'a>> = Vec::new();
         match &lit {
             None => {
@@ -349,6 +354,69 @@ impl<'a> Parser<'a> {
         }
         TensorData::from_raw(dtype, dims, Bytes::from(raw))
             .map_err(|e| self.lx.err_at(tpos, e.to_string()))
+    }
+
+    /// `dense<"0xHEX">`, as mlir-opt prints large literals: the raw little-endian elements
+    /// (MLIR's storage: one byte per 4-bit element, i1 one byte each or packed in bits), or one
+    /// element for a splat.
+    fn dense_hex(
+        &self,
+        hex: &[u8],
+        pos: usize,
+        dtype: DType,
+        dims: Vec<i64>,
+        n: u64,
+    ) -> Result<TensorData> {
+        let bad = || {
+            self.lx
+                .err_at(pos, "expected a hex string \"0x...\" of tensor data")
+        };
+        let h = hex.strip_prefix(b"0x").ok_or_else(bad)?;
+        if h.len() % 2 != 0 {
+            return Err(bad());
+        }
+        let d = |c: u8| (c as char).to_digit(16).map(|v| v as u8);
+        let bytes: Vec<u8> = h
+            .chunks_exact(2)
+            .map(|p| Some(d(p[0])? * 16 + d(p[1])?))
+            .collect::<Option<_>>()
+            .ok_or_else(bad)?;
+        // Bytes per element in MLIR's storage.
+        let elem_bytes = (dtype.bits() as usize).div_ceil(8).max(1);
+        let want = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(elem_bytes))
+            .ok_or_else(|| self.lx.err_at(pos, "tensor too large"))?;
+        let packed_bools = dtype == DType::Bool && bytes.len() as u64 == n.div_ceil(8);
+        let full = if bytes.len() == want {
+            bytes
+        } else if packed_bools {
+            // i1 data packed 8 to a byte, least significant bit first.
+            (0..want).map(|i| (bytes[i / 8] >> (i % 8)) & 1).collect()
+        } else if bytes.len() == elem_bytes && n <= MAX_SPLAT {
+            bytes.repeat(n as usize)
+        } else {
+            return Err(self.lx.err_at(
+                pos,
+                format!(
+                    "hex data has {} bytes but {dtype} {dims:?} needs {want}",
+                    bytes.len()
+                ),
+            ));
+        };
+        let raw = match dtype {
+            DType::Bool => full.iter().map(|b| (*b != 0) as u8).collect(),
+            DType::I4 | DType::U4 => {
+                let mut out = vec![0u8; full.len().div_ceil(2)];
+                for (i, b) in full.iter().enumerate() {
+                    out[i / 2] |= (b & 0xf) << (4 * (i & 1));
+                }
+                out
+            }
+            _ => full,
+        };
+        TensorData::from_raw(dtype, dims, Bytes::from(raw))
+            .map_err(|e| self.lx.err_at(pos, e.to_string()))
     }
 
     fn elem_pos(e: &Elem) -> usize {

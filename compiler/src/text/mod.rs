@@ -75,7 +75,7 @@
 //!   [`PrintOptions::emit_resources`] the text ends with MLIR's
 //!   `{-# dialect_resources: { builtin: { KEY: "0x..." } } #-}` section (hex of a 4-byte
 //!   little-endian alignment followed by the raw little-endian bytes) and parses back as
-//!   [`Payload::Raw`].
+//!   [`Payload::Raw`]. String tensors always print inline (blobs hold no strings).
 //! - **Types**: `tensor<2x?x768xf32>`, `tensor<*xf32>` when the rank is unknown, element types
 //!   from [`DType::mlir_name`]. A symbolic dim prints as `?` and the type carries an encoding
 //!   that lists, for each `?` in order, the symbol text: `tensor<?x?x768xf32, ["batch", "seq"]>`.
@@ -85,20 +85,25 @@
 //!
 //! Only what the module reaches is printed: graph inputs, initializers, the ops in
 //! `Graph::order` and the graph outputs. Dead ops stay out, and a use of a value that nothing
-//! printed defines (an unverified module) prints but does not parse back.
+//! printed defines (an unverified module) prints but does not parse back. Arena numbers
+//! (`Value`, `Op`) are not kept; their order is.
 //!
 //! The text after `mlir-opt` (which renames values to `%0`, `%arg0`, sorts attributes and may
-//! print `return`, `%0:2` result groups, splat `dense` literals) also parses; names that were
-//! not kept in `pipec.name(s)` then come from MLIR's numbering.
+//! print `return`, `%0:2` result groups, splat `dense` literals, `dense<"0x...">` for literals
+//! over 100 elements and float8/f16 elements as 6-digit decimals) also parses, to the same
+//! module; only the names that were not kept in `pipec.name(s)` then come from MLIR's
+//! numbering (`0`, `arg0`, `3#1` for result 1 of a `%3:2` group).
 //!
 //! # Parser
 //!
-//! A hand-written on-demand lexer (`text/lexer.rs`) and a recursive-descent parser. MLIR's grammar is
-//! context-sensitive in ways that parser crates handle badly (`2x?xf32` dimension lists lex
-//! differently inside `tensor<...>`, `-` and `:` mean different things in different places,
-//! `{-# ... #-}` metadata), and exact error positions matter, so it is written by hand. Errors
-//! are [`Error::Parse`] with a 1-based line and column. The parser never panics; nesting depth
-//! and splat sizes are bounded.
+//! A hand-written on-demand lexer (`text/lexer.rs`) and a recursive-descent parser. MLIR's
+//! grammar is context-sensitive in ways that parser crates handle badly (`2x?xf32` dimension
+//! lists lex differently inside `tensor<...>`, `-` and `:` mean different things in different
+//! places, `{-# ... #-}` metadata), and exact error positions matter, so it is written by hand.
+//! Errors are [`Error::Parse`] with a 1-based line and column and name the culprit (`use of
+//! undefined value '%x'`). Like MLIR it checks that every use of a value states the type the
+//! value was defined with, and that values are defined before use (so the parsed program order
+//! is topological). The parser never panics; nesting depth and splat sizes are bounded.
 //!
 //! [`Module`]: crate::ir::Module
 //! [`Payload::Elided`]: crate::ir::Payload::Elided

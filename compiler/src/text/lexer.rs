@@ -362,3 +362,60 @@ impl<'a> Lexer<'a> {
         self.src.get(a..b).unwrap_or("")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        let mut lx = Lexer::new("  -12 0x7FC00000 1.5e-3 2. 3 // c\n 1.0E+20x", "t");
+        let kinds: Vec<(String, NumKind)> = (0..6)
+            .map(|_| {
+                let n = lx.number().unwrap();
+                (n.text.to_string(), n.kind)
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                ("-12".into(), NumKind::Int),
+                ("0x7FC00000".into(), NumKind::Hex),
+                ("1.5e-3".into(), NumKind::Float),
+                ("2.".into(), NumKind::Float),
+                ("3".into(), NumKind::Int),
+                ("1.0E+20".into(), NumKind::Float),
+            ]
+        );
+        assert_eq!(lx.peek(), Some(b'x'));
+        assert!(Lexer::new("-", "t").number().is_err());
+        assert!(Lexer::new("0x", "t").number().is_err());
+    }
+
+    #[test]
+    fn strings_and_positions() {
+        let mut lx = Lexer::new("\"a\\\"b\\\\\\0A\\n\\t\\C3\\A9\"", "t");
+        assert_eq!(lx.string().unwrap(), b"a\"b\\\n\n\t\xC3\xA9");
+        let mut lx = Lexer::new("\n  \u{e9}\u{e9} \"abc", "f");
+        lx.skip_ws();
+        lx.pos += 5;
+        match lx.string() {
+            Err(Error::Parse { line, col, .. }) => assert_eq!((line, col), (2, 6)),
+            other => panic!("{other:?}"),
+        }
+        assert!(Lexer::new("\"\\zz\"", "t").string().is_err());
+    }
+
+    #[test]
+    fn identifiers() {
+        let mut lx = Lexer::new("func.func@x %a-b.c$9#1", "t");
+        assert!(lx.eat_keyword("func.func"));
+        assert!(lx.eat("@"));
+        assert_eq!(lx.ident(), Some("x"));
+        assert!(lx.eat("%"));
+        assert_eq!(lx.suffix_id().unwrap(), "a-b.c$9");
+        assert_eq!(lx.peek_raw(), Some(b'#'));
+        let mut lx = Lexer::new("returnx", "t");
+        assert!(!lx.eat_keyword("return"));
+    }
+}

@@ -7,5 +7,6 @@ pub mod eval;
 pub mod ir;
 pub mod onnx;
 pub mod passmgr;
+pub mod text;
 
 pub use error::{Error, Result};

@@ -4,5 +4,6 @@
 pub mod error;
 pub mod ir;
 pub mod passmgr;
+pub mod shape;
 
 pub use error::{Error, Result};

@@ -1,0 +1,273 @@
+//! Shape and dtype inference.
+//!
+//! [`infer_shapes`] walks `graph.order` (a topological order) and sets every op result's
+//! [`TensorType`] from its operands' types, its attributes and its constant operands, merging the
+//! result with the type already declared on the value (ONNX `value_info` / graph outputs):
+//! a declared static dim that disagrees with the inferred one is an error naming both, an inferred
+//! static dim wins over a declared symbol.
+//!
+//! Alongside types, small int64 0-D/1-D tensors get their element values tracked as
+//! [`Dim`]s ([`SymbolicValues`], like ONNX's data propagation), so that the usual
+//! `Shape → Gather → Unsqueeze → Concat → Reshape` arithmetic of real exports yields static shapes
+//! even with a symbolic batch dimension.
+//!
+//! Rules live in one file per op family and are registered by op type in [`registry`]
+//! (tract's `register_all_ops` style). An op type without a rule is [`Error::UnknownOp`].
+
+mod conv;
+mod elementwise;
+mod misc;
+mod nn;
+mod node;
+mod reduce;
+mod shape_ops;
+mod values;
+
+use crate::error::{Error, Result};
+use crate::ir::{Dim, Graph, Module, Op, TensorType, Value};
+use crate::passmgr::{Pass, Stats};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+pub use node::Node;
+
+/// A shape rule: the result types of one op.
+pub type Rule = fn(&Node) -> Result<Vec<TensorType>>;
+
+/// Rules keyed by ONNX op type (default domain).
+pub fn registry() -> &'static HashMap<&'static str, Rule> {
+    static REG: OnceLock<HashMap<&'static str, Rule>> = OnceLock::new();
+    REG.get_or_init(|| {
+        let mut r: HashMap<&'static str, Rule> = HashMap::new();
+        elementwise::register(&mut r);
+        conv::register(&mut r);
+        nn::register(&mut r);
+        reduce::register(&mut r);
+        shape_ops::register(&mut r);
+        misc::register(&mut r);
+        r
+    })
+}
+
+/// Op types that have a shape rule, sorted.
+pub fn supported_ops() -> Vec<&'static str> {
+    let mut v: Vec<_> = registry().keys().copied().collect();
+    v.sort_unstable();
+    v
+}
+
+/// Largest int tensor (in elements) whose values are tracked symbolically.
+pub const MAX_TRACKED_ELEMS: usize = 64;
+
+/// Element values of small int64 0-D/1-D tensors, as [`Dim`]s (known ints or symbols),
+/// propagated through shape arithmetic. Values of rank-0 tensors have one element.
+#[derive(Clone, Debug, Default)]
+pub struct SymbolicValues {
+    map: HashMap<Value, Vec<Dim>>,
+}
+
+impl SymbolicValues {
+    /// Empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Values of `v`, if tracked.
+    pub fn get(&self, v: Value) -> Option<&[Dim]> {
+        self.map.get(&v).map(Vec::as_slice)
+    }
+    /// Record values for `v`.
+    pub fn insert(&mut self, v: Value, dims: Vec<Dim>) {
+        self.map.insert(v, dims);
+    }
+    /// Number of tracked values.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    /// True if nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// What [`infer_shapes`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InferStats {
+    /// Ops whose result types were inferred.
+    pub ops: usize,
+    /// Result values whose type changed (vs what was declared).
+    pub refined: usize,
+    /// Result values with a fully static shape afterwards.
+    pub static_shapes: usize,
+    /// Result values with a ranked shape holding at least one symbolic dim.
+    pub symbolic_shapes: usize,
+    /// Result values whose rank is still unknown.
+    pub unranked: usize,
+    /// Values whose elements were tracked symbolically.
+    pub tracked_values: usize,
+}
+
+/// Infer the result types of one op. `vals` are the symbolic values known for its operands.
+pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<Vec<TensorType>> {
+    let n = Node::new(g, op, opset, vals);
+    let d = n.data;
+    if !(d.domain.is_empty() || d.domain == "ai.onnx") {
+        return Err(Error::UnknownOp {
+            node: d.name.clone(),
+            op_type: d.op_type.clone(),
+            domain: d.domain.clone(),
+        });
+    }
+    let rule = registry()
+        .get(d.op_type.as_str())
+        .ok_or_else(|| Error::UnknownOp {
+            node: d.name.clone(),
+            op_type: d.op_type.clone(),
+            domain: d.domain.clone(),
+        })?;
+    let mut tys = rule(&n)?;
+    if tys.len() < d.outputs.len() {
+        return Err(n.err(format!(
+            "has {} results but the op defines only {}",
+            d.outputs.len(),
+            tys.len()
+        )));
+    }
+    tys.truncate(d.outputs.len());
+    Ok(tys)
+}
+
+/// Infer every op result's type in `m.graph`, in program order. See the module doc.
+pub fn infer_shapes(m: &mut Module) -> Result<InferStats> {
+    let opset = match m.opset() {
+        0 => 21,
+        v => v,
+    };
+    let mut vals = SymbolicValues::new();
+    let mut stats = InferStats::default();
+    let order = m.graph.order.clone();
+    for op in order {
+        let tys = infer_op(&m.graph, op, opset, &vals)?;
+        let (tracked, merged) = {
+            let g = &m.graph;
+            let n = Node::new(g, op, opset, &vals);
+            let mut merged = Vec::with_capacity(tys.len());
+            for (i, ty) in tys.iter().enumerate() {
+                let v = n.data.outputs[i];
+                merged.push(merge(&n, g.ty(v), ty, g.name(v))?);
+            }
+            // Values are computed with the merged result types.
+            let tracked = values::propagate(&n, &merged);
+            (tracked, merged)
+        };
+        let outs = m.graph.ops[op].outputs.clone();
+        for (v, ty) in outs.iter().zip(merged) {
+            if m.graph.values[*v].ty != ty {
+                stats.refined += 1;
+            }
+            m.graph.values[*v].ty = ty;
+        }
+        for (i, t) in tracked.into_iter().enumerate() {
+            if let (Some(t), Some(v)) = (t, outs.get(i)) {
+                vals.insert(*v, t);
+            }
+        }
+        stats.ops += 1;
+    }
+    for &op in &m.graph.order {
+        for &v in &m.graph.ops[op].outputs {
+            match &m.graph.values[v].ty.shape {
+                None => stats.unranked += 1,
+                Some(s) if s.iter().all(|d| d.known().is_some()) => stats.static_shapes += 1,
+                Some(_) => stats.symbolic_shapes += 1,
+            }
+        }
+    }
+    // Graph outputs: each must be a defined value with a ranked type unless nothing is known.
+    for &v in &m.graph.outputs {
+        if let Some(s) = &m.graph.values[v].ty.shape {
+            if let Some(d) = s.iter().find(|d| d.known().is_some_and(|k| k < 0)) {
+                return Err(Error::named(
+                    m.graph.name(v),
+                    format!("graph output has a negative dim {d}"),
+                ));
+            }
+        }
+    }
+    stats.tracked_values = vals.len();
+    Ok(stats)
+}
+
+/// True for symbols made up by inference (data-dependent or not derivable sizes).
+pub fn is_fresh_symbol(d: &Dim) -> bool {
+    match d {
+        Dim::Sym(s) => s.syms.iter().any(|x| x.starts_with(node::FRESH_PREFIX)),
+        Dim::Known(_) => false,
+    }
+}
+
+/// Merge an inferred type with the declared one of value `name`.
+fn merge(n: &Node, declared: &TensorType, inferred: &TensorType, name: &str) -> Result<TensorType> {
+    let shape = match (&declared.shape, &inferred.shape) {
+        (None, s) => s.clone(),
+        (Some(d), None) => Some(d.clone()),
+        (Some(d), Some(i)) => {
+            if d.len() != i.len() {
+                return Err(n.err(format!(
+                    "result '{name}' is declared with rank {} ({}) but inferred rank {} ({})",
+                    d.len(),
+                    fmt_dims(d),
+                    i.len(),
+                    fmt_dims(i)
+                )));
+            }
+            let mut out = Vec::with_capacity(d.len());
+            for (k, (dd, id)) in d.iter().zip(i).enumerate() {
+                out.push(match (dd, id) {
+                    (Dim::Known(a), Dim::Known(b)) if a != b => {
+                        return Err(n.err(format!(
+                            "result '{name}' dim {k}: declared {a} but inferred {b} \
+                             (declared {}, inferred {})",
+                            fmt_dims(d),
+                            fmt_dims(i)
+                        )))
+                    }
+                    (_, Dim::Known(b)) => Dim::Known(*b),
+                    (Dim::Known(a), _) => Dim::Known(*a),
+                    (decl, inf) if is_fresh_symbol(inf) => decl.clone(),
+                    (_, inf) => inf.clone(),
+                });
+            }
+            Some(out)
+        }
+    };
+    Ok(TensorType {
+        dtype: inferred.dtype,
+        shape,
+    })
+}
+
+/// `[2, batch, 3]`.
+pub fn fmt_dims(d: &[Dim]) -> String {
+    let v: Vec<String> = d.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", v.join(", "))
+}
+
+/// The `shape-infer` pass.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ShapeInferPass;
+
+impl Pass for ShapeInferPass {
+    fn name(&self) -> &'static str {
+        "shape-infer"
+    }
+    fn summary(&self) -> &'static str {
+        "infer every value's dtype and shape (with symbolic dims and shape-value propagation)"
+    }
+    fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
+        let s = infer_shapes(module)?;
+        stats.add("inferred-ops", s.ops as u64);
+        stats.add("refined-values", s.refined as u64);
+        stats.add("unranked-values", s.unranked as u64);
+        Ok(())
+    }
+}

@@ -1,0 +1,294 @@
+//! Symbolic value propagation (ONNX "data propagation"): element values of small integer 0-D/1-D
+//! tensors as [`Dim`]s, through the ops that real exports use for shape arithmetic.
+//! Only exact results are recorded; anything else is simply not tracked.
+
+use super::node::{product, Node};
+use super::shape_ops::{add_dims, shape_range, slice_args, slice_range};
+use super::MAX_TRACKED_ELEMS;
+use crate::ir::{Attr, DType, Dim, TensorType};
+
+/// Values of each result of `n` (given its inferred result types), where derivable.
+pub fn propagate(n: &Node, out: &[TensorType]) -> Vec<Option<Vec<Dim>>> {
+    let mut res = vec![None; out.len()];
+    let Some(t0) = out.first() else { return res };
+    if !(t0.dtype.is_int() || t0.dtype == DType::Bool) {
+        return res;
+    }
+    if n.op_type() == "Split" {
+        // Splitting a shape vector: each piece is a contiguous run.
+        if let Some(v) = n.value(0) {
+            let mut at = 0usize;
+            for (i, t) in out.iter().enumerate() {
+                let Some(len) = t
+                    .shape
+                    .as_ref()
+                    .filter(|s| s.len() == 1)
+                    .and_then(|s| s[0].known())
+                else {
+                    break;
+                };
+                let end = at + len.max(0) as usize;
+                res[i] = v.get(at..end).map(<[Dim]>::to_vec);
+                at = end;
+            }
+        }
+        return res;
+    }
+    let Some(v) = one(n, t0) else { return res };
+    let ok_len = match t0.shape.as_deref() {
+        Some([]) => v.len() == 1,
+        Some([Dim::Known(k)]) => v.len() as i64 == *k,
+        _ => false,
+    };
+    if ok_len && v.len() <= MAX_TRACKED_ELEMS {
+        res[0] = Some(v);
+    }
+    res
+}
+
+/// Elementwise binary op on value vectors with scalar / length-1 broadcasting.
+fn zip(a: &[Dim], b: &[Dim], f: impl Fn(&Dim, &Dim) -> Option<Dim>) -> Option<Vec<Dim>> {
+    let len = a.len().max(b.len());
+    let at = |v: &[Dim], i: usize| -> Option<Dim> {
+        if v.len() == 1 {
+            v.first().cloned()
+        } else {
+            v.get(i).cloned()
+        }
+    };
+    if (a.len() != len && a.len() != 1) || (b.len() != len && b.len() != 1) {
+        return None;
+    }
+    (0..len).map(|i| f(&at(a, i)?, &at(b, i)?)).collect()
+}
+
+fn neg(d: &Dim) -> Option<Dim> {
+    d.mul(&Dim::Known(-1))
+}
+
+fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
+    match n.op_type() {
+        "Shape" => {
+            let s = n.shape(0).ok()??;
+            let (a, b) = shape_range(n, s.len()).ok()?;
+            Some(s[a..b].to_vec())
+        }
+        "Size" => Some(vec![product(n.shape(0).ok()??)?]),
+        "Constant" => match n.data.attrs.get("value_int") {
+            Some(Attr::Int(v)) => Some(vec![Dim::Known(*v)]),
+            _ => match n.data.attrs.get("value_ints") {
+                Some(Attr::Ints(v)) => Some(v.iter().map(|x| Dim::Known(*x)).collect()),
+                _ => {
+                    let v = n.data.outputs.first()?;
+                    super::node::value_of(n.g, n.vals, *v)
+                }
+            },
+        },
+        "Identity" | "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" => n.value(0),
+        "Expand" => {
+            let v = n.value(0)?;
+            let len = match out.shape.as_deref()? {
+                [] => 1,
+                [d] => usize::try_from(d.known()?).ok()?,
+                _ => return None,
+            };
+            match v.len() {
+                l if l == len => Some(v),
+                1 => Some(vec![v.first()?.clone(); len]),
+                _ => None,
+            }
+        }
+        "Cast" | "CastLike" => {
+            let v = n.value(0)?;
+            if out.dtype == DType::Bool {
+                v.iter()
+                    .map(|d| d.known().map(|k| Dim::Known(i64::from(k != 0))))
+                    .collect()
+            } else {
+                Some(v)
+            }
+        }
+        "Concat" => {
+            let mut acc = Vec::new();
+            for i in 0..n.num_inputs() {
+                if n.input(i).is_some() {
+                    acc.extend(n.value(i)?);
+                }
+            }
+            Some(acc)
+        }
+        "Gather" => {
+            let data = n.value(0)?;
+            if n.shape(0).ok()??.len() != 1 {
+                return None;
+            }
+            let idx = n.const_ints(1)?;
+            let len = data.len() as i64;
+            idx.iter()
+                .map(|&i| {
+                    let j = if i < 0 { i + len } else { i };
+                    data.get(usize::try_from(j).ok()?).cloned()
+                })
+                .collect()
+        }
+        "Slice" => {
+            let data = n.value(0)?;
+            let a = slice_args(n).ok()??;
+            if a.starts.len() != 1 || !(a.axes[0] == 0 || a.axes[0] == -1) {
+                return None;
+            }
+            let (st, len) = slice_range(data.len() as i64, a.starts[0], a.ends[0], a.steps[0]);
+            (0..len)
+                .map(|k| {
+                    let idx = st.checked_add(k.checked_mul(a.steps[0])?)?;
+                    data.get(usize::try_from(idx).ok()?).cloned()
+                })
+                .collect()
+        }
+        "Add" => zip(&n.value(0)?, &n.value(1)?, add_dims),
+        "Sub" => zip(&n.value(0)?, &n.value(1)?, |a, b| {
+            if a == b {
+                Some(Dim::Known(0))
+            } else {
+                add_dims(a, &neg(b)?)
+            }
+        }),
+        "Mul" => zip(&n.value(0)?, &n.value(1)?, |a, b| a.mul(b)),
+        "Div" => zip(&n.value(0)?, &n.value(1)?, |a, b| match (a, b) {
+            (Dim::Known(x), Dim::Known(y)) => x.checked_div(*y).map(Dim::Known),
+            _ => a.div(b),
+        }),
+        "Neg" => n.value(0)?.iter().map(neg).collect(),
+        "Equal" => zip(&n.value(0)?, &n.value(1)?, |a, b| {
+            if a == b {
+                return Some(Dim::Known(1));
+            }
+            match (a, b) {
+                (Dim::Known(_), Dim::Known(_)) => Some(Dim::Known(0)),
+                // Symbolic sizes are non-negative.
+                (Dim::Known(k), Dim::Sym(_)) | (Dim::Sym(_), Dim::Known(k)) if *k < 0 => {
+                    Some(Dim::Known(0))
+                }
+                _ => None,
+            }
+        }),
+        "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
+            let op = n.op_type().to_string();
+            zip(&n.value(0)?, &n.value(1)?, |a, b| {
+                let (x, y) = (a.known()?, b.known()?);
+                let r = match op.as_str() {
+                    "Less" => x < y,
+                    "Greater" => x > y,
+                    "LessOrEqual" => x <= y,
+                    _ => x >= y,
+                };
+                Some(Dim::Known(i64::from(r)))
+            })
+        }
+        "Not" => n
+            .value(0)?
+            .iter()
+            .map(|d| d.known().map(|k| Dim::Known(i64::from(k == 0))))
+            .collect(),
+        "Where" => {
+            let c = n.value(0)?;
+            let x = n.value(1)?;
+            let y = n.value(2)?;
+            // Select per element with broadcasting of all three.
+            let len = c.len().max(x.len()).max(y.len());
+            let at = |v: &[Dim], i: usize| {
+                if v.len() == 1 {
+                    v.first().cloned()
+                } else {
+                    v.get(i).cloned()
+                }
+            };
+            (0..len)
+                .map(|i| {
+                    let k = at(&c, i)?.known()?;
+                    if k != 0 {
+                        at(&x, i)
+                    } else {
+                        at(&y, i)
+                    }
+                })
+                .collect()
+        }
+        "Min" | "Max" => {
+            let is_min = n.op_type() == "Min";
+            let mut acc = n.value(0)?;
+            for i in 1..n.num_inputs() {
+                acc = zip(&acc, &n.value(i)?, |a, b| {
+                    if a == b {
+                        return Some(a.clone());
+                    }
+                    let (x, y) = (a.known()?, b.known()?);
+                    Some(Dim::Known(if is_min { x.min(y) } else { x.max(y) }))
+                })?;
+            }
+            Some(acc)
+        }
+        "ReduceProd" | "ReduceSum" | "ReduceMax" | "ReduceMin" => {
+            let v = n.value(0)?;
+            // Only full reductions of a 1-D vector.
+            if product(out.shape.as_ref()?)?.known()? != 1 {
+                return None;
+            }
+            let r = match n.op_type() {
+                "ReduceProd" => product(&v)?,
+                "ReduceSum" => v.iter().try_fold(Dim::Known(0), |a, d| add_dims(&a, d))?,
+                "ReduceMax" => Dim::Known(
+                    v.iter()
+                        .map(Dim::known)
+                        .collect::<Option<Vec<_>>>()?
+                        .into_iter()
+                        .max()?,
+                ),
+                _ => Dim::Known(
+                    v.iter()
+                        .map(Dim::known)
+                        .collect::<Option<Vec<_>>>()?
+                        .into_iter()
+                        .min()?,
+                ),
+            };
+            Some(vec![r])
+        }
+        "ConstantOfShape" => {
+            let fill = match n.data.attrs.get("value") {
+                Some(Attr::Tensor(t)) => *t.to_i64_vec()?.first()?,
+                _ => 0,
+            };
+            let dims = n.value(0)?;
+            let count = product(&dims)?.known()?;
+            if count < 0 || count as usize > MAX_TRACKED_ELEMS {
+                return None;
+            }
+            Some(vec![Dim::Known(fill); count as usize])
+        }
+        "Range" => {
+            let (s, l, d) = (n.const_ints(0)?, n.const_ints(1)?, n.const_ints(2)?);
+            let (s, l, d) = (*s.first()?, *l.first()?, *d.first()?);
+            if d == 0 {
+                return None;
+            }
+            let (num, den) = (l as i128 - s as i128, d as i128);
+            let (num, den) = if den < 0 { (-num, -den) } else { (num, den) };
+            let count = (num + den - 1).div_euclid(den);
+            if count < 0 || count as usize > MAX_TRACKED_ELEMS {
+                return if count <= 0 { Some(vec![]) } else { None };
+            }
+            Some((0..count as i64).map(|k| Dim::Known(s + k * d)).collect())
+        }
+        "Tile" => {
+            let v = n.value(0)?;
+            let r = n.const_ints(1)?;
+            let times = usize::try_from(*r.first()?).ok()?;
+            if v.len().checked_mul(times)? > MAX_TRACKED_ELEMS {
+                return None;
+            }
+            Some(v.iter().cycle().take(v.len() * times).cloned().collect())
+        }
+        _ => None,
+    }
+}

@@ -254,7 +254,16 @@ fn conv_transpose(n: &Node) -> Result<Vec<TensorType>> {
         }
     };
     let m = match w {
-        Some(w) if w.len() == x.len() => n.mul(&w[1], &Dim::Known(group))?,
+        Some(w) if w.len() == x.len() => {
+            if let (Dim::Known(c), Dim::Known(wc)) = (&x[1], &w[0]) {
+                if c != wc {
+                    return Err(n.err(format!(
+                        "input has {c} channels but the weight has {wc} input channels"
+                    )));
+                }
+            }
+            n.mul(&w[1], &Dim::Known(group))?
+        }
         Some(w) => {
             return Err(n.err(format!(
                 "weight rank {} differs from input rank {}",
@@ -300,12 +309,13 @@ fn conv_transpose(n: &Node) -> Result<Vec<TensorType>> {
         let d = match (auto_pad, xi) {
             ("SAME_UPPER" | "SAME_LOWER", _) => n.mul(xi, &Dim::Known(win.stride))?,
             ("NOTSET" | "VALID", Dim::Known(v)) => {
-                let o = win
-                    .stride
-                    .checked_mul(v - 1)
+                let o = v
+                    .checked_sub(1)
+                    .and_then(|a| a.checked_mul(win.stride))
                     .and_then(|a| a.checked_add(op))
                     .and_then(|a| a.checked_add(eff_k))
-                    .map(|a| a - pb - pe)
+                    .and_then(|a| a.checked_sub(pb))
+                    .and_then(|a| a.checked_sub(pe))
                     .ok_or_else(overflow)?;
                 if o < 0 {
                     return Err(n.err(format!("spatial axis {i}: output size {o} is negative")));
@@ -314,8 +324,8 @@ fn conv_transpose(n: &Node) -> Result<Vec<TensorType>> {
             }
             ("NOTSET" | "VALID", _) => {
                 // stride*(x-1) + c = stride*x + (c - stride)
-                let c = op + eff_k - pb - pe;
-                if c == win.stride {
+                let c = (op as i128) + (eff_k as i128) - (pb as i128) - (pe as i128);
+                if c == win.stride as i128 {
                     n.mul(xi, &Dim::Known(win.stride))?
                 } else {
                     n.fresh(i + 2)

@@ -240,6 +240,12 @@ fn merge(n: &Node, declared: &TensorType, inferred: &TensorType, name: &str) -> 
             Some(out)
         }
     };
+    if declared.shape.is_some() && declared.dtype != inferred.dtype {
+        return Err(n.err(format!(
+            "result '{name}' is declared {} but inferred {}",
+            declared.dtype, inferred.dtype
+        )));
+    }
     Ok(TensorType {
         dtype: inferred.dtype,
         shape,

@@ -5,6 +5,9 @@ use crate::error::{Error, Result};
 use crate::ir::{Attr, DType, Dim, Graph, Op, OpData, TensorType, Value};
 use cranelift_entity::EntityRef;
 
+/// Largest rank accepted for a result whose rank comes from data.
+pub const MAX_RANK: i64 = 1024;
+
 /// Prefix of symbols invented by inference.
 pub const FRESH_PREFIX: &str = "unk_";
 
@@ -187,6 +190,16 @@ impl<'a> Node<'a> {
     /// A fresh symbol for result dim `k` of this op (data-dependent or not derivable).
     pub fn fresh(&self, k: usize) -> Dim {
         Dim::sym(format!("{FRESH_PREFIX}{}_{k}", self.op.index()))
+    }
+
+    /// `rank` fresh dims for a result whose rank comes from a shape operand's length.
+    pub fn fresh_shape(&self, rank: i64) -> Result<Vec<Dim>> {
+        if !(0..=MAX_RANK).contains(&rank) {
+            return Err(self.err(format!(
+                "result rank {rank} is out of range (0..={MAX_RANK})"
+            )));
+        }
+        Ok((0..rank as usize).map(|k| self.fresh(k)).collect())
     }
 
     /// Checked product of dims.

@@ -93,9 +93,7 @@ fn reshape(n: &Node) -> Result<Vec<TensorType>> {
                     .shape(1)?
                     .and_then(|s| s.first().and_then(|d| d.known()).filter(|_| s.len() == 1));
                 return Ok(vec![match len {
-                    Some(k) => {
-                        TensorType::new(dt, (0..k.max(0) as usize).map(|i| n.fresh(i)).collect())
-                    }
+                    Some(k) => TensorType::new(dt, n.fresh_shape(k)?),
                     None => TensorType::unranked(dt),
                 }]);
             }
@@ -359,12 +357,14 @@ fn split(n: &Node) -> Result<Vec<TensorType>> {
         }
         match d {
             Dim::Known(v) => {
-                let chunk = (v + parts - 1) / parts;
+                let chunk = v / parts + i64::from(v % parts != 0);
                 if n.data.attr("num_outputs").is_none() && v % parts != 0 {
                     return Err(n.err(format!("axis size {v} does not split evenly in {parts}")));
                 }
                 (0..parts)
-                    .map(|i| Dim::Known(chunk.min((v - chunk * i).max(0))))
+                    .map(|i| {
+                        Dim::Known(chunk.min(v.saturating_sub(chunk.saturating_mul(i)).max(0)))
+                    })
                     .collect()
             }
             _ => {
@@ -554,15 +554,9 @@ fn expand(n: &Node) -> Result<Vec<TensorType>> {
     match (s, n.value(1)) {
         (Some(s), Some(v)) => Ok(vec![TensorType::new(dt, n.broadcast(s, &v)?)]),
         (s, _) => {
-            let k = n
-                .shape(1)?
-                .and_then(|x| x.first().and_then(Dim::known))
-                .map(|k| k.max(0) as usize);
+            let k = n.shape(1)?.and_then(|x| x.first().and_then(Dim::known));
             Ok(vec![match (s, k) {
-                (Some(s), Some(k)) => {
-                    let r = s.len().max(k);
-                    TensorType::new(dt, (0..r).map(|i| n.fresh(i)).collect())
-                }
+                (Some(s), Some(k)) => TensorType::new(dt, n.fresh_shape(k.max(s.len() as i64))?),
                 _ => TensorType::unranked(dt),
             }])
         }
@@ -572,7 +566,8 @@ fn expand(n: &Node) -> Result<Vec<TensorType>> {
 /// Normalized `[start, end)` of `Shape(start, end)` (opset 15) for rank `r`.
 pub(super) fn shape_range(n: &Node, r: usize) -> Result<(usize, usize)> {
     let ri = r as i64;
-    let clamp = |v: i64| -> usize { (if v < 0 { v + ri } else { v }).clamp(0, ri) as usize };
+    let clamp =
+        |v: i64| -> usize { (if v < 0 { v.saturating_add(ri) } else { v }).clamp(0, ri) as usize };
     let s = clamp(n.int_attr("start", 0)?);
     let e = clamp(n.int_attr("end", ri)?);
     Ok((s, e.max(s)))
@@ -608,7 +603,7 @@ fn constant_of_shape(n: &Node) -> Result<Vec<TensorType>> {
     }
     let k = n.shape(0)?.and_then(|s| s.first().and_then(Dim::known));
     Ok(vec![match k {
-        Some(k) => TensorType::new(dt, (0..k.max(0) as usize).map(|i| n.fresh(i)).collect()),
+        Some(k) => TensorType::new(dt, n.fresh_shape(k)?),
         None => TensorType::unranked(dt),
     }])
 }

@@ -278,7 +278,9 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
             if count < 0 || count as usize > MAX_TRACKED_ELEMS {
                 return if count <= 0 { Some(vec![]) } else { None };
             }
-            Some((0..count as i64).map(|k| Dim::Known(s + k * d)).collect())
+            (0..count as i64)
+                .map(|k| Some(Dim::Known(s.checked_add(k.checked_mul(d)?)?)))
+                .collect()
         }
         "Tile" => {
             let v = n.value(0)?;

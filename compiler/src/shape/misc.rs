@@ -1,6 +1,7 @@
 //! The rest: `Resize` / `Upsample` (scales or sizes, `axes`, `keep_aspect_ratio_policy`),
 //! `OneHot`, data-dependent ops (`NonZero`, `Unique`, `Compress`: fresh symbols), `EyeLike`,
-//! `Det`, quantization (`QuantizeLinear`, `DequantizeLinear`), `*Like` random ops.
+//! `Det`, quantization (`QuantizeLinear`, `DequantizeLinear`, `DynamicQuantizeLinear`), random
+//! ops, detection ops (`NonMaxSuppression`, `RoiAlign`), `GridSample`.
 
 use super::{node::Node, Rule};
 use crate::error::Result;
@@ -21,6 +22,87 @@ pub fn register(r: &mut HashMap<&'static str, Rule>) {
     r.insert("Det", det);
     r.insert("QuantizeLinear", quantize);
     r.insert("DequantizeLinear", dequantize);
+    r.insert("DynamicQuantizeLinear", dynamic_quantize);
+    r.insert("RandomNormal", random);
+    r.insert("RandomUniform", random);
+    r.insert("Bernoulli", like);
+    r.insert("NonMaxSuppression", nms);
+    r.insert("RoiAlign", roi_align);
+    r.insert("GridSample", grid_sample);
+}
+
+/// `DynamicQuantizeLinear(x)`: y (uint8, x's shape), y_scale (float scalar), y_zero_point
+/// (uint8 scalar).
+fn dynamic_quantize(n: &Node) -> Result<Vec<TensorType>> {
+    Ok(vec![
+        TensorType {
+            dtype: DType::U8,
+            shape: n.ty(0)?.shape.clone(),
+        },
+        TensorType::known(DType::F32, &[]),
+        TensorType::known(DType::U8, &[]),
+    ])
+}
+
+/// `RandomNormal` / `RandomUniform(shape, dtype=float)`.
+fn random(n: &Node) -> Result<Vec<TensorType>> {
+    let dtype = match n.opt_int_attr("dtype")? {
+        Some(c) => i32::try_from(c)
+            .ok()
+            .and_then(DType::from_onnx)
+            .ok_or_else(|| n.err(format!("bad dtype code {c}")))?,
+        None => DType::F32,
+    };
+    let shape = n
+        .ints_attr("shape")?
+        .ok_or_else(|| n.err("attribute 'shape' is required"))?
+        .into_iter()
+        .map(|d| n.check_dim(d, "shape"))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(vec![TensorType::new(dtype, shape)])
+}
+
+/// `NonMaxSuppression`: int64 `[num_selected, 3]`, data-dependent.
+fn nms(n: &Node) -> Result<Vec<TensorType>> {
+    Ok(vec![TensorType::new(
+        DType::I64,
+        vec![n.fresh(0), Dim::Known(3)],
+    )])
+}
+
+/// `RoiAlign(X[N,C,H,W], rois[R,4], batch_indices[R])`: `[R, C, output_height, output_width]`.
+fn roi_align(n: &Node) -> Result<Vec<TensorType>> {
+    let dt = n.dtype(0)?;
+    let c = match n.shape(0)? {
+        Some(s) if s.len() == 4 => s[1].clone(),
+        Some(s) => return Err(n.err(format!("X must be 4-D, got rank {}", s.len()))),
+        None => n.fresh(1),
+    };
+    let r = n
+        .shape(1)?
+        .and_then(|s| s.first().cloned())
+        .unwrap_or_else(|| n.fresh(0));
+    let oh = n.check_dim(n.int_attr("output_height", 1)?, "output_height")?;
+    let ow = n.check_dim(n.int_attr("output_width", 1)?, "output_width")?;
+    Ok(vec![TensorType::new(dt, vec![r, c, oh, ow])])
+}
+
+/// `GridSample(X[N,C,D...], grid[N,D_out...,r])`: `[N, C, D_out...]`.
+fn grid_sample(n: &Node) -> Result<Vec<TensorType>> {
+    let dt = n.dtype(0)?;
+    let (Some(x), Some(g)) = (n.shape(0)?, n.shape(1)?) else {
+        return Ok(vec![TensorType::unranked(dt)]);
+    };
+    if x.len() < 3 || g.len() != x.len() {
+        return Err(n.err(format!(
+            "X (rank {}) and grid (rank {}) must have the same rank >= 3",
+            x.len(),
+            g.len()
+        )));
+    }
+    let mut out = vec![x[0].clone(), x[1].clone()];
+    out.extend(g[1..g.len() - 1].iter().cloned());
+    Ok(vec![TensorType::new(dt, out)])
 }
 
 /// `Resize(X, roi, scales, sizes)` (opset 11+), `Resize(X, scales)` (10), `Upsample(X, scales)`:
@@ -196,7 +278,7 @@ fn compress(n: &Node) -> Result<Vec<TensorType>> {
     }])
 }
 
-/// `EyeLike` / `Random*Like(dtype?)`: the input's shape, dtype attribute or the input's.
+/// `EyeLike` / `Random*Like` / `Bernoulli(dtype?)`: the input's shape, dtype attribute or the input's.
 fn like(n: &Node) -> Result<Vec<TensorType>> {
     let t = n.ty(0)?;
     let dtype = match n.opt_int_attr("dtype")? {

@@ -20,6 +20,7 @@ mod misc;
 mod nn;
 mod node;
 mod reduce;
+mod rnn;
 mod shape_ops;
 mod values;
 
@@ -45,6 +46,7 @@ pub fn registry() -> &'static HashMap<&'static str, Rule> {
         reduce::register(&mut r);
         shape_ops::register(&mut r);
         misc::register(&mut r);
+        rnn::register(&mut r);
         r
     })
 }

@@ -386,3 +386,126 @@ fn global_pool(n: &Node) -> Result<Vec<TensorType>> {
     out.extend(std::iter::repeat_n(Dim::Known(1), x.len() - 2));
     Ok(vec![TensorType::new(dtype, out)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::T;
+    use super::*;
+    use crate::ir::Attr;
+
+    /// Count window start positions by enumeration (floor mode: the window fits in the padded
+    /// input; ceil mode: it starts before the end of the padded input minus the kernel plus a
+    /// stride, and not inside the end padding).
+    fn reference(i: i64, k: i64, s: i64, d: i64, pb: i64, pe: i64, ceil: bool) -> i64 {
+        let eff = d * (k - 1) + 1;
+        let padded = i + pb + pe;
+        (0..)
+            .take_while(|j| {
+                let p = j * s;
+                if ceil {
+                    p + eff < padded + s && p < i + pb
+                } else {
+                    p + eff <= padded
+                }
+            })
+            .count() as i64
+    }
+
+    #[test]
+    fn pool_sizes_match_enumeration() {
+        for i in 3..12 {
+            for k in 1..4 {
+                for s in 1..4 {
+                    for d in 1..3 {
+                        for (pb, pe) in [(0, 0), (1, 0), (1, 1), (0, 2)] {
+                            if pb >= k || pe >= k || d * (k - 1) + 1 > i + pb + pe {
+                                continue;
+                            }
+                            for ceil in [false, true] {
+                                let mut t = T::new();
+                                let x = t.input(DType::F32, &format!("1,1,{i}"));
+                                let op = t.op(
+                                    "MaxPool",
+                                    &[Some(x)],
+                                    &[
+                                        ("kernel_shape", Attr::Ints(vec![k])),
+                                        ("strides", Attr::Ints(vec![s])),
+                                        ("dilations", Attr::Ints(vec![d])),
+                                        ("pads", Attr::Ints(vec![pb, pe])),
+                                        ("ceil_mode", Attr::Int(i64::from(ceil))),
+                                    ],
+                                    2,
+                                );
+                                let want = reference(i, k, s, d, pb, pe, ceil);
+                                assert_eq!(
+                                    t.shapes(op, 19)[0],
+                                    format!("1,1,{want}"),
+                                    "i={i} k={k} s={s} d={d} pads={pb},{pe} ceil={ceil}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_larger_than_input_is_an_error() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "1,1,2,2");
+        let op = t.op(
+            "AveragePool",
+            &[Some(x)],
+            &[("kernel_shape", Attr::Ints(vec![3, 3]))],
+            1,
+        );
+        assert!(t.shapes(op, 19)[0].contains("smaller than the (dilated) kernel"));
+    }
+
+    #[test]
+    fn same_padding_symbolic() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "n,3,h,w");
+        let op = t.op(
+            "MaxPool",
+            &[Some(x)],
+            &[
+                ("kernel_shape", Attr::Ints(vec![3, 3])),
+                ("strides", Attr::Ints(vec![2, 2])),
+                ("auto_pad", Attr::String("SAME_UPPER".into())),
+            ],
+            1,
+        );
+        let s = t.shapes(op, 19);
+        assert!(s[0].starts_with("n,3,unk_"), "{s:?}");
+        let op = t.op("GlobalMaxPool", &[Some(x)], &[], 1);
+        assert_eq!(t.shapes(op, 19), ["n,3,1,1"]);
+    }
+
+    #[test]
+    fn bad_window_attributes() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "1,1,8,8");
+        let op = t.op(
+            "MaxPool",
+            &[Some(x)],
+            &[
+                ("kernel_shape", Attr::Ints(vec![2, 2])),
+                ("strides", Attr::Ints(vec![0, 1])),
+            ],
+            1,
+        );
+        assert!(t.shapes(op, 19)[0].contains("bad window"));
+        let op = t.op(
+            "MaxPool",
+            &[Some(x)],
+            &[
+                ("kernel_shape", Attr::Ints(vec![2, 2])),
+                ("pads", Attr::Ints(vec![1])),
+            ],
+            1,
+        );
+        assert!(t.shapes(op, 19)[0].contains("'pads' has 1 values"));
+    }
+}

@@ -212,3 +212,47 @@ fn dropout(n: &Node) -> Result<Vec<TensorType>> {
     };
     Ok(vec![t, mask])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{show, T};
+    use super::*;
+    use crate::ir::Attr;
+
+    #[test]
+    fn dtypes() {
+        let mut t = T::new();
+        let x = t.input(DType::F16, "b,3");
+        let y = t.input(DType::F16, "3");
+        let i = t.input(DType::I64, "3");
+        let op = t.op("LessOrEqual", &[Some(x), Some(y)], &[], 1);
+        let ty = t.infer(op, 18).unwrap();
+        assert_eq!((ty[0].dtype, show(&ty[0])), (DType::Bool, "b,3".into()));
+        let op = t.op("Add", &[Some(x), Some(i)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("dtypes differ"));
+        let op = t.op("Pow", &[Some(x), Some(i)], &[], 1);
+        assert_eq!(t.infer(op, 18).unwrap()[0].dtype, DType::F16);
+        let op = t.op("Cast", &[Some(x)], &[("to", Attr::Int(99))], 1);
+        assert!(t.shapes(op, 18)[0].contains("dtype code"));
+        let op = t.op("Cast", &[Some(x)], &[("to", Attr::String("x".into()))], 1);
+        assert!(t.shapes(op, 18)[0].contains("must be an int"));
+        let op = t.op("IsInf", &[Some(x)], &[], 1);
+        assert_eq!(t.infer(op, 18).unwrap()[0].dtype, DType::Bool);
+        let op = t.op("Dropout", &[Some(x)], &[], 2);
+        assert_eq!(t.infer(op, 18).unwrap()[1].dtype, DType::Bool);
+        let op = t.op("Sum", &[Some(x), Some(y), Some(x)], &[], 1);
+        assert_eq!(t.shapes(op, 18), ["b,3"]);
+        let op = t.op("PRelu", &[Some(x), Some(y)], &[], 1);
+        assert_eq!(t.shapes(op, 18), ["b,3"]);
+    }
+
+    #[test]
+    fn unranked_inputs_give_unranked_results() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "b,3");
+        let op = t.op("Relu", &[Some(x)], &[], 1);
+        let r = t.g.ops[op].outputs[0]; // still the unranked placeholder
+        let op2 = t.op("Add", &[Some(x), Some(r)], &[], 1);
+        assert_eq!(t.shapes(op2, 18), ["?"]);
+    }
+}

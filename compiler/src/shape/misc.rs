@@ -330,3 +330,79 @@ fn dequantize(n: &Node) -> Result<Vec<TensorType>> {
         shape: n.ty(0)?.shape.clone(),
     }])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{show, T};
+    use super::*;
+    use crate::ir::{Attr, TensorData};
+
+    #[test]
+    fn resize_forms() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "b,3,10,20");
+        let sz = t.ints(&[5, 5]);
+        let op = t.op(
+            "Resize",
+            &[Some(x), None, None, Some(sz)],
+            &[
+                ("axes", Attr::Ints(vec![2, 3])),
+                (
+                    "keep_aspect_ratio_policy",
+                    Attr::String("not_larger".into()),
+                ),
+            ],
+            1,
+        );
+        assert_eq!(t.shapes(op, 18), ["b,3,3,5"]);
+        let op = t.op(
+            "Resize",
+            &[Some(x), None, None, Some(sz)],
+            &[
+                ("axes", Attr::Ints(vec![2, 3])),
+                (
+                    "keep_aspect_ratio_policy",
+                    Attr::String("not_smaller".into()),
+                ),
+            ],
+            1,
+        );
+        assert_eq!(t.shapes(op, 18), ["b,3,5,10"]);
+        let sc =
+            t.g.add_initializer("sc", TensorData::from_f32(vec![4], &[2.0, 1.0, 0.5, 1.5]));
+        let op = t.op("Resize", &[Some(x), None, Some(sc)], &[], 1);
+        assert_eq!(t.shapes(op, 18), ["2*b,3,5,30"]);
+        let op = t.op(
+            "Upsample",
+            &[Some(x)],
+            &[("scales", Attr::Floats(vec![1.0, 1.0, 2.0, 2.0]))],
+            1,
+        );
+        assert_eq!(t.shapes(op, 7), ["b,3,20,40"]);
+        let bad =
+            t.g.add_initializer("bad", TensorData::from_f32(vec![2], &[2.0, 1.0]));
+        let op = t.op("Resize", &[Some(x), None, Some(bad)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("scales has 2 values"));
+    }
+
+    #[test]
+    fn one_hot_nonzero_unique_compress() {
+        let mut t = T::new();
+        let i = t.input(DType::I64, "b,3");
+        let depth = t.scalar(10);
+        let v = t.input(DType::F32, "2");
+        let op = t.op("OneHot", &[Some(i), Some(depth), Some(v)], &[], 1);
+        let ty = t.infer(op, 18).unwrap();
+        assert_eq!((show(&ty[0]), ty[0].dtype), ("b,3,10".into(), DType::F32));
+        let op = t.op("Unique", &[Some(i)], &[("axis", Attr::Int(1))], 4);
+        let s = t.shapes(op, 18);
+        assert!(s[0].starts_with("b,unk_"), "{s:?}");
+        assert_eq!(s[2], "3");
+        let c = t.input(DType::Bool, "3");
+        let op = t.op("Compress", &[Some(i), Some(c)], &[], 1);
+        assert_eq!(t.shapes(op, 18)[0].split(',').count(), 1);
+        let m = t.input(DType::F32, "4");
+        let op = t.op("Det", &[Some(m)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("rank >= 2"));
+    }
+}

@@ -22,6 +22,8 @@ mod node;
 mod reduce;
 mod rnn;
 mod shape_ops;
+#[cfg(test)]
+mod testutil;
 mod values;
 
 use crate::error::{Error, Result};

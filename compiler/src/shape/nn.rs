@@ -295,3 +295,92 @@ fn einsum(n: &Node) -> Result<Vec<TensorType>> {
     }
     Ok(vec![TensorType::new(dtype, out)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::T;
+    use super::*;
+    use crate::ir::Attr;
+
+    fn einsum(eq: &str, shapes: &[&str]) -> String {
+        let mut t = T::new();
+        let ins: Vec<_> = shapes
+            .iter()
+            .map(|s| Some(t.input(DType::F32, s)))
+            .collect();
+        let op = t.op("Einsum", &ins, &[("equation", Attr::String(eq.into()))], 1);
+        t.shapes(op, 18).remove(0)
+    }
+
+    #[test]
+    fn einsum_equations() {
+        assert_eq!(
+            einsum("bhqd,bhkd->bhqk", &["b,4,32,8", "b,4,32,8"]),
+            "b,4,32,32"
+        );
+        assert_eq!(einsum("ij,jk", &["2,3", "3,5"]), "2,5");
+        assert_eq!(
+            einsum("ji", &["2,3"]),
+            "3,2",
+            "implicit output is alphabetical"
+        );
+        assert_eq!(einsum("...i,...i->...", &["b,1,4", "5,4"]), "b,5");
+        assert_eq!(einsum("i...->...", &["3,b,2"]), "b,2");
+        assert_eq!(einsum("i,i->", &["3", "3"]), "");
+        assert!(einsum("ij,jk->ik", &["2,3", "4,5"]).contains("bound to both"));
+        assert!(einsum("ij->ik", &["2,3"]).contains("does not appear"));
+        assert!(einsum("i.j->i", &["2,3"]).contains("ellipsis"));
+        assert!(einsum("i1->i", &["2,3"]).contains("bad character"));
+        assert!(einsum("ij,jk->ik", &["2,3"]).contains("2 operands"));
+    }
+
+    #[test]
+    fn gemm_and_matmul_errors() {
+        let mut t = T::new();
+        let a = t.input(DType::F32, "4,3");
+        let b = t.input(DType::F32, "4,5");
+        let op = t.op("Gemm", &[Some(a), Some(b)], &[("transA", Attr::Int(1))], 1);
+        assert_eq!(t.shapes(op, 18), ["3,5"]);
+        let op = t.op("Gemm", &[Some(a), Some(b)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("inner dimensions differ: 3"));
+        let c = t.input(DType::F32, "2,5");
+        let op = t.op(
+            "Gemm",
+            &[Some(a), Some(b), Some(c)],
+            &[("transA", Attr::Int(1))],
+            1,
+        );
+        assert!(t.shapes(op, 18)[0].contains("do not broadcast"));
+        let s = t.input(DType::F32, "");
+        let op = t.op("MatMul", &[Some(s), Some(a)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("rank >= 1"));
+        let i8a = t.input(DType::U8, "b,4,3");
+        let i8b = t.input(DType::U8, "3,2");
+        let op = t.op("MatMulInteger", &[Some(i8a), Some(i8b)], &[], 1);
+        let ty = t.infer(op, 18).unwrap();
+        assert_eq!(ty[0].dtype, DType::I32);
+        assert_eq!(super::super::testutil::show(&ty[0]), "b,4,2");
+    }
+
+    #[test]
+    fn norms() {
+        let mut t = T::new();
+        let x = t.input(DType::F16, "b,8,4");
+        let op = t.op("LayerNormalization", &[Some(x)], &[], 3);
+        let ty = t.infer(op, 18).unwrap();
+        assert_eq!(ty[0].dtype, DType::F16);
+        assert_eq!(ty[1].dtype, DType::F32);
+        assert_eq!(super::super::testutil::show(&ty[1]), "b,8,1");
+        let op = t.op(
+            "LayerNormalization",
+            &[Some(x)],
+            &[("axis", Attr::Int(3))],
+            1,
+        );
+        assert!(t.shapes(op, 18)[0].contains("out of range"));
+        let op = t.op("BatchNormalization", &[Some(x)], &[], 1);
+        assert_eq!(t.shapes(op, 15), ["b,8,4"]);
+        let op = t.op("GroupNormalization", &[Some(x)], &[], 1);
+        assert_eq!(t.shapes(op, 21), ["b,8,4"]);
+    }
+}

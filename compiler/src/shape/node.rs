@@ -297,3 +297,51 @@ pub fn value_of(g: &Graph, vals: &SymbolicValues, v: Value) -> Option<Vec<Dim>> 
 pub fn product(dims: &[Dim]) -> Option<Dim> {
     dims.iter().try_fold(Dim::Known(1), |acc, d| acc.mul(d))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{dims, T};
+    use super::*;
+
+    #[test]
+    fn broadcast_dims() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "2");
+        let op = t.op("Relu", &[Some(x)], &[], 1);
+        let vals = SymbolicValues::new();
+        let n = Node::new(&t.g, op, 18, &vals);
+        let b = |a: &str, c: &str| {
+            n.broadcast(&dims(a), &dims(c))
+                .map(|v| super::super::fmt_dims(&v))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(b("batch,1,5", "4,1").unwrap(), "[batch, 4, 5]");
+        assert_eq!(b("batch", "batch").unwrap(), "[batch]");
+        assert_eq!(b("batch", "1").unwrap(), "[batch]");
+        assert_eq!(b("batch", "7").unwrap(), "[7]");
+        assert_eq!(b("", "3,2").unwrap(), "[3, 2]");
+        assert_eq!(b("unk_1_0", "seq").unwrap(), "[seq]");
+        assert!(b("3", "4").unwrap_err().contains("do not broadcast"));
+    }
+
+    #[test]
+    fn axes_and_products() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "2");
+        let op = t.op("Relu", &[Some(x)], &[], 1);
+        let vals = SymbolicValues::new();
+        let n = Node::new(&t.g, op, 18, &vals);
+        assert_eq!(n.axis(-1, 3).unwrap(), 2);
+        assert!(n.axis(3, 3).is_err());
+        assert!(n.axis(-4, 3).is_err());
+        assert!(n.axes(&[0, -3], 3).is_err(), "repeated axis");
+        assert_eq!(
+            n.product(&dims("2,batch,3")).unwrap().to_string(),
+            "6*batch"
+        );
+        assert!(n.product(&[Dim::Known(i64::MAX), Dim::Known(2)]).is_err());
+        assert!(n.fresh_shape(-1).is_err());
+        assert!(n.fresh_shape(MAX_RANK + 1).is_err());
+        assert_eq!(n.fresh_shape(2).unwrap().len(), 2);
+    }
+}

@@ -124,3 +124,76 @@ fn topk(n: &Node) -> Result<Vec<TensorType>> {
         TensorType::new(DType::I64, out),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::T;
+    use super::*;
+    use crate::ir::Attr;
+
+    #[test]
+    fn reductions() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "b,3,4");
+        let op = t.op(
+            "ReduceMax",
+            &[Some(x)],
+            &[("axes", Attr::Ints(vec![-1, 1]))],
+            1,
+        );
+        assert_eq!(t.shapes(op, 13), ["b,1,1"]);
+        let ax = t.ints(&[0]);
+        let op = t.op(
+            "ReduceL2",
+            &[Some(x), Some(ax)],
+            &[("keepdims", Attr::Int(0))],
+            1,
+        );
+        assert_eq!(t.shapes(op, 18), ["3,4"]);
+        let empty = t.ints(&[]);
+        let op = t.op(
+            "ReduceSum",
+            &[Some(x), Some(empty)],
+            &[("noop_with_empty_axes", Attr::Int(1))],
+            1,
+        );
+        assert_eq!(t.shapes(op, 18), ["b,3,4"]);
+        let op = t.op(
+            "ReduceSum",
+            &[Some(x), Some(empty)],
+            &[("keepdims", Attr::Int(0))],
+            1,
+        );
+        assert_eq!(t.shapes(op, 18), [""]);
+        let dyn_axes = t.input(DType::I64, "1");
+        let op = t.op("ReduceMean", &[Some(x), Some(dyn_axes)], &[], 1);
+        assert_eq!(t.shapes(op, 18)[0].split(',').count(), 3);
+        let op = t.op(
+            "ReduceMean",
+            &[Some(x)],
+            &[("axes", Attr::Ints(vec![3]))],
+            1,
+        );
+        assert!(t.shapes(op, 13)[0].contains("axis 3 is out of range"));
+    }
+
+    #[test]
+    fn arg_and_topk() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "b,3,4");
+        let op = t.op("ArgMin", &[Some(x)], &[("axis", Attr::Int(1))], 1);
+        let ty = t.infer(op, 18).unwrap();
+        assert_eq!(ty[0].dtype, DType::I64);
+        assert_eq!(super::super::testutil::show(&ty[0]), "b,1,4");
+        let k = t.ints(&[5]);
+        let op = t.op("TopK", &[Some(x), Some(k)], &[], 2);
+        assert!(t.shapes(op, 18)[0].contains("exceeds the axis size 4"));
+        let op = t.op(
+            "TopK",
+            &[Some(x)],
+            &[("k", Attr::Int(2)), ("axis", Attr::Int(1))],
+            2,
+        );
+        assert_eq!(t.shapes(op, 1), ["b,2,4", "b,2,4"]);
+    }
+}

@@ -64,3 +64,31 @@ fn recurrent(n: &Node) -> Result<Vec<TensorType>> {
         TensorType::new(dt, yh),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::T;
+    use crate::ir::{Attr, DType};
+
+    #[test]
+    fn lstm_layouts() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "seq,b,3");
+        let w = t.input(DType::F32, "2,16,3");
+        let op = t.op(
+            "LSTM",
+            &[Some(x), Some(w)],
+            &[("direction", Attr::String("bidirectional".into()))],
+            3,
+        );
+        assert_eq!(t.shapes(op, 14), ["seq,2,b,4", "2,b,4", "2,b,4"]);
+        let xb = t.input(DType::F32, "b,seq,3");
+        let op = t.op(
+            "GRU",
+            &[Some(xb), Some(w)],
+            &[("hidden_size", Attr::Int(5)), ("layout", Attr::Int(1))],
+            2,
+        );
+        assert_eq!(t.shapes(op, 14), ["b,seq,1,5", "b,1,5"]);
+    }
+}

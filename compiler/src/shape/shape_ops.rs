@@ -63,6 +63,9 @@ pub(super) fn add_dims(a: &Dim, b: &Dim) -> Option<Dim> {
 pub(super) fn slice_range(dim: i64, start: i64, end: i64, step: i64) -> (i64, i64) {
     let (d, s, e, st) = (dim as i128, start as i128, end as i128, step as i128);
     let norm = |v: i128| if v < 0 { v + d } else { v };
+    if d <= 0 {
+        return (0, 0);
+    }
     if st > 0 {
         let s = norm(s).clamp(0, d);
         let e = norm(e).clamp(0, d);
@@ -805,4 +808,131 @@ fn space_to_depth(n: &Node) -> Result<Vec<TensorType>> {
         });
     }
     Ok(vec![TensorType::new(dt, out)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::T;
+    use super::*;
+
+    #[test]
+    fn slice_ranges_match_numpy() {
+        // (dim, start, end, step) -> (first index, count), from numpy slicing.
+        let cases = [
+            ((10, 0, 10, 1), 10),
+            ((10, -3, 100, 1), 3),
+            ((10, 2, -2, 3), 2),
+            ((10, 9, -100, -1), 10),
+            ((10, -1, 0, -2), 5),
+            ((10, 100, 200, 1), 0),
+            ((10, 5, 2, 1), 0),
+            ((10, -100, 100, 4), 3),
+            ((0, 0, 5, 1), 0),
+            ((0, 0, -5, -1), 0),
+            ((5, 4, -6, -1), 5),
+            ((5, i64::MIN, i64::MAX, i64::MAX), 1),
+        ];
+        for ((d, s, e, st), want) in cases {
+            assert_eq!(slice_range(d, s, e, st).1, want, "{d} {s} {e} {st}");
+        }
+    }
+
+    #[test]
+    fn dim_addition() {
+        let b = Dim::sym("b");
+        assert_eq!(add_dims(&b, &b).unwrap().to_string(), "2*b");
+        assert_eq!(add_dims(&b, &Dim::Known(0)).unwrap(), b);
+        assert_eq!(
+            add_dims(&Dim::Known(2), &Dim::Known(3)).unwrap(),
+            Dim::Known(5)
+        );
+        assert!(add_dims(&b, &Dim::Known(1)).is_none());
+        assert!(add_dims(&Dim::Known(i64::MAX), &Dim::Known(1)).is_none());
+        let neg = b.mul(&Dim::Known(-1)).unwrap();
+        assert_eq!(add_dims(&b, &neg).unwrap(), Dim::Known(0));
+    }
+
+    #[test]
+    fn reshape_rules() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,6,4");
+        let s = t.ints(&[-1, -1]);
+        let op = t.op("Reshape", &[Some(x), Some(s)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("more than one -1"));
+        let s = t.ints(&[0, 3, -1]);
+        let op = t.op("Reshape", &[Some(x), Some(s)], &[], 1);
+        assert_eq!(t.shapes(op, 18), ["batch,3,8"]);
+        let s = t.ints(&[5, -1]);
+        let op = t.op("Reshape", &[Some(x), Some(s)], &[], 1);
+        // 24*batch / 5 is not exact: a fresh symbol, not an error (batch could be 5).
+        assert!(t.shapes(op, 18)[0].starts_with("5,unk_"));
+        // Shape operand not constant: rank from its length.
+        let sh = t.input(DType::I64, "3");
+        let op = t.op("Reshape", &[Some(x), Some(sh)], &[], 1);
+        assert_eq!(t.shapes(op, 18)[0].split(',').count(), 3);
+    }
+
+    #[test]
+    fn split_forms() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,10");
+        let op = t.op(
+            "Split",
+            &[Some(x)],
+            &[("axis", Attr::Int(1)), ("num_outputs", Attr::Int(4))],
+            4,
+        );
+        assert_eq!(
+            t.shapes(op, 18),
+            ["batch,3", "batch,3", "batch,3", "batch,1"]
+        );
+        let op = t.op("Split", &[Some(x)], &[("axis", Attr::Int(1))], 3);
+        assert!(t.shapes(op, 13)[0].contains("does not split evenly"));
+        let s = t.ints(&[4, 5]);
+        let op = t.op("Split", &[Some(x), Some(s)], &[("axis", Attr::Int(1))], 2);
+        assert!(t.shapes(op, 13)[0].contains("do not add up"));
+        let op = t.op("Split", &[Some(x)], &[], 2);
+        assert_eq!(t.shapes(op, 13)[0], format!("unk_{}_0,10", op.as_u32()));
+    }
+
+    #[test]
+    fn squeeze_unsqueeze_errors() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,3,1");
+        let a = t.ints(&[1]);
+        let op = t.op("Squeeze", &[Some(x), Some(a)], &[], 1);
+        assert!(t.shapes(op, 13)[0].contains("cannot squeeze axis 1 of size 3"));
+        let op = t.op("Squeeze", &[Some(x)], &[], 1);
+        assert_eq!(t.shapes(op, 13), ["batch,3"]);
+        let a = t.ints(&[-1, 0]);
+        let op = t.op("Unsqueeze", &[Some(x), Some(a)], &[], 1);
+        assert_eq!(t.shapes(op, 13), ["1,batch,3,1,1"]);
+        let op = t.op("Unsqueeze", &[Some(x)], &[], 1);
+        assert!(t.shapes(op, 13)[0].contains("axes are required"));
+    }
+
+    #[test]
+    fn pad_and_range() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,4");
+        let p = t.ints(&[0, -1, 0, -1]);
+        let op = t.op("Pad", &[Some(x), Some(p)], &[], 1);
+        assert_eq!(t.shapes(op, 18), ["batch,2"]);
+        let p = t.ints(&[0, -3, 0, -3]);
+        let op = t.op("Pad", &[Some(x), Some(p)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("negative"));
+        let op = t.op(
+            "Pad",
+            &[Some(x)],
+            &[("pads", Attr::Ints(vec![1, 1, 1, 1]))],
+            1,
+        );
+        assert!(t.shapes(op, 2)[0].starts_with("unk_"));
+        let (a, b, c) = (t.scalar(10), t.scalar(0), t.scalar(-3));
+        let op = t.op("Range", &[Some(a), Some(b), Some(c)], &[], 1);
+        assert_eq!(t.shapes(op, 18), ["4"]);
+        let z = t.scalar(0);
+        let op = t.op("Range", &[Some(a), Some(b), Some(z)], &[], 1);
+        assert!(t.shapes(op, 18)[0].contains("delta is 0"));
+    }
 }

@@ -294,3 +294,128 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::T;
+    use super::super::SymbolicValues;
+    use super::*;
+    use crate::ir::{Op, TensorData};
+
+    /// Run propagation over ops in order (types from `infer_op`), return the tracked values.
+    fn run(t: &mut T, ops: &[Op]) -> SymbolicValues {
+        let mut vals = SymbolicValues::new();
+        for &op in ops {
+            let tys = super::super::infer_op(&t.g, op, 18, &vals).expect("infer");
+            let res = propagate(&Node::new(&t.g, op, 18, &vals), &tys);
+            let outs = t.g.ops[op].outputs.clone();
+            for ((v, ty), r) in outs.iter().zip(tys).zip(res) {
+                t.g.values[*v].ty = ty;
+                if let Some(r) = r {
+                    vals.insert(*v, r);
+                }
+            }
+        }
+        vals
+    }
+
+    fn txt(v: Option<&[Dim]>) -> String {
+        match v {
+            None => "-".into(),
+            Some(v) => v
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+
+    #[test]
+    fn shape_gather_concat_arith() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,seq,64");
+        let sh = t.op("Shape", &[Some(x)], &[], 1);
+        let shv = t.g.ops[sh].outputs[0];
+        let i0 = t.scalar(0);
+        let g0 = t.op("Gather", &[Some(shv), Some(i0)], &[], 1);
+        let g0v = t.g.ops[g0].outputs[0];
+        let tail = t.op("Shape", &[Some(x)], &[("start", Attr::Int(-2))], 1);
+        let tailv = t.g.ops[tail].outputs[0];
+        let cat = t.op(
+            "Concat",
+            &[Some(tailv), Some(shv)],
+            &[("axis", Attr::Int(0))],
+            1,
+        );
+        let c2 = t.scalar(2);
+        let mul = t.op("Mul", &[Some(g0v), Some(c2)], &[], 1);
+        let mulv = t.g.ops[mul].outputs[0];
+        let div = t.op("Div", &[Some(mulv), Some(c2)], &[], 1);
+        let sub = t.op("Sub", &[Some(g0v), Some(g0v)], &[], 1);
+        let sz = t.op("Size", &[Some(x)], &[], 1);
+        let rp = t.op("ReduceProd", &[Some(shv)], &[("keepdims", Attr::Int(0))], 1);
+        let st = t.ints(&[1]);
+        let en = t.ints(&[i64::MAX]);
+        let sl = t.op("Slice", &[Some(shv), Some(st), Some(en)], &[], 1);
+        let ops = [sh, g0, tail, cat, mul, div, sub, sz, rp, sl];
+        let vals = run(&mut t, &ops);
+        let out = |op: Op| txt(vals.get(t.g.ops[op].outputs[0]));
+        assert_eq!(out(sh), "batch,seq,64");
+        assert_eq!(out(g0), "batch");
+        assert_eq!(out(tail), "seq,64");
+        assert_eq!(out(cat), "seq,64,batch,seq,64");
+        assert_eq!(out(mul), "2*batch");
+        assert_eq!(out(div), "batch");
+        assert_eq!(out(sub), "0");
+        assert_eq!(out(sz), "64*batch*seq");
+        assert_eq!(out(rp), "64*batch*seq");
+        assert_eq!(out(sl), "seq,64");
+    }
+
+    #[test]
+    fn equal_where_constant_of_shape_range() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,8");
+        let sh = t.op("Shape", &[Some(x)], &[], 1);
+        let shv = t.g.ops[sh].outputs[0];
+        let m1 = t.ints(&[-1, 8]);
+        let eq = t.op("Equal", &[Some(shv), Some(m1)], &[], 1);
+        let eqv = t.g.ops[eq].outputs[0];
+        let ones = t.ints(&[1, 1]);
+        let wh = t.op("Where", &[Some(eqv), Some(ones), Some(shv)], &[], 1);
+        let two = t.ints(&[2]);
+        let fill = TensorData::from_i64(vec![1], &[7]);
+        let cos = t.op(
+            "ConstantOfShape",
+            &[Some(two)],
+            &[("value", Attr::Tensor(fill))],
+            1,
+        );
+        let (a, b, c) = (t.scalar(1), t.scalar(8), t.scalar(3));
+        let rg = t.op("Range", &[Some(a), Some(b), Some(c)], &[], 1);
+        let ci = t.op(
+            "Constant",
+            &[],
+            &[("value_ints", Attr::Ints(vec![4, 5]))],
+            1,
+        );
+        let vals = run(&mut t, &[sh, eq, wh, cos, rg, ci]);
+        let out = |op: Op| txt(vals.get(t.g.ops[op].outputs[0]));
+        assert_eq!(out(eq), "0,1", "a symbolic size is never -1");
+        assert_eq!(out(wh), "batch,1");
+        assert_eq!(out(cos), "7,7");
+        assert_eq!(out(rg), "1,4,7");
+        assert_eq!(out(ci), "4,5");
+    }
+
+    #[test]
+    fn float_results_are_not_tracked() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "batch,8");
+        let sh = t.op("Shape", &[Some(x)], &[], 1);
+        let shv = t.g.ops[sh].outputs[0];
+        let cf = t.op("Cast", &[Some(shv)], &[("to", Attr::Int(1))], 1);
+        let vals = run(&mut t, &[sh, cf]);
+        assert!(vals.get(t.g.ops[cf].outputs[0]).is_none());
+    }
+}

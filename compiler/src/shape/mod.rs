@@ -281,3 +281,193 @@ impl Pass for ShapeInferPass {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::T;
+    use super::*;
+    use crate::ir::{Attr, DType, TensorData, Value};
+
+    /// Tiny deterministic PRNG (xorshift) for the robustness sweep.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn pick<'a, X>(&mut self, v: &'a [X]) -> &'a X {
+            &v[(self.next() % v.len() as u64) as usize]
+        }
+    }
+
+    /// Iterations per op type of the robustness sweep.
+    const ITERS: usize = 150;
+
+    /// Every rule, fed random (often invalid) operands and attributes, returns `Ok` or `Err`:
+    /// never panics.
+    #[test]
+    fn rules_never_panic_on_garbage() {
+        let shapes = [
+            "",
+            "0",
+            "1",
+            "3",
+            "b",
+            "b,3",
+            "2,3",
+            "0,0",
+            "1,1,1",
+            "b,3,8,8",
+            "2,4,5,7",
+            "1,1,1,1,1",
+            "-1,3",
+            "9223372036854775807,2",
+            "2*b,4",
+            "3,b,1",
+        ];
+        let ints = [
+            vec![],
+            vec![0],
+            vec![1],
+            vec![-1],
+            vec![2, 3],
+            vec![0, -1],
+            vec![i64::MAX],
+            vec![i64::MIN],
+            vec![1, 1, 1, 1],
+            vec![-5, 7, 0, 100],
+            vec![3, 3, 3, 3, 3, 3, 3, 3],
+        ];
+        let attr_names = [
+            "axis",
+            "axes",
+            "perm",
+            "kernel_shape",
+            "strides",
+            "pads",
+            "dilations",
+            "group",
+            "keepdims",
+            "to",
+            "split",
+            "num_outputs",
+            "starts",
+            "ends",
+            "shape",
+            "allowzero",
+            "transA",
+            "transB",
+            "output_padding",
+            "output_shape",
+            "blocksize",
+            "k",
+            "start",
+            "end",
+            "batch_dims",
+            "ceil_mode",
+            "hidden_size",
+            "layout",
+            "scales",
+            "noop_with_empty_axes",
+            "stash_type",
+            "dtype",
+            "value",
+            "value_ints",
+            "value_int",
+        ];
+        let dtypes = [DType::F32, DType::I64, DType::Bool, DType::U8, DType::F16];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let ops = supported_ops();
+        for (k, op) in ops.iter().enumerate() {
+            for it in 0..ITERS {
+                let mut t = T::new();
+                // A chain: a random producer (also a rule) feeds the op under test sometimes.
+                let mut pool: Vec<Value> = Vec::new();
+                let chain = it % 3 == 0;
+                let mut targets = vec![*op];
+                if chain {
+                    targets.insert(0, ops[(k + it) % ops.len()]);
+                }
+                let mut last = None;
+                for target in targets {
+                    let n_in = (rng.next() % 6) as usize;
+                    let mut ins = Vec::new();
+                    for _ in 0..n_in {
+                        let v = match rng.next() % 5 {
+                            0 => None,
+                            1 => Some(t.ints(&rng.pick(&ints[..]).clone())),
+                            2 => Some(t.g.add_initializer(
+                                format!("f{}", rng.next()),
+                                TensorData::from_f32(vec![2], &[0.5, -3.0]),
+                            )),
+                            3 if !pool.is_empty() => Some(*rng.pick(&pool[..])),
+                            _ => Some(t.input(*rng.pick(&dtypes), *rng.pick(&shapes[..]))),
+                        };
+                        ins.push(v);
+                    }
+                    let mut attrs: Vec<(&str, Attr)> = Vec::new();
+                    for _ in 0..(rng.next() % 5) {
+                        let name = *rng.pick(&attr_names);
+                        let a = match rng.next() % 6 {
+                            0 => Attr::Int(*rng.pick(&[0, 1, -1, 7, i64::MAX, i64::MIN, 99])),
+                            1 => Attr::Ints(rng.pick(&ints[..]).clone()),
+                            2 => Attr::Float(*rng.pick(&[0.0, -1.0, 2.5, f32::NAN, f32::INFINITY])),
+                            3 => Attr::String(
+                                rng.pick(&["", "SAME_UPPER", "VALID", "x"]).to_string(),
+                            ),
+                            4 => Attr::Floats(vec![0.0, 2.0, f32::NAN]),
+                            _ => Attr::Tensor(TensorData::from_i64(vec![1], &[3])),
+                        };
+                        attrs.push((name, a));
+                    }
+                    let n_out = 1 + (rng.next() % 4) as usize;
+                    let o = t.op(target, &ins, &attrs, n_out);
+                    pool.extend(t.g.ops[o].outputs.iter().copied());
+                    last = Some((o, ins, attrs));
+                }
+                let Some((o, ins, attrs)) = last else {
+                    continue;
+                };
+                let opset = *rng.pick(&[1, 9, 11, 13, 18, 21]);
+                let r = std::panic::catch_unwind(|| t.infer(o, opset).map(|_| ()));
+                assert!(r.is_ok(), "{op} panicked: inputs {ins:?} attrs {attrs:?}");
+                // And through the whole-graph driver, which also propagates values.
+                let mut m = Module {
+                    graph: t.g.clone(),
+                    ..Default::default()
+                };
+                m.opset_imports.insert(String::new(), opset);
+                let r = std::panic::catch_unwind(move || infer_shapes(&mut m).map(|_| ()));
+                assert!(r.is_ok(), "{op} panicked in infer_shapes: attrs {attrs:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn inference_is_idempotent() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "b,3,8,8");
+        let w = t.input(DType::F32, "4,3,3,3");
+        let c = t.op(
+            "Conv",
+            &[Some(x), Some(w)],
+            &[("strides", Attr::Ints(vec![2, 2]))],
+            1,
+        );
+        let cv = t.g.ops[c].outputs[0];
+        let _nz = t.op("NonZero", &[Some(cv)], &[], 1);
+        let mut m = Module {
+            graph: t.g,
+            ..Default::default()
+        };
+        let s1 = infer_shapes(&mut m).unwrap();
+        let before: Vec<_> = m.graph.values.values().map(|v| v.ty.clone()).collect();
+        let s2 = infer_shapes(&mut m).unwrap();
+        let after: Vec<_> = m.graph.values.values().map(|v| v.ty.clone()).collect();
+        assert_eq!(before, after);
+        assert_eq!(s1.refined, 2);
+        assert_eq!(s2.refined, 0);
+    }
+}

@@ -27,7 +27,9 @@ pub fn propagate(n: &Node, out: &[TensorType]) -> Vec<Option<Vec<Dim>>> {
                 else {
                     break;
                 };
-                let end = at + len.max(0) as usize;
+                let Some(end) = usize::try_from(len).ok().and_then(|l| at.checked_add(l)) else {
+                    break;
+                };
                 res[i] = v.get(at..end).map(<[Dim]>::to_vec);
                 at = end;
             }
@@ -92,6 +94,9 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
                 [d] => usize::try_from(d.known()?).ok()?,
                 _ => return None,
             };
+            if len > MAX_TRACKED_ELEMS {
+                return None;
+            }
             match v.len() {
                 l if l == len => Some(v),
                 1 => Some(vec![v.first()?.clone(); len]),

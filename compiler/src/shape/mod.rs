@@ -403,7 +403,7 @@ mod tests {
                                 TensorData::from_f32(vec![2], &[0.5, -3.0]),
                             )),
                             3 if !pool.is_empty() => Some(*rng.pick(&pool[..])),
-                            _ => Some(t.input(*rng.pick(&dtypes), *rng.pick(&shapes[..]))),
+                            _ => Some(t.input(*rng.pick(&dtypes), rng.pick::<&str>(&shapes[..]))),
                         };
                         ins.push(v);
                     }

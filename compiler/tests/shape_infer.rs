@@ -917,3 +917,28 @@ fn missing_or_bad_attributes_name_the_node() {
     let _ = x;
     assert!(b.run_err().to_string().contains("missing required input 0"));
 }
+
+/// `bias[:, :, 0:seq, 0:seq]` with `seq = Shape(ids)[1]` symbolic: the slice takes the symbol.
+#[test]
+fn slice_with_symbolic_end() {
+    let mut b = B::new(17);
+    let ids = b.input("ids", DType::I64, "batch,seq");
+    let bias = b.input("bias", DType::Bool, "1,1,128,128");
+    let sh = b.op("Shape", &[ids], vec![]);
+    let i1 = b.vec(&[1]);
+    let seq = b.op("Gather", &[sh, i1], vec![]);
+    let zero = b.vec(&[0]);
+    let ax2 = b.vec(&[2]);
+    let ax3 = b.vec(&[3]);
+    let s1 = b.op("Slice", &[bias, zero, seq, ax2], vec![]);
+    let s2 = b.op("Slice", &[s1, zero, seq, ax3], vec![]);
+    // Non-constant starts: only the sliced axis becomes unknown.
+    let x = b.input("x", DType::F32, "batch,4,9");
+    let st = b.input("st", DType::I64, "1");
+    let s3 = b.op("Slice", &[x, st, seq, ax2], vec![]);
+    let m = b.run();
+    assert_eq!(shape(&m, s1), "1,1,seq,128");
+    assert_eq!(shape(&m, s2), "1,1,seq,seq");
+    let s3s = shape(&m, s3);
+    assert!(s3s.starts_with("batch,4,unk_"), "{s3s}");
+}

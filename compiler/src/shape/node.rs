@@ -155,11 +155,24 @@ impl<'a> Node<'a> {
         self.value(i)?.iter().map(Dim::known).collect()
     }
 
-    /// Float values of a constant operand.
+    /// Float values of a constant operand (initializer, `Constant` with `value` or
+    /// `value_float(s)` / `value_int(s)`, or tracked known ints).
     pub fn const_floats(&self, i: usize) -> Option<Vec<f64>> {
         let v = self.data.input(i)?;
         if let Some(t) = self.g.constant(v) {
             return t.to_f64_vec();
+        }
+        if let Some(op) = self.g.producer(v) {
+            let d = &self.g.ops[op];
+            if d.op_type == "Constant" && d.domain.is_empty() {
+                match (d.attr("value_float"), d.attr("value_floats")) {
+                    (Some(Attr::Float(x)), _) => return Some(vec![f64::from(*x)]),
+                    (_, Some(Attr::Floats(x))) => {
+                        return Some(x.iter().map(|f| f64::from(*f)).collect())
+                    }
+                    _ => {}
+                }
+            }
         }
         self.const_ints(i)
             .map(|v| v.into_iter().map(|x| x as f64).collect())

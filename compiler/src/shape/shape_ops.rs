@@ -471,11 +471,7 @@ fn slice(n: &Node) -> Result<Vec<TensorType>> {
         return Ok(vec![TensorType::unranked(dt)]);
     };
     let Some(a) = slice_args(n)? else {
-        // Which axes are sliced is unknown: every dim may change.
-        return Ok(vec![TensorType::new(
-            dt,
-            (0..s.len()).map(|k| n.fresh(k)).collect(),
-        )]);
+        return symbolic_slice(n, dt, s);
     };
     let axes = n.axes(&a.axes, s.len())?;
     let mut out = s.to_vec();
@@ -490,6 +486,57 @@ fn slice(n: &Node) -> Result<Vec<TensorType>> {
                     n.fresh(ax)
                 }
             }
+        };
+    }
+    Ok(vec![TensorType::new(dt, out)])
+}
+
+/// Slice with non-constant starts/ends (opset 10+ inputs). With known axes and steps, only the
+/// sliced axes change; `x[..., 0:e]` with a symbolic `e` (the `[:seq]` idiom of real exports)
+/// gives `e`, assuming `e` is within the axis (the size is `min(e, dim)`); otherwise a fresh
+/// symbol.
+fn symbolic_slice(n: &Node, dt: DType, s: &[Dim]) -> Result<Vec<TensorType>> {
+    let all_fresh = || TensorType::new(dt, (0..s.len()).map(|k| n.fresh(k)).collect());
+    let axes = if n.input(3).is_some() {
+        match n.const_ints(3) {
+            Some(a) => a,
+            None => return Ok(vec![all_fresh()]),
+        }
+    } else {
+        let len = n.value(1).map(|v| v.len()).or_else(|| {
+            n.opt_ty(1)
+                .and_then(|t| t.shape.as_deref())
+                .and_then(|sh| sh.first().and_then(Dim::known))
+                .and_then(|k| usize::try_from(k).ok())
+        });
+        match len {
+            Some(l) if l <= s.len() => (0..l as i64).collect(),
+            _ => return Ok(vec![all_fresh()]),
+        }
+    };
+    let axes = n.axes(&axes, s.len())?;
+    let steps = if n.input(4).is_some() {
+        n.const_ints(4)
+    } else {
+        Some(vec![1; axes.len()])
+    };
+    let (starts, ends) = (n.value(1), n.value(2));
+    let mut out = s.to_vec();
+    for (i, &ax) in axes.iter().enumerate() {
+        let st = starts.as_ref().and_then(|v| v.get(i));
+        let en = ends.as_ref().and_then(|v| v.get(i));
+        let sp = steps.as_ref().and_then(|v| v.get(i)).copied();
+        out[ax] = match (st, en, sp, &s[ax]) {
+            (Some(Dim::Known(a)), Some(Dim::Known(b)), Some(c), Dim::Known(d)) if c != 0 => {
+                Dim::Known(slice_range(*d, *a, *b, c).1)
+            }
+            (Some(Dim::Known(0)), Some(e), Some(1), d) if e == d => d.clone(),
+            (Some(Dim::Known(0)), Some(e @ Dim::Sym(_)), Some(1), _)
+                if !super::is_fresh_symbol(e) =>
+            {
+                e.clone()
+            }
+            _ => n.fresh(ax),
         };
     }
     Ok(vec![TensorType::new(dt, out)])

@@ -318,7 +318,14 @@ fn concat(n: &Node) -> Result<Vec<TensorType>> {
         }
         for k in 0..r {
             if k == ax {
-                out[k] = add_dims(&out[k], &s[k]).unwrap_or_else(|| n.fresh(k));
+                out[k] = match (&out[k], &s[k]) {
+                    (Dim::Known(a), Dim::Known(b)) => {
+                        Dim::Known(a.checked_add(*b).ok_or_else(|| {
+                            n.err(format!("concatenated size {a} + {b} overflows i64"))
+                        })?)
+                    }
+                    (a, b) => add_dims(a, b).unwrap_or_else(|| n.fresh(k)),
+                };
             } else {
                 out[k] = match (&out[k], &s[k]) {
                     (Dim::Known(a), Dim::Known(b)) if a != b => {

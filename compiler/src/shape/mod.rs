@@ -142,6 +142,12 @@ pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<
 
 /// Infer every op result's type in `m.graph`, in program order. See the module doc.
 pub fn infer_shapes(m: &mut Module) -> Result<InferStats> {
+    infer_shapes_with_values(m).map(|(s, _)| s)
+}
+
+/// [`infer_shapes`], also returning the symbolic values it tracked (e.g. for a pass that folds
+/// shape subgraphs whose values are fully known).
+pub fn infer_shapes_with_values(m: &mut Module) -> Result<(InferStats, SymbolicValues)> {
     let opset = match m.opset() {
         0 => 21,
         v => v,
@@ -198,7 +204,7 @@ pub fn infer_shapes(m: &mut Module) -> Result<InferStats> {
         }
     }
     stats.tracked_values = vals.len();
-    Ok(stats)
+    Ok((stats, vals))
 }
 
 /// True for symbols made up by inference (data-dependent or not derivable sizes).

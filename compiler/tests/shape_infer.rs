@@ -942,3 +942,22 @@ fn slice_with_symbolic_end() {
     let s3s = shape(&m, s3);
     assert!(s3s.starts_with("batch,4,unk_"), "{s3s}");
 }
+
+#[test]
+fn registry_covers_the_required_ops() {
+    let have = pipec_compiler::shape::supported_ops();
+    let want = "Conv ConvTranspose Gemm MatMul BatchNormalization LayerNormalization \
+        InstanceNormalization GroupNormalization Relu LeakyRelu Elu Selu Gelu Erf Tanh Sigmoid \
+        HardSigmoid HardSwish Softplus Mish Softmax LogSoftmax MaxPool AveragePool \
+        GlobalAveragePool GlobalMaxPool Add Sub Mul Div Pow Sqrt Reciprocal Neg Abs Exp Log Sin \
+        Cos Floor Ceil Round Sign Clip Min Max Sum Mean Where Equal Less LessOrEqual Greater \
+        GreaterOrEqual And Or Xor Not IsNaN IsInf Cast CastLike Reshape Flatten Transpose Squeeze \
+        Unsqueeze Concat Split Slice Gather GatherElements GatherND ScatterND ScatterElements \
+        Expand Shape Size ConstantOfShape Constant Range ReduceMean ReduceSum ReduceMax ReduceMin \
+        ReduceProd ReduceL2 ReduceLogSumExp ReduceSumSquare ArgMax ArgMin Identity Dropout Pad \
+        Resize Upsample Einsum Trilu CumSum TopK Tile OneHot NonZero Unique Compress \
+        MatMulInteger Mod BitShift LpNormalization DepthToSpace SpaceToDepth Det";
+    for op in want.split_whitespace() {
+        assert!(have.contains(&op), "no rule for {op}");
+    }
+}

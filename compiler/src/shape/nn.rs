@@ -247,7 +247,7 @@ fn einsum(n: &Node) -> Result<Vec<TensorType>> {
             *count.entry(c).or_insert(0) += 1;
             match bind.iter_mut().find(|(b, _)| *b == c) {
                 Some((_, old)) => {
-                    let nd = n.broadcast_dim(old, d).ok_or_else(|| {
+                    let nd = n.broadcast_dim(old, d, j).ok_or_else(|| {
                         n.err(format!("Einsum label '{c}' is bound to both {old} and {d}"))
                     })?;
                     *old = nd;

@@ -248,7 +248,7 @@ impl<'a> Node<'a> {
             let db = (k + b.len()).checked_sub(r).and_then(|i| b.get(i));
             out.push(match (da, db) {
                 (Some(x), None) | (None, Some(x)) => x.clone(),
-                (Some(x), Some(y)) => self.broadcast_dim(x, y).ok_or_else(|| {
+                (Some(x), Some(y)) => self.broadcast_dim(x, y, k).ok_or_else(|| {
                     self.err(format!(
                         "shapes {} and {} do not broadcast (dim {x} vs {y})",
                         super::fmt_dims(a),
@@ -261,19 +261,21 @@ impl<'a> Node<'a> {
         Ok(out)
     }
 
-    /// Broadcast two dims: 1 broadcasts, equal dims match, a known dim wins over a symbol.
+    /// Broadcast two dims: 1 broadcasts, equal dims match, a known dim wins over a symbol (the
+    /// symbol must equal it or be 1 at run time). Two different symbols: the non-fresh one if the
+    /// other is fresh, else a fresh symbol for result dim `k` (either could be 1 at run time).
     /// `None` for two different known dims (neither 1).
-    pub fn broadcast_dim(&self, x: &Dim, y: &Dim) -> Option<Dim> {
+    pub fn broadcast_dim(&self, x: &Dim, y: &Dim, k: usize) -> Option<Dim> {
         match (x, y) {
             _ if x == y => Some(x.clone()),
             (Dim::Known(1), o) | (o, Dim::Known(1)) => Some(o.clone()),
             (Dim::Known(_), Dim::Known(_)) => None,
             (Dim::Known(k), Dim::Sym(_)) | (Dim::Sym(_), Dim::Known(k)) => Some(Dim::Known(*k)),
             (Dim::Sym(_), Dim::Sym(_)) => {
-                if super::is_fresh_symbol(x) {
-                    Some(y.clone())
-                } else {
-                    Some(x.clone())
+                match (super::is_fresh_symbol(x), super::is_fresh_symbol(y)) {
+                    (true, false) => Some(y.clone()),
+                    (false, true) => Some(x.clone()),
+                    _ => Some(self.fresh(k)),
                 }
             }
         }
@@ -334,6 +336,8 @@ mod tests {
         assert_eq!(b("batch", "7").unwrap(), "[7]");
         assert_eq!(b("", "3,2").unwrap(), "[3, 2]");
         assert_eq!(b("unk_1_0", "seq").unwrap(), "[seq]");
+        assert_eq!(b("seq", "unk_1_0").unwrap(), "[seq]");
+        assert_eq!(b("n", "m").unwrap(), format!("[unk_{}_0]", op.as_u32()));
         assert!(b("3", "4").unwrap_err().contains("do not broadcast"));
     }
 

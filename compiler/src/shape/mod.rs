@@ -11,6 +11,13 @@
 //! `Shape → Gather → Unsqueeze → Concat → Reshape` arithmetic of real exports yields static shapes
 //! even with a symbolic batch dimension.
 //!
+//! Symbols: graph inputs bring named symbols (`batch`); sizes that cannot be derived exactly
+//! (data-dependent ops, inexact symbolic division, windows over a symbolic axis) get fresh
+//! symbols named `unk_<op>_<dim>` ([`is_fresh_symbol`]); a declared type's symbol replaces a fresh
+//! one on merge. Assumptions, all standard in ONNX data propagation: a symbol is a non-negative
+//! size; in broadcasting a known dim `k != 1` against a symbol gives `k`; `Slice` of an axis to a
+//! symbolic end `e` from 0 (the `x[:seq]` idiom) gives `e`.
+//!
 //! Rules live in one file per op family and are registered by op type in [`registry`]
 //! (tract's `register_all_ops` style). An op type without a rule is [`Error::UnknownOp`].
 

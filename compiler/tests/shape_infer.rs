@@ -961,3 +961,45 @@ fn registry_covers_the_required_ops() {
         assert!(have.contains(&op), "no rule for {op}");
     }
 }
+
+/// `F.pad(x, (1, 2, 0, 3))` as exported without constant folding: the pads go through a 2-D
+/// `Reshape(-1, 2) → Slice(step -1) → Transpose → Reshape(-1)` before `Pad`.
+#[test]
+fn torch_pad_chain_with_2d_values() {
+    let mut b = B::new(17);
+    let x = b.input("x", DType::F32, "batch,3,5,6");
+    let p = b.vec(&[1, 2, 0, 3]);
+    let four = b.vec(&[4]);
+    let zero = TensorData::from_i64(vec![1], &[0]);
+    let zeros = b.op(
+        "ConstantOfShape",
+        &[four],
+        vec![("value", Attr::Tensor(zero))],
+    );
+    let allp = b.op("Concat", &[p, zeros], vec![("axis", Attr::Int(0))]);
+    let r2 = b.vec(&[-1, 2]);
+    let p2 = b.op("Reshape", &[allp, r2], vec![]);
+    let st = b.vec(&[-1]);
+    let en = b.vec(&[-i64::MAX]);
+    let ax = b.vec(&[0]);
+    let step = b.vec(&[-1]);
+    let rev = b.op("Slice", &[p2, st, en, ax, step], vec![]);
+    let tr = b.op("Transpose", &[rev], vec![("perm", ints(&[1, 0]))]);
+    let m1 = b.vec(&[-1]);
+    let flat = b.op("Reshape", &[tr, m1], vec![]);
+    let pads = b.op("Cast", &[flat], vec![("to", Attr::Int(7))]);
+    let zf = b.floats(vec![], &[0.0]);
+    let padded = b.op("Pad", &[x, pads, zf], vec![]);
+    // Broadcasting on 2-D values: [[0,1,2],[3,4,5]] + [[1],[2]] = [[1,2,3],[5,6,7]].
+    let mat = b.ints(vec![2, 3], &[0, 1, 2, 3, 4, 5]);
+    let col = b.ints(vec![2, 1], &[1, 2]);
+    let sum = b.op("Add", &[mat, col], vec![]);
+    let sumf = b.op("Reshape", &[sum, m1], vec![]);
+    let s1 = b.vec(&[3]);
+    let e1 = b.vec(&[6]);
+    let tail = b.op("Slice", &[sumf, s1, e1], vec![]);
+    let cos = b.op("ConstantOfShape", &[tail], vec![]);
+    let m = b.run();
+    assert_eq!(shape(&m, padded), "batch,3,8,9");
+    assert_eq!(shape(&m, cos), "5,6,7");
+}

@@ -70,7 +70,8 @@ pub fn supported_ops() -> Vec<&'static str> {
 /// Largest int tensor (in elements) whose values are tracked symbolically.
 pub const MAX_TRACKED_ELEMS: usize = 64;
 
-/// Element values of small int64 0-D/1-D tensors, as [`Dim`]s (known ints or symbols),
+/// Element values of small integer tensors (mostly 0-D/1-D shape vectors; any rank with a static
+/// shape, row-major, up to [`MAX_TRACKED_ELEMS`]), as [`Dim`]s (known ints or symbols),
 /// propagated through shape arithmetic. Values of rank-0 tensors have one element.
 #[derive(Clone, Debug, Default)]
 pub struct SymbolicValues {

@@ -299,7 +299,7 @@ pub fn value_of(g: &Graph, vals: &SymbolicValues, v: Value) -> Option<Vec<Dim>> 
         return Some(d.to_vec());
     }
     let t = g.constant(v)?;
-    if t.dims.len() > 1 || t.numel()? > MAX_TRACKED_ELEMS as u64 {
+    if t.numel()? > MAX_TRACKED_ELEMS as u64 {
         return None;
     }
     if !(t.dtype.is_int() || t.dtype == DType::Bool) {

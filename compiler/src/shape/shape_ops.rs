@@ -392,7 +392,8 @@ fn split(n: &Node) -> Result<Vec<TensorType>> {
     if let (Some(v), Dim::Known(total)) =
         (sizes.iter().map(Dim::known).collect::<Option<Vec<_>>>(), d)
     {
-        if v.iter().sum::<i64>() != *total || v.iter().any(|x| *x < 0) {
+        let sum = v.iter().try_fold(0i64, |a, x| a.checked_add(*x));
+        if sum != Some(*total) || v.iter().any(|x| *x < 0) {
             return Err(n.err(format!(
                 "split sizes {v:?} do not add up to the axis size {total}"
             )));
@@ -988,5 +989,20 @@ mod tests {
         let z = t.scalar(0);
         let op = t.op("Range", &[Some(a), Some(b), Some(z)], &[], 1);
         assert!(t.shapes(op, 18)[0].contains("delta is 0"));
+    }
+}
+
+#[cfg(test)]
+mod overflow_tests {
+    use super::super::testutil::T;
+    use crate::ir::{Attr, DType};
+
+    #[test]
+    fn split_sizes_that_overflow_are_an_error() {
+        let mut t = T::new();
+        let x = t.input(DType::F32, "b,10");
+        let s = t.ints(&[i64::MAX, 1]);
+        let op = t.op("Split", &[Some(x), Some(s)], &[("axis", Attr::Int(1))], 2);
+        assert!(t.shapes(op, 18)[0].contains("do not add up"));
     }
 }

@@ -16,7 +16,7 @@ pub fn propagate(n: &Node, out: &[TensorType]) -> Vec<Option<Vec<Dim>>> {
     }
     if n.op_type() == "Split" {
         // Splitting a shape vector: each piece is a contiguous run.
-        if let Some(v) = n.value(0) {
+        if let Some(v) = n.value(0).filter(|_| rank(n, 0).is_some_and(|r| r <= 1)) {
             let mut at = 0usize;
             for (i, t) in out.iter().enumerate() {
                 let Some(len) = t
@@ -37,15 +37,93 @@ pub fn propagate(n: &Node, out: &[TensorType]) -> Vec<Option<Vec<Dim>>> {
         return res;
     }
     let Some(v) = one(n, t0) else { return res };
-    let ok_len = match t0.shape.as_deref() {
-        Some([]) => v.len() == 1,
-        Some([Dim::Known(k)]) => v.len() as i64 == *k,
-        _ => false,
-    };
+    // Values of any rank are kept (row-major) when the result's shape is static.
+    let ok_len = t0
+        .shape
+        .as_deref()
+        .and_then(static_dims)
+        .is_some_and(|d| checked_prod(&d) == Some(v.len() as i64));
     if ok_len && v.len() <= MAX_TRACKED_ELEMS {
         res[0] = Some(v);
     }
     res
+}
+
+/// Static dims of a shape (`None` if one is symbolic or negative).
+fn static_dims(s: &[Dim]) -> Option<Vec<i64>> {
+    s.iter().map(|d| d.known().filter(|k| *k >= 0)).collect()
+}
+
+/// Checked product of static dims.
+fn checked_prod(d: &[i64]) -> Option<i64> {
+    d.iter().try_fold(1i64, |acc, x| acc.checked_mul(*x))
+}
+
+/// Rank of operand `i`.
+fn rank(n: &Node, i: usize) -> Option<usize> {
+    n.opt_ty(i)?.rank()
+}
+
+/// Values of operand `i` broadcast (numpy rules) to the static shape of result `out`.
+fn operand(n: &Node, i: usize, out: &TensorType) -> Option<Vec<Dim>> {
+    let v = n.value(i)?;
+    let ind = static_dims(n.opt_ty(i)?.shape.as_deref()?)?;
+    let outd = static_dims(out.shape.as_deref()?)?;
+    if ind == outd {
+        return Some(v);
+    }
+    let lead = outd.len().checked_sub(ind.len())?;
+    remap(&v, &ind, &outd, |c| {
+        ind.iter()
+            .enumerate()
+            .map(|(a, d)| {
+                if *d == 1 {
+                    Some(0)
+                } else {
+                    c.get(a + lead).copied()
+                }
+            })
+            .collect()
+    })
+}
+
+/// Row-major strides of static dims.
+fn strides(d: &[i64]) -> Vec<i64> {
+    let mut st = vec![1i64; d.len()];
+    for i in (0..d.len().saturating_sub(1)).rev() {
+        st[i] = st[i + 1].saturating_mul(d[i + 1]);
+    }
+    st
+}
+
+/// Gather `data` (row-major, input dims `ind`) into the result of dims `outd`, where the input
+/// coordinate on axis `a` of result coordinate `c` is `map(a, c[..])`.
+fn remap(
+    data: &[Dim],
+    ind: &[i64],
+    outd: &[i64],
+    map: impl Fn(&[i64]) -> Option<Vec<i64>>,
+) -> Option<Vec<Dim>> {
+    let total = usize::try_from(checked_prod(outd)?).ok()?;
+    if total > MAX_TRACKED_ELEMS {
+        return None;
+    }
+    let (ist, ost) = (strides(ind), strides(outd));
+    (0..total as i64)
+        .map(|flat| {
+            let c: Vec<i64> = ost
+                .iter()
+                .zip(outd)
+                .map(|(s, d)| if *d == 0 { 0 } else { (flat / s) % d })
+                .collect();
+            let ic = map(&c)?;
+            let off = ic
+                .iter()
+                .zip(&ist)
+                .try_fold(0i64, |acc, (a, b)| acc.checked_add(a.checked_mul(*b)?))?;
+            data.get(usize::try_from(off).ok()?).cloned()
+        })
+        .collect()
 }
 
 /// Elementwise binary op on value vectors with scalar / length-1 broadcasting.
@@ -114,6 +192,12 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
             }
         }
         "Concat" => {
+            // Row-major concatenation along axis 0 is flat concatenation.
+            let r = rank(n, 0)?;
+            let ax = n.int_attr("axis", 0).ok()?;
+            if r > 1 && ax != 0 && ax != -(r as i64) {
+                return None;
+            }
             let mut acc = Vec::new();
             for i in 0..n.num_inputs() {
                 if n.input(i).is_some() {
@@ -138,33 +222,56 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
         }
         "Slice" => {
             let data = n.value(0)?;
+            let ind = static_dims(n.shape(0).ok()??)?;
+            let outd = static_dims(out.shape.as_deref()?)?;
             let a = slice_args(n).ok()??;
-            if a.starts.len() != 1 || !(a.axes[0] == 0 || a.axes[0] == -1) {
-                return None;
+            let axes = n.axes(&a.axes, ind.len()).ok()?;
+            let mut first = vec![0i64; ind.len()];
+            let mut step = vec![1i64; ind.len()];
+            for (i, &ax) in axes.iter().enumerate() {
+                first[ax] = slice_range(ind[ax], a.starts[i], a.ends[i], a.steps[i]).0;
+                step[ax] = a.steps[i];
             }
-            let (st, len) = slice_range(data.len() as i64, a.starts[0], a.ends[0], a.steps[0]);
-            (0..len)
-                .map(|k| {
-                    let idx = st.checked_add(k.checked_mul(a.steps[0])?)?;
-                    data.get(usize::try_from(idx).ok()?).cloned()
-                })
-                .collect()
+            remap(&data, &ind, &outd, |c| {
+                c.iter()
+                    .zip(first.iter().zip(&step))
+                    .map(|(k, (f, st))| f.checked_add(k.checked_mul(*st)?))
+                    .collect()
+            })
         }
-        "Add" => zip(&n.value(0)?, &n.value(1)?, add_dims),
-        "Sub" => zip(&n.value(0)?, &n.value(1)?, |a, b| {
+        "Transpose" => {
+            let data = n.value(0)?;
+            let ind = static_dims(n.shape(0).ok()??)?;
+            let outd = static_dims(out.shape.as_deref()?)?;
+            let perm: Vec<usize> = match n.ints_attr("perm").ok()? {
+                Some(p) => n.axes(&p, ind.len()).ok()?,
+                None => (0..ind.len()).rev().collect(),
+            };
+            remap(&data, &ind, &outd, |c| {
+                let mut ic = vec![0i64; perm.len()];
+                for (o, &p) in perm.iter().enumerate() {
+                    *ic.get_mut(p)? = *c.get(o)?;
+                }
+                Some(ic)
+            })
+        }
+        "Add" => zip(&operand(n, 0, out)?, &operand(n, 1, out)?, add_dims),
+        "Sub" => zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| {
             if a == b {
                 Some(Dim::Known(0))
             } else {
                 add_dims(a, &neg(b)?)
             }
         }),
-        "Mul" => zip(&n.value(0)?, &n.value(1)?, |a, b| a.mul(b)),
-        "Div" => zip(&n.value(0)?, &n.value(1)?, |a, b| match (a, b) {
-            (Dim::Known(x), Dim::Known(y)) => x.checked_div(*y).map(Dim::Known),
-            _ => a.div(b),
+        "Mul" => zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| a.mul(b)),
+        "Div" => zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| {
+            match (a, b) {
+                (Dim::Known(x), Dim::Known(y)) => x.checked_div(*y).map(Dim::Known),
+                _ => a.div(b),
+            }
         }),
         "Neg" => n.value(0)?.iter().map(neg).collect(),
-        "Equal" => zip(&n.value(0)?, &n.value(1)?, |a, b| {
+        "Equal" => zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| {
             if a == b {
                 return Some(Dim::Known(1));
             }
@@ -179,7 +286,7 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
         }),
         "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" => {
             let op = n.op_type().to_string();
-            zip(&n.value(0)?, &n.value(1)?, |a, b| {
+            zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| {
                 let (x, y) = (a.known()?, b.known()?);
                 let r = match op.as_str() {
                     "Less" => x < y,
@@ -196,9 +303,9 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
             .map(|d| d.known().map(|k| Dim::Known(i64::from(k == 0))))
             .collect(),
         "Where" => {
-            let c = n.value(0)?;
-            let x = n.value(1)?;
-            let y = n.value(2)?;
+            let c = operand(n, 0, out)?;
+            let x = operand(n, 1, out)?;
+            let y = operand(n, 2, out)?;
             // Select per element with broadcasting of all three.
             let len = c.len().max(x.len()).max(y.len());
             let at = |v: &[Dim], i: usize| {
@@ -221,9 +328,9 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
         }
         "Min" | "Max" => {
             let is_min = n.op_type() == "Min";
-            let mut acc = n.value(0)?;
+            let mut acc = operand(n, 0, out)?;
             for i in 1..n.num_inputs() {
-                acc = zip(&acc, &n.value(i)?, |a, b| {
+                acc = zip(&acc, &operand(n, i, out)?, |a, b| {
                     if a == b {
                         return Some(a.clone());
                     }
@@ -287,7 +394,7 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
                 .map(|k| Some(Dim::Known(s.checked_add(k.checked_mul(d)?)?)))
                 .collect()
         }
-        "Tile" => {
+        "Tile" if rank(n, 0) == Some(1) => {
             let v = n.value(0)?;
             let r = n.const_ints(1)?;
             let times = usize::try_from(*r.first()?).ok()?;

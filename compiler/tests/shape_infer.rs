@@ -1003,3 +1003,29 @@ fn torch_pad_chain_with_2d_values() {
     assert_eq!(shape(&m, padded), "batch,3,8,9");
     assert_eq!(shape(&m, cos), "5,6,7");
 }
+
+#[test]
+fn negative_result_dims_are_an_error() {
+    let mut b = B::new(18);
+    let x = b.input("x", DType::F32, "batch,3");
+    let r = b.vec(&[1, -2]);
+    b.op("Tile", &[x, r], vec![]);
+    let e = b.run_err().to_string();
+    assert!(e.contains("Tile_2") && e.contains("negative dim -6"), "{e}");
+}
+
+#[test]
+fn declared_minus_one_means_unknown() {
+    let mut b = B::new(18);
+    let x = b.input("x", DType::F32, "-1,3");
+    let y = b.op("Relu", &[x], vec![]);
+    b.g.values[y].ty = TensorType::new(DType::F32, dims("-1,3"));
+    let z = b.op("Relu", &[y], vec![]);
+    let w = b.input("w", DType::F32, "2,3");
+    let a = b.op("Add", &[w, w], vec![]);
+    b.g.values[a].ty = TensorType::new(DType::F32, dims("-1,3"));
+    b.g.outputs = vec![z, a];
+    let m = b.run();
+    assert_eq!(shape(&m, z), "-1,3");
+    assert_eq!(shape(&m, a), "2,3");
+}

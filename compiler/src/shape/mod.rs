@@ -145,6 +145,26 @@ pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<
         )));
     }
     tys.truncate(d.outputs.len());
+    // Sizes are never negative: a negative repeat, pad or target dim is the model's error. (Only
+    // checked when no operand already has one, e.g. a `-1` that some tools write for "unknown".)
+    let negative = |x: &&Dim| match x {
+        Dim::Known(k) => *k < 0,
+        Dim::Sym(s) => s.coeff < 0,
+    };
+    let operands_ok = d
+        .inputs
+        .iter()
+        .flatten()
+        .all(|v| g.ty(*v).shape.iter().flatten().find(negative).is_none());
+    for (i, t) in tys.iter().enumerate().filter(|_| operands_ok) {
+        let neg = t.shape.iter().flatten().find(negative);
+        if let Some(x) = neg {
+            return Err(n.err(format!(
+                "result {i} would have a negative dim {x} ({})",
+                fmt_dims(t.shape.as_deref().unwrap_or(&[]))
+            )));
+        }
+    }
     Ok(tys)
 }
 
@@ -200,17 +220,6 @@ pub fn infer_shapes_with_values(m: &mut Module) -> Result<(InferStats, SymbolicV
             }
         }
     }
-    // Graph outputs: each must be a defined value with a ranked type unless nothing is known.
-    for &v in &m.graph.outputs {
-        if let Some(s) = &m.graph.values[v].ty.shape {
-            if let Some(d) = s.iter().find(|d| d.known().is_some_and(|k| k < 0)) {
-                return Err(Error::named(
-                    m.graph.name(v),
-                    format!("graph output has a negative dim {d}"),
-                ));
-            }
-        }
-    }
     stats.tracked_values = vals.len();
     Ok((stats, vals))
 }
@@ -223,7 +232,8 @@ pub fn is_fresh_symbol(d: &Dim) -> bool {
     }
 }
 
-/// Merge an inferred type with the declared one of value `name`.
+/// Merge an inferred type with the declared one of value `name` (graph outputs included: their
+/// declared types are checked here, as results of the ops that define them).
 fn merge(n: &Node, declared: &TensorType, inferred: &TensorType, name: &str) -> Result<TensorType> {
     let shape = match (&declared.shape, &inferred.shape) {
         (None, s) => s.clone(),
@@ -241,6 +251,8 @@ fn merge(n: &Node, declared: &TensorType, inferred: &TensorType, name: &str) -> 
             let mut out = Vec::with_capacity(d.len());
             for (k, (dd, id)) in d.iter().zip(i).enumerate() {
                 out.push(match (dd, id) {
+                    // A negative declared dim is some tools' "unknown".
+                    (Dim::Known(a), _) if *a < 0 => id.clone(),
                     (Dim::Known(a), Dim::Known(b)) if a != b => {
                         return Err(n.err(format!(
                             "result '{name}' dim {k}: declared {a} but inferred {b} \

@@ -7,6 +7,8 @@ pub mod eval;
 pub mod ir;
 pub mod onnx;
 pub mod passmgr;
+pub mod shape;
 pub mod text;
+pub mod verify;
 
 pub use error::{Error, Result};

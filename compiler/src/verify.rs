@@ -45,32 +45,41 @@ fn describe_op(m: &Module, op: Op) -> String {
     format!("node '{}' ({})", d.name, d.op_type)
 }
 
+/// Record that `v` is defined; fails if it is defined twice or its name is taken.
+fn define<'a>(
+    m: &'a Module,
+    defined: &mut HashSet<Value>,
+    names: &mut HashMap<&'a str, Value>,
+    v: Value,
+    what: &str,
+) -> Result<()> {
+    let g = &m.graph;
+    if !g.values.is_valid(v) {
+        return Err(Error::Verify(format!(
+            "{what} defines value {v} that does not exist"
+        )));
+    }
+    if !defined.insert(v) {
+        return Err(Error::Verify(format!(
+            "{what}: value '{}' is defined twice",
+            g.values[v].name
+        )));
+    }
+    let name = g.values[v].name.as_str();
+    if let Some(prev) = names.insert(name, v) {
+        if prev != v {
+            return Err(Error::Verify(format!("{what}: two values are named '{name}'")));
+        }
+    }
+    Ok(())
+}
+
 fn verify_structure(m: &Module) -> Result<()> {
     let g = &m.graph;
     let mut defined: HashSet<Value> = HashSet::new();
     let mut names: HashMap<&str, Value> = HashMap::new();
-    let mut define = |v: Value, what: String| -> Result<()> {
-        if !g.values.is_valid(v) {
-            return Err(Error::Verify(format!("{what} defines value {v} that does not exist")));
-        }
-        if !defined.insert(v) {
-            return Err(Error::Verify(format!(
-                "{what}: value '{}' is defined twice",
-                g.values[v].name
-            )));
-        }
-        let name = g.values[v].name.as_str();
-        if let Some(prev) = names.insert(name, v) {
-            if prev != v {
-                return Err(Error::Verify(format!(
-                    "{what}: two values are named '{name}'"
-                )));
-            }
-        }
-        Ok(())
-    };
     for (i, &v) in g.inputs.iter().enumerate() {
-        define(v, format!("graph input #{i}"))?;
+        define(m, &mut defined, &mut names, v, &format!("graph input #{i}"))?;
         if g.values[v].def != ValueDef::Input(i as u32) {
             return Err(Error::Verify(format!(
                 "graph input #{i} '{}' is not marked as input {i}",
@@ -79,7 +88,7 @@ fn verify_structure(m: &Module) -> Result<()> {
         }
     }
     for &v in g.initializers.keys() {
-        define(v, "initializer".to_string())?;
+        define(m, &mut defined, &mut names, v, "initializer")?;
         if g.values[v].def != ValueDef::Initializer {
             return Err(Error::Verify(format!(
                 "initializer '{}' is not marked as an initializer",
@@ -114,7 +123,7 @@ fn verify_structure(m: &Module) -> Result<()> {
             }
         }
         for (i, &v) in d.outputs.iter().enumerate() {
-            define(v, describe_op(m, op))?;
+            define(m, &mut defined, &mut names, v, &describe_op(m, op))?;
             if g.values[v].def != ValueDef::Result(op, i as u32) {
                 return Err(Error::Verify(format!(
                     "{}: result #{i} '{}' does not point back at its op",

@@ -237,7 +237,8 @@ fn squeeze(n: &Node) -> Result<Vec<TensorType>> {
     let Some(axes) = axes_operand(n, 1)? else {
         return Ok(vec![TensorType::unranked(dt)]);
     };
-    let out = match axes {
+    // An empty axes list squeezes every 1 like an absent one (onnxruntime does the same).
+    let out = match axes.filter(|a| !a.is_empty()) {
         None => s.iter().filter(|d| **d != Dim::Known(1)).cloned().collect(),
         Some(a) => {
             let a = n.axes(&a, s.len())?;
@@ -958,6 +959,9 @@ mod tests {
         let op = t.op("Squeeze", &[Some(x), Some(a)], &[], 1);
         assert!(t.shapes(op, 13)[0].contains("cannot squeeze axis 1 of size 3"));
         let op = t.op("Squeeze", &[Some(x)], &[], 1);
+        assert_eq!(t.shapes(op, 13), ["batch,3"]);
+        let empty = t.ints(&[]);
+        let op = t.op("Squeeze", &[Some(x), Some(empty)], &[], 1);
         assert_eq!(t.shapes(op, 13), ["batch,3"]);
         let a = t.ints(&[-1, 0]);
         let op = t.op("Unsqueeze", &[Some(x), Some(a)], &[], 1);

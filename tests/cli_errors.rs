@@ -3,6 +3,7 @@
 
 mod common;
 use common::*;
+use pipec_compiler::onnx::proto::tensor_shape_proto::{dimension, Dimension};
 use pipec_compiler::onnx::proto::*;
 use prost::Message;
 use std::path::Path;
@@ -39,10 +40,18 @@ fn node(name: &str, op: &str, ins: &[&str], outs: &[&str]) -> NodeProto {
     }
 }
 
-fn model(nodes: Vec<NodeProto>, inits: Vec<TensorProto>, input: &[i64], output: &[i64]) -> ModelProto {
+fn onnx_model(
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
+    input: &[i64],
+    output: &[i64],
+) -> ModelProto {
     ModelProto {
         ir_version: 8,
-        opset_import: vec![OperatorSetIdProto { domain: String::new(), version: 17 }],
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: 17,
+        }],
         graph: Some(GraphProto {
             name: "g".into(),
             node: nodes,
@@ -72,7 +81,12 @@ fn expect_bad(dir: &Path, file: &Path, needles: &[&str]) {
     let out_path = dir.join("out.mlir");
     for args in [
         vec!["inspect", file.to_str().unwrap(), "--json"],
-        vec!["opt", file.to_str().unwrap(), "-o", out_path.to_str().unwrap()],
+        vec![
+            "opt",
+            file.to_str().unwrap(),
+            "-o",
+            out_path.to_str().unwrap(),
+        ],
     ] {
         let out = pipec(&args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -104,7 +118,9 @@ fn empty_random_and_truncated_files() {
     let dir = tempdir();
     let p = write(dir.path(), "empty.onnx", b"");
     expect_bad(dir.path(), &p, &["empty.onnx", "empty"]);
-    let noise: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let noise: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let p = write(dir.path(), "noise.onnx", &noise);
     expect_bad(dir.path(), &p, &["noise.onnx"]);
     let full = std::fs::read(model("mlp4.onnx")).unwrap();
@@ -115,7 +131,12 @@ fn empty_random_and_truncated_files() {
 #[test]
 fn unknown_op_names_node_and_type() {
     let dir = tempdir();
-    let m = model(vec![node("weird0", "FrobnicateTensor", &["x"], &["y"])], vec![], &[4], &[4]);
+    let m = onnx_model(
+        vec![node("weird0", "FrobnicateTensor", &["x"], &["y"])],
+        vec![],
+        &[4],
+        &[4],
+    );
     let p = write(dir.path(), "unknown.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["weird0", "FrobnicateTensor"]);
 }
@@ -123,15 +144,24 @@ fn unknown_op_names_node_and_type() {
 #[test]
 fn cycle_and_dangling_input() {
     let dir = tempdir();
-    let m = model(
-        vec![node("a", "Relu", &["b_out"], &["a_out"]), node("b", "Add", &["a_out", "x"], &["b_out"]), node("c", "Identity", &["a_out"], &["y"])],
+    let m = onnx_model(
+        vec![
+            node("a", "Relu", &["b_out"], &["a_out"]),
+            node("b", "Add", &["a_out", "x"], &["b_out"]),
+            node("c", "Identity", &["a_out"], &["y"]),
+        ],
         vec![],
         &[4],
         &[4],
     );
     let p = write(dir.path(), "cycle.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["cycle"]);
-    let m = model(vec![node("lonely", "Add", &["x", "ghost"], &["y"])], vec![], &[4], &[4]);
+    let m = onnx_model(
+        vec![node("lonely", "Add", &["x", "ghost"], &["y"])],
+        vec![],
+        &[4],
+        &[4],
+    );
     let p = write(dir.path(), "dangling.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["lonely", "ghost"]);
 }
@@ -139,7 +169,7 @@ fn cycle_and_dangling_input() {
 #[test]
 fn reshape_element_count_mismatch() {
     let dir = tempdir();
-    let m = model(
+    let m = onnx_model(
         vec![node("bad_reshape", "Reshape", &["x", "shape"], &["y"])],
         vec![i64_tensor("shape", &[3, 5])],
         &[2, 6],
@@ -152,12 +182,32 @@ fn reshape_element_count_mismatch() {
 #[test]
 fn huge_initializer_without_data() {
     let dir = tempdir();
-    let big = TensorProto { name: "huge".into(), data_type: 1, dims: vec![1_000_000, 1_000_000], ..Default::default() };
-    let m = model(vec![node("add", "Add", &["x", "huge"], &["y"])], vec![big], &[4], &[4]);
+    let big = TensorProto {
+        name: "huge".into(),
+        data_type: 1,
+        dims: vec![1_000_000, 1_000_000],
+        ..Default::default()
+    };
+    let m = onnx_model(
+        vec![node("add", "Add", &["x", "huge"], &["y"])],
+        vec![big],
+        &[4],
+        &[4],
+    );
     let p = write(dir.path(), "huge.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["huge"]);
-    let over = TensorProto { name: "over".into(), data_type: 1, dims: vec![i64::MAX, 4], ..Default::default() };
-    let m = model(vec![node("add", "Add", &["x", "over"], &["y"])], vec![over], &[4], &[4]);
+    let over = TensorProto {
+        name: "over".into(),
+        data_type: 1,
+        dims: vec![i64::MAX, 4],
+        ..Default::default()
+    };
+    let m = onnx_model(
+        vec![node("add", "Add", &["x", "over"], &["y"])],
+        vec![over],
+        &[4],
+        &[4],
+    );
     let p = write(dir.path(), "overflow.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["over"]);
 }
@@ -170,10 +220,18 @@ fn external_data_leaving_the_folder() {
         data_type: 1,
         dims: vec![4],
         data_location: DATA_LOCATION_EXTERNAL,
-        external_data: vec![StringStringEntryProto { key: "location".into(), value: "../../etc/passwd".into() }],
+        external_data: vec![StringStringEntryProto {
+            key: "location".into(),
+            value: "../../etc/passwd".into(),
+        }],
         ..Default::default()
     };
-    let m = model(vec![node("add", "Add", &["x", "w"], &["y"])], vec![ext], &[4], &[4]);
+    let m = onnx_model(
+        vec![node("add", "Add", &["x", "w"], &["y"])],
+        vec![ext],
+        &[4],
+        &[4],
+    );
     let p = write(dir.path(), "escape.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["'w'", "../../etc/passwd"]);
     // past the end of its file
@@ -184,12 +242,23 @@ fn external_data_leaving_the_folder() {
         dims: vec![4],
         data_location: DATA_LOCATION_EXTERNAL,
         external_data: vec![
-            StringStringEntryProto { key: "location".into(), value: "w.bin".into() },
-            StringStringEntryProto { key: "offset".into(), value: "4".into() },
+            StringStringEntryProto {
+                key: "location".into(),
+                value: "w.bin".into(),
+            },
+            StringStringEntryProto {
+                key: "offset".into(),
+                value: "4".into(),
+            },
         ],
         ..Default::default()
     };
-    let m = model(vec![node("add", "Add", &["x", "w"], &["y"])], vec![ext], &[4], &[4]);
+    let m = onnx_model(
+        vec![node("add", "Add", &["x", "w"], &["y"])],
+        vec![ext],
+        &[4],
+        &[4],
+    );
     let p = write(dir.path(), "pastend.onnx", &m.encode_to_vec());
     expect_bad(dir.path(), &p, &["'w'"]);
 }

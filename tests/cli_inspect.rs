@@ -11,7 +11,11 @@ fn oracle(path: &std::path::Path) -> Option<serde_json::Value> {
         .arg(path)
         .output()
         .expect("run onnx_stats.py");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Some(serde_json::from_slice(&out.stdout).expect("oracle JSON"))
 }
 
@@ -23,8 +27,39 @@ fn inspect_matches_python_onnx_on_dev_models() {
             serde_json::from_str(&pipec_ok(&["inspect", path.to_str().unwrap(), "--json"]))
                 .unwrap();
         let Some(want) = oracle(&path) else { return };
-        for key in ["nodes", "parameters", "parameter_bytes", "op_types", "inputs", "outputs"] {
-            assert_eq!(got[key], want[key], "{name}: field '{key}' differs from python onnx");
+        for key in [
+            "nodes",
+            "parameters",
+            "parameter_bytes",
+            "op_types",
+            "inputs",
+        ] {
+            assert_eq!(
+                got[key], want[key],
+                "{name}: field '{key}' differs from python onnx"
+            );
+        }
+        // Outputs: same names, dtypes and ranks; a dim the file declares as a number must match,
+        // and a dim it leaves symbolic may be resolved by shape inference (gpt2_tiny declares
+        // `MatMullogits_dim_1` where inference knows 32).
+        let (g, w) = (
+            got["outputs"].as_array().unwrap(),
+            want["outputs"].as_array().unwrap(),
+        );
+        assert_eq!(g.len(), w.len(), "{name}: output count");
+        for (g, w) in g.iter().zip(w) {
+            assert_eq!(g["name"], w["name"]);
+            assert_eq!(g["dtype"], w["dtype"]);
+            let (gs, ws) = (
+                g["shape"].as_array().unwrap(),
+                w["shape"].as_array().unwrap(),
+            );
+            assert_eq!(gs.len(), ws.len(), "{name}: output rank");
+            for (gd, wd) in gs.iter().zip(ws) {
+                if wd.is_i64() {
+                    assert_eq!(gd, wd, "{name}: output dims {gs:?} vs declared {ws:?}");
+                }
+            }
         }
     }
 }
@@ -38,7 +73,10 @@ fn inspect_reports_series_parallel_structure() {
             "--json",
         ]))
         .unwrap();
-        (j["series_parallel"].as_bool().unwrap(), j["multi_consumer_nodes"].as_u64().unwrap())
+        (
+            j["series_parallel"].as_bool().unwrap(),
+            j["multi_consumer_nodes"].as_u64().unwrap(),
+        )
     };
     // A chain: series-parallel, no fan-out.
     assert_eq!(sp("mlp4"), (true, 0));

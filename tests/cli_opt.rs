@@ -21,7 +21,10 @@ fn text_round_trips_for_every_dev_model() {
             pipec_ok(&args);
             pipec_ok(&["opt", a.to_str().unwrap(), "-o", b.to_str().unwrap()]);
             let (ta, tb) = (std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
-            assert!(ta == tb, "{name} (passes '{passes}'): a.mlir and b.mlir differ");
+            assert!(
+                ta == tb,
+                "{name} (passes '{passes}'): a.mlir and b.mlir differ"
+            );
         }
     }
 }
@@ -29,7 +32,10 @@ fn text_round_trips_for_every_dev_model() {
 #[test]
 fn mlir_opt_accepts_the_text() {
     let Some(mlir_opt) = mlir_opt() else {
-        assert!(std::env::var_os("CI").is_none(), "mlir-opt is required under CI");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mlir-opt is required under CI"
+        );
         eprintln!("note: mlir-opt not found; skipping");
         return;
     };
@@ -37,7 +43,14 @@ fn mlir_opt_accepts_the_text() {
     for name in DEV_MODELS {
         let a = dir.path().join(format!("{name}.mlir"));
         let src = model(&format!("{name}.onnx"));
-        pipec_ok(&["opt", src.to_str().unwrap(), "--passes", PIPELINE, "-o", a.to_str().unwrap()]);
+        pipec_ok(&[
+            "opt",
+            src.to_str().unwrap(),
+            "--passes",
+            PIPELINE,
+            "-o",
+            a.to_str().unwrap(),
+        ]);
         let out = Command::new(&mlir_opt)
             .arg("--allow-unregistered-dialect")
             .arg(&a)
@@ -54,8 +67,15 @@ fn mlir_opt_accepts_the_text() {
 #[test]
 fn weights_stay_out_of_the_text() {
     let text = pipec_ok(&["opt", model("gpt2_tiny.onnx").to_str().unwrap()]);
-    assert!(text.contains("dense_resource<"), "large weights print as resources");
-    assert!(text.len() < 1_000_000, "gpt2_tiny text is {} bytes", text.len());
+    assert!(
+        text.contains("dense_resource<"),
+        "large weights print as resources"
+    );
+    assert!(
+        text.len() < 1_000_000,
+        "gpt2_tiny text is {} bytes",
+        text.len()
+    );
 }
 
 #[test]
@@ -80,7 +100,10 @@ fn print_ir_after_all_dumps_after_each_pass() {
     let err = String::from_utf8_lossy(&out.stderr);
     for pass in ["shape-infer", "fold-constants", "dce"] {
         assert!(err.contains(&format!("IR Dump After {pass} ")), "{err}");
-        assert!(err.contains(&format!("  {pass}")), "timing row for {pass}: {err}");
+        assert!(
+            err.contains(&format!("  {pass}")),
+            "timing row for {pass}: {err}"
+        );
     }
     let one = pipec(&[
         "opt",
@@ -104,7 +127,12 @@ fn list_passes_names_the_first_passes() {
 
 #[test]
 fn unknown_pass_is_a_usage_error() {
-    let out = pipec(&["opt", model("mlp4.onnx").to_str().unwrap(), "--passes", "dce,frobnicate"]);
+    let out = pipec(&[
+        "opt",
+        model("mlp4.onnx").to_str().unwrap(),
+        "--passes",
+        "dce,frobnicate",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown pass 'frobnicate'"), "{err}");
@@ -114,7 +142,12 @@ fn unknown_pass_is_a_usage_error() {
 #[test]
 fn fold_constants_and_dce_shrink_gpt2() {
     let before = pipec_ok(&["opt", model("gpt2_tiny.onnx").to_str().unwrap()]);
-    let after = pipec_ok(&["opt", model("gpt2_tiny.onnx").to_str().unwrap(), "--passes", PIPELINE]);
+    let after = pipec_ok(&[
+        "opt",
+        model("gpt2_tiny.onnx").to_str().unwrap(),
+        "--passes",
+        PIPELINE,
+    ]);
     let count = |t: &str| t.matches("= \"onnx.").count();
     assert!(
         count(&after) < count(&before),

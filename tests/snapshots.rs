@@ -17,7 +17,10 @@ fn ir_after_import_and_each_pass() {
         let path = model(&format!("{name}.onnx"));
         let mut m = pipec_compiler::onnx::import::load(&path).unwrap();
         pipec_compiler::shape::infer_shapes(&mut m).unwrap();
-        snapshot(&format!("{name}.00-import"), &pipec_compiler::text::print(&m));
+        snapshot(
+            &format!("{name}.00-import"),
+            &pipec_compiler::text::print(&m),
+        );
         let passes = ["shape-infer", "fold-constants", "dce"]
             .iter()
             .map(|p| pipec_passes::lookup(p).unwrap())
@@ -25,8 +28,10 @@ fn ir_after_import_and_each_pass() {
         let mut pm = PassManager::new(passes);
         pm.print_ir = PrintIr::AfterAll;
         let mut dumps = Vec::new();
-        pm.run(&mut m, &mut |pass, m| dumps.push((pass.to_string(), pipec_compiler::text::print(m))))
-            .unwrap();
+        pm.run(&mut m, &mut |pass, m| {
+            dumps.push((pass.to_string(), pipec_compiler::text::print(m)))
+        })
+        .unwrap();
         for (i, (pass, text)) in dumps.iter().enumerate() {
             snapshot(&format!("{name}.{:02}-{pass}", i + 1), text);
         }

@@ -10,11 +10,15 @@ pub fn ops_on_io_paths(g: &Graph) -> Vec<Op> {
     // forward reachability from graph inputs
     let mut fwd: HashSet<Op> = HashSet::new();
     for &op in &g.order {
-        let from_input = g.ops[op].inputs.iter().flatten().any(|v| match g.values[*v].def {
-            ValueDef::Input(_) => true,
-            ValueDef::Result(p, _) => fwd.contains(&p),
-            ValueDef::Initializer => false,
-        });
+        let from_input = g.ops[op]
+            .inputs
+            .iter()
+            .flatten()
+            .any(|v| match g.values[*v].def {
+                ValueDef::Input(_) => true,
+                ValueDef::Result(p, _) => fwd.contains(&p),
+                ValueDef::Initializer => false,
+            });
         if from_input {
             fwd.insert(op);
         }
@@ -23,9 +27,10 @@ pub fn ops_on_io_paths(g: &Graph) -> Vec<Op> {
     let mut bwd: HashSet<Op> = HashSet::new();
     let outs: HashSet<_> = g.outputs.iter().copied().collect();
     for &op in g.order.iter().rev() {
-        let reaches = g.ops[op].outputs.iter().any(|v| {
-            outs.contains(v) || uses[*v].iter().any(|(u, _)| bwd.contains(u))
-        });
+        let reaches = g.ops[op]
+            .outputs
+            .iter()
+            .any(|v| outs.contains(v) || uses[*v].iter().any(|(u, _)| bwd.contains(u)));
         if reaches {
             bwd.insert(op);
         }

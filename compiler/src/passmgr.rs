@@ -107,9 +107,7 @@ impl PassManager {
             if self.verify_each {
                 crate::verify::verify(module).map_err(|e| Error::Pass {
                     pass: pass.name().to_string(),
-                    source: Box::new(Error::Verify(format!(
-                        "IR is invalid after this pass: {e}"
-                    ))),
+                    source: Box::new(Error::Verify(format!("IR is invalid after this pass: {e}"))),
                 })?;
             }
             let want = match &self.print_ir {

@@ -68,7 +68,9 @@ fn define<'a>(
     let name = g.values[v].name.as_str();
     if let Some(prev) = names.insert(name, v) {
         if prev != v {
-            return Err(Error::Verify(format!("{what}: two values are named '{name}'")));
+            return Err(Error::Verify(format!(
+                "{what}: two values are named '{name}'"
+            )));
         }
     }
     Ok(())
@@ -99,20 +101,30 @@ fn verify_structure(m: &Module) -> Result<()> {
     let mut seen_ops: HashSet<Op> = HashSet::new();
     for &op in &g.order {
         if !g.ops.is_valid(op) {
-            return Err(Error::Verify(format!("program order lists {op}, which does not exist")));
+            return Err(Error::Verify(format!(
+                "program order lists {op}, which does not exist"
+            )));
         }
         if !seen_ops.insert(op) {
-            return Err(Error::Verify(format!("{} appears twice in program order", describe_op(m, op))));
+            return Err(Error::Verify(format!(
+                "{} appears twice in program order",
+                describe_op(m, op)
+            )));
         }
         let d = &g.ops[op];
         for (i, v) in d.inputs.iter().enumerate() {
             let Some(v) = v else { continue };
             if !g.values.is_valid(*v) {
-                return Err(Error::Verify(format!("{}: operand #{i} does not exist", describe_op(m, op))));
+                return Err(Error::Verify(format!(
+                    "{}: operand #{i} does not exist",
+                    describe_op(m, op)
+                )));
             }
             if !defined.contains(v) {
                 let why = match g.values[*v].def {
-                    ValueDef::Result(p, _) if g.order.contains(&p) => "is used before it is defined (not in topological order, or a cycle)",
+                    ValueDef::Result(p, _) if g.order.contains(&p) => {
+                        "is used before it is defined (not in topological order, or a cycle)"
+                    }
                     _ => "is not defined by any live op, input or initializer",
                 };
                 return Err(Error::Verify(format!(

@@ -13,7 +13,11 @@
 //!   dim) leaves the op unfolded and is counted in `type-mismatches`. `pipec.*` annotations on a
 //!   folded op are kept. `Constant` ops written with `value_float(s)`/`value_int(s)`/
 //!   `value_string(s)` are rewritten to the `value` form, which is what `Graph::constant` reads.
-//!   What is folded and how is [`pipec_compiler::eval::eval_op`]'s business: ops outside the
+//!   Integer results that shape inference's symbolic value propagation knows element by element
+//!   (`Gather(Shape(x), 1)` where only dim 0 of `x` is symbolic) are folded too, so the
+//!   `Shape -> Gather -> Unsqueeze -> Concat -> Reshape` chains of real exports collapse to
+//!   constants even with a symbolic batch.
+//!   What else is folded and how is [`pipec_compiler::eval::eval_op`]'s business: ops outside the
 //!   default domain, random or stateful ops, non-constant operands and anything above
 //!   [`pipec_compiler::eval::MAX_ELEMENTS`] are left alone. Invalid constant operands (a Gather
 //!   index out of range) fail the pass with the node's name.
@@ -24,8 +28,11 @@
 
 use pipec_compiler::error::Error;
 use pipec_compiler::eval::eval_op;
-use pipec_compiler::ir::{Attr, Dim, Graph, Module, Op, OpData, TensorData, TensorType, ValueDef};
+use pipec_compiler::ir::{
+    Attr, DType, Dim, Graph, Module, Op, OpData, TensorData, TensorType, ValueDef,
+};
 use pipec_compiler::passmgr::{Pass, Stats};
+use pipec_compiler::shape::SymbolicValues;
 use pipec_compiler::Result;
 use std::collections::{BTreeMap, HashSet};
 
@@ -44,6 +51,10 @@ impl Pass for FoldConstants {
 
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let opset = module.opset();
+        // Shape arithmetic on symbolically shaped values (`Gather(Shape(x), 1)` with a symbolic
+        // batch in dim 0) is not constant-foldable by evaluation, but shape inference knows the
+        // values exactly when every element is a known integer.
+        let (_, tracked) = pipec_compiler::shape::infer_shapes_with_values(module)?;
         let g = &mut module.graph;
         let mut names: HashSet<String> = g.order.iter().map(|o| g.ops[*o].name.clone()).collect();
         // Index loop: results of multi-result ops insert new ops into `order` as we go, so the
@@ -52,7 +63,7 @@ impl Pass for FoldConstants {
         while i < g.order.len() {
             let op = g.order[i];
             i += 1;
-            let Some(results) = evaluate(g, op, opset)? else {
+            let Some(results) = evaluate(g, op, opset, &tracked)? else {
                 continue;
             };
             let data = &g.ops[op];
@@ -91,7 +102,12 @@ impl Pass for FoldConstants {
 }
 
 /// Evaluate `op` if its operands allow; `None` when it stays as it is.
-fn evaluate(g: &Graph, op: Op, opset: i64) -> Result<Option<Vec<TensorData>>> {
+fn evaluate(
+    g: &Graph,
+    op: Op,
+    opset: i64,
+    tracked: &SymbolicValues,
+) -> Result<Option<Vec<TensorData>>> {
     let data = &g.ops[op];
     // A Constant already in `value` form is the fold's target form.
     if data.op_type == "Constant" && data.attr("value").is_some() {
@@ -103,7 +119,42 @@ fn evaluate(g: &Graph, op: Op, opset: i64) -> Result<Option<Vec<TensorData>>> {
         .map(|v| v.and_then(|v| g.constant(v)))
         .collect();
     let types: Vec<Option<&TensorType>> = data.inputs.iter().map(|v| v.map(|v| g.ty(v))).collect();
-    eval_op(data, &inputs, &types, opset)
+    if let Some(r) = eval_op(data, &inputs, &types, opset)? {
+        return Ok(Some(r));
+    }
+    Ok(from_tracked_values(g, op, tracked).map(|t| vec![t]))
+}
+
+/// The result of a single-result integer op whose every element shape inference knows (e.g.
+/// `Gather(Shape(x), 1)` where dim 1 of `x` is static and dim 0 is `batch`), as a tensor.
+fn from_tracked_values(g: &Graph, op: Op, tracked: &SymbolicValues) -> Option<TensorData> {
+    let data = &g.ops[op];
+    if data.outputs.len() != 1 || !data.domain.is_empty() || data.op_type == "Constant" {
+        return None;
+    }
+    let v = data.outputs[0];
+    let ty = g.ty(v);
+    let dims = ty.static_dims()?;
+    let vals: Vec<i64> = tracked
+        .get(v)?
+        .iter()
+        .map(Dim::known)
+        .collect::<Option<_>>()?;
+    if pipec_compiler::ir::numel(&dims)? != vals.len() as u64 {
+        return None;
+    }
+    match ty.dtype {
+        DType::I64 => Some(TensorData::from_i64(dims, &vals)),
+        DType::I32 => {
+            let raw: Vec<u8> = vals
+                .iter()
+                .map(|x| i32::try_from(*x).ok().map(i32::to_le_bytes))
+                .collect::<Option<Vec<_>>>()?
+                .concat();
+            TensorData::from_raw(DType::I32, dims, raw.into()).ok()
+        }
+        _ => None,
+    }
 }
 
 /// The type of a value whose data is `t`: its declared type with symbolic dims (or an unknown

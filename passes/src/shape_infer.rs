@@ -6,7 +6,8 @@
 //!   through shape arithmetic (`Shape -> Gather -> Concat -> Reshape`) by symbolic value
 //!   propagation. Declared types (ONNX `value_info`) are checked against the inferred ones.
 //! - **Invalidates**: nothing (types only get more precise).
-//! - **Statistics**: `typed-values` (results whose type changed).
+//! - **Statistics**: `inferred-ops`, `refined-values` (types made more precise),
+//!   `unranked-values` (results whose rank stays unknown).
 //!
 //! The importer already runs inference once, as the last step of the front end; this pass re-runs
 //! it after transformations or on hand-written IR.
@@ -26,16 +27,10 @@ impl Pass for ShapeInfer {
         "infer element types and (symbolic) shapes of every value"
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
-        let before: Vec<_> = module.graph.values.values().map(|v| v.ty.clone()).collect();
-        pipec_compiler::shape::infer_shapes(module)?;
-        let changed = module
-            .graph
-            .values
-            .values()
-            .zip(before.iter())
-            .filter(|(v, b)| v.ty != **b)
-            .count();
-        stats.add("typed-values", changed as u64);
+        let s = pipec_compiler::shape::infer_shapes(module)?;
+        stats.add("inferred-ops", s.ops as u64);
+        stats.add("refined-values", s.refined as u64);
+        stats.add("unranked-values", s.unranked as u64);
         Ok(())
     }
 }

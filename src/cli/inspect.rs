@@ -149,7 +149,11 @@ pub fn run(a: InspectArgs) -> Result<ExitCode> {
     println!("model:       {}", a.model.display());
     println!(
         "producer:    {} (ir_version {}, opset {})",
-        if s.producer.is_empty() { "?" } else { &s.producer },
+        if s.producer.is_empty() {
+            "?"
+        } else {
+            &s.producer
+        },
         s.ir_version,
         s.opset
     );
@@ -159,7 +163,10 @@ pub fn run(a: InspectArgs) -> Result<ExitCode> {
         s.parameters, s.parameter_bytes, s.initializers
     );
     println!("multi-consumer nodes: {}", s.multi_consumer_nodes);
-    println!("series-parallel: {}", if s.series_parallel { "yes" } else { "no" });
+    println!(
+        "series-parallel: {}",
+        if s.series_parallel { "yes" } else { "no" }
+    );
     println!("inputs:");
     for p in &s.inputs {
         println!("  {}", fmt_port(p));

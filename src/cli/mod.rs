@@ -31,11 +31,8 @@ pub fn load_module(path: &Path) -> Result<Module> {
     };
     pipec_compiler::shape::infer_shapes(&mut m)
         .with_context(|| format!("{}: shape inference failed", path.display()))?;
-    pipec_compiler::verify::verify_with(
-        &m,
-        pipec_compiler::verify::VerifyOptions { types: false },
-    )
-    .with_context(|| format!("{}: the imported IR does not verify", path.display()))?;
+    pipec_compiler::verify::verify_with(&m, pipec_compiler::verify::VerifyOptions { types: false })
+        .with_context(|| format!("{}: the imported IR does not verify", path.display()))?;
     Ok(m)
 }
 

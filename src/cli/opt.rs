@@ -66,7 +66,11 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
             Some(p) => passes.push(p),
             None => bail!(
                 "--passes: unknown pass '{name}' (known: {})",
-                registry.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+                registry
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
@@ -99,7 +103,10 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
     let records = pm.run(&mut module, &mut printer)?;
     if a.timing {
         eprintln!("===- pass timing -===");
-        eprintln!("{:>10.3} ms  import + verify", load_time.as_secs_f64() * 1e3);
+        eprintln!(
+            "{:>10.3} ms  import + verify",
+            load_time.as_secs_f64() * 1e3
+        );
         for r in &records {
             let stats = r
                 .stats
@@ -108,7 +115,12 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect::<Vec<_>>()
                 .join(" ");
-            eprintln!("{:>10.3} ms  {}  {}", r.wall.as_secs_f64() * 1e3, r.name, stats);
+            eprintln!(
+                "{:>10.3} ms  {}  {}",
+                r.wall.as_secs_f64() * 1e3,
+                r.name,
+                stats
+            );
         }
         eprintln!("{:>10.3} ms  total", t0.elapsed().as_secs_f64() * 1e3);
     }

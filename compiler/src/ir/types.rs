@@ -327,7 +327,10 @@ pub fn fmt_type(t: &TensorType) -> String {
         Some(s) => format!(
             "{}[{}]",
             t.dtype,
-            s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
         ),
     }
 }

@@ -35,7 +35,6 @@ mod values;
 
 use crate::error::{Error, Result};
 use crate::ir::{Dim, Graph, Module, Op, TensorType, Value};
-use crate::passmgr::{Pass, Stats};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
@@ -286,26 +285,6 @@ fn merge(n: &Node, declared: &TensorType, inferred: &TensorType, name: &str) -> 
 pub fn fmt_dims(d: &[Dim]) -> String {
     let v: Vec<String> = d.iter().map(|x| x.to_string()).collect();
     format!("[{}]", v.join(", "))
-}
-
-/// The `shape-infer` pass.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ShapeInferPass;
-
-impl Pass for ShapeInferPass {
-    fn name(&self) -> &'static str {
-        "shape-infer"
-    }
-    fn summary(&self) -> &'static str {
-        "infer every value's dtype and shape (with symbolic dims and shape-value propagation)"
-    }
-    fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
-        let s = infer_shapes(module)?;
-        stats.add("inferred-ops", s.ops as u64);
-        stats.add("refined-values", s.refined as u64);
-        stats.add("unranked-values", s.unranked as u64);
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,48 @@ pub struct Port {
     pub shape: Option<Vec<serde_json::Value>>,
 }
 
+/// Shape knowledge over every op result: static, symbolic (named symbols from the graph inputs,
+/// e.g. `batch`), or unknown (unranked, or a size inference had to make up).
+#[derive(Serialize, Debug, Default)]
+pub struct ShapeSummary {
+    pub values: usize,
+    pub static_values: usize,
+    pub symbolic_values: usize,
+    pub unknown_values: usize,
+    /// Named symbols that appear in result shapes, sorted.
+    pub symbols: Vec<String>,
+}
+
+fn shape_summary(m: &Module) -> ShapeSummary {
+    let g = &m.graph;
+    let mut s = ShapeSummary::default();
+    let mut symbols = std::collections::BTreeSet::new();
+    for &op in &g.order {
+        for &v in &g.ops[op].outputs {
+            s.values += 1;
+            let ty = g.ty(v);
+            let Some(shape) = &ty.shape else {
+                s.unknown_values += 1;
+                continue;
+            };
+            if shape.iter().any(pipec_compiler::shape::is_fresh_symbol) {
+                s.unknown_values += 1;
+            } else if shape.iter().all(|d| d.known().is_some()) {
+                s.static_values += 1;
+            } else {
+                s.symbolic_values += 1;
+                for d in shape {
+                    if let Dim::Sym(sd) = d {
+                        symbols.extend(sd.syms.iter().cloned());
+                    }
+                }
+            }
+        }
+    }
+    s.symbols = symbols.into_iter().collect();
+    s
+}
+
 /// What `inspect --json` prints.
 #[derive(Serialize, Debug)]
 pub struct Summary {
@@ -47,6 +89,8 @@ pub struct Summary {
     /// Nodes with at least one output read by more than one consumer.
     pub multi_consumer_nodes: usize,
     pub series_parallel: bool,
+    /// How well shapes are known over all op results.
+    pub shapes: ShapeSummary,
     pub opset: i64,
     pub ir_version: i64,
     pub producer: String,
@@ -105,6 +149,7 @@ pub fn summarize(m: &Module) -> Summary {
         outputs: g.outputs.iter().map(|v| port(m, *v)).collect(),
         multi_consumer_nodes,
         series_parallel: pipec_compiler::analysis::is_series_parallel(g),
+        shapes: shape_summary(m),
         opset: m.opset(),
         ir_version: m.ir_version,
         producer: m.producer_name.clone(),
@@ -163,6 +208,14 @@ pub fn run(a: InspectArgs) -> Result<ExitCode> {
         s.parameters, s.parameter_bytes, s.initializers
     );
     println!("multi-consumer nodes: {}", s.multi_consumer_nodes);
+    println!(
+        "shapes:      {} results: {} static, {} symbolic ({}), {} unknown",
+        s.shapes.values,
+        s.shapes.static_values,
+        s.shapes.symbolic_values,
+        s.shapes.symbols.join(", "),
+        s.shapes.unknown_values
+    );
     println!(
         "series-parallel: {}",
         if s.series_parallel { "yes" } else { "no" }

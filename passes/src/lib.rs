@@ -1,1 +1,6 @@
 //! IR -> IR passes of pipec, one per file.
+
+pub mod cost;
+pub mod plan;
+pub mod planners;
+pub mod sim;

@@ -1,0 +1,1 @@
+//! Analytic op costs (placeholder; filled in below).

@@ -140,7 +140,9 @@ fn stage_structure(
         }
         for &n in &spec.nodes {
             if n >= g.len() {
-                return Err(Error::msg(format!("stage {s} names node index {n} out of range")));
+                return Err(Error::msg(format!(
+                    "stage {s} names node index {n} out of range"
+                )));
             }
             if stage_of[n] != usize::MAX {
                 return Err(Error::msg(format!(
@@ -152,7 +154,10 @@ fn stage_structure(
         }
     }
     if let Some(n) = stage_of.iter().position(|s| *s == usize::MAX) {
-        return Err(Error::msg(format!("node '{}' is in no stage", g.nodes[n].name)));
+        return Err(Error::msg(format!(
+            "node '{}' is in no stage",
+            g.nodes[n].name
+        )));
     }
     let mut preds: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); specs.len()];
     for e in &g.edges {
@@ -199,7 +204,10 @@ impl Plan {
         let mut specs = Vec::with_capacity(self.stages.len());
         for (i, st) in self.stages.iter().enumerate() {
             if st.id != i {
-                return Err(Error::msg(format!("stage at position {i} has id {}", st.id)));
+                return Err(Error::msg(format!(
+                    "stage at position {i} has id {}",
+                    st.id
+                )));
             }
             if st.replicas != st.devices.len() {
                 return Err(Error::msg(format!(
@@ -210,9 +218,11 @@ impl Plan {
             }
             let mut nodes = Vec::with_capacity(st.nodes.len());
             for name in &st.nodes {
-                nodes.push(g.node_by_name(name).ok_or_else(|| {
-                    Error::msg(format!("stage {i} names unknown node '{name}'"))
-                })?);
+                nodes.push(
+                    g.node_by_name(name).ok_or_else(|| {
+                        Error::msg(format!("stage {i} names unknown node '{name}'"))
+                    })?,
+                );
             }
             specs.push(StageSpec {
                 nodes,
@@ -326,7 +336,11 @@ impl Plan {
             pipeline_depth: sg.depth(),
             iteration_time_s: t,
             throughput_samples_per_s: if t > 0.0 { batch as f64 / t } else { 0.0 },
-            peak_memory_bytes: stages.iter().map(|s| s.peak_memory_bytes).max().unwrap_or(0),
+            peak_memory_bytes: stages
+                .iter()
+                .map(|s| s.peak_memory_bytes)
+                .max()
+                .unwrap_or(0),
             stages,
             search_time_s,
             objective_s,

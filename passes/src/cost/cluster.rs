@@ -105,7 +105,9 @@ impl DeviceKind {
 
     fn validate(&self, ctx: &str) -> Result<()> {
         if self.name.is_empty() {
-            return Err(Error::Usage(format!("{ctx}: device_kind has an empty name")));
+            return Err(Error::Usage(format!(
+                "{ctx}: device_kind has an empty name"
+            )));
         }
         let who = format!("{ctx}: device_kind '{}'", self.name);
         if self.memory_bytes == 0 {
@@ -113,7 +115,9 @@ impl DeviceKind {
         }
         positive(self.memory_bandwidth, &who, "memory_bandwidth")?;
         if !self.peak_flops.contains_key(&Precision::F32) {
-            return Err(Error::Usage(format!("{who}: peak_flops needs an f32 entry")));
+            return Err(Error::Usage(format!(
+                "{who}: peak_flops needs an f32 entry"
+            )));
         }
         for (p, v) in &self.peak_flops {
             positive(*v, &who, &format!("peak_flops.{p:?}").to_lowercase())?;
@@ -188,7 +192,11 @@ pub fn v100_16gb() -> DeviceKind {
         "V100-16GB",
         16 << 30,
         900e9,
-        &[(Precision::F32, 15.7e12), (Precision::F64, 7.8e12), (Precision::F16, 125e12)],
+        &[
+            (Precision::F32, 15.7e12),
+            (Precision::F64, 7.8e12),
+            (Precision::F16, 125e12),
+        ],
     )
 }
 
@@ -242,7 +250,12 @@ fn kind(name: &str, mem: u64, bw: f64, peaks: &[(Precision, f64)]) -> DeviceKind
 
 /// A device kind by name (the kinds the presets use), for `--device-kind`.
 pub fn device_kind_by_name(name: &str) -> Option<DeviceKind> {
-    let all = [v100_16gb(), titan_x_12gb(), h100_80gb(), cpu_core(machine_memory() / cores() as u64)];
+    let all = [
+        v100_16gb(),
+        titan_x_12gb(),
+        h100_80gb(),
+        cpu_core(machine_memory() / cores() as u64),
+    ];
     all.into_iter().find(|k| k.name.eq_ignore_ascii_case(name))
 }
 
@@ -442,7 +455,9 @@ impl Cluster {
             k.validate(name)?;
         }
         if levels.is_empty() {
-            return Err(Error::Usage(format!("{name}: no level (need at least one)")));
+            return Err(Error::Usage(format!(
+                "{name}: no level (need at least one)"
+            )));
         }
         for (i, l) in levels.iter().enumerate() {
             let who = format!("{name}: level {i} ('{}')", l.name);
@@ -554,7 +569,10 @@ impl Cluster {
         let mut runs = Vec::new();
         for n in &t.node {
             let k = kinds.iter().position(|k| k.name == n.kind).ok_or_else(|| {
-                Error::Usage(format!("{file}: [[node]] names unknown device_kind '{}'", n.kind))
+                Error::Usage(format!(
+                    "{file}: [[node]] names unknown device_kind '{}'",
+                    n.kind
+                ))
             })?;
             if n.count < 0 {
                 return Err(Error::Usage(format!(

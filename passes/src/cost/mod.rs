@@ -126,7 +126,10 @@ impl CostGraph {
         let mut by_name = HashMap::with_capacity(nodes.len());
         for (i, n) in nodes.iter().enumerate() {
             if by_name.insert(n.name.clone(), i).is_some() {
-                return Err(Error::Usage(format!("{file}: node '{}' defined twice", n.name)));
+                return Err(Error::Usage(format!(
+                    "{file}: node '{}' defined twice",
+                    n.name
+                )));
             }
             let vals: [(&str, f64); 3] = [
                 ("activation_size", n.activation_bytes),
@@ -165,7 +168,9 @@ impl CostGraph {
         let mut out_edges = vec![Vec::new(); n];
         for (i, e) in edges.iter().enumerate() {
             if e.src >= n || e.dst >= n {
-                return Err(Error::Usage(format!("{file}: edge {i} names a missing node")));
+                return Err(Error::Usage(format!(
+                    "{file}: edge {i} names a missing node"
+                )));
             }
             if e.src == e.dst {
                 return Err(Error::Usage(format!(

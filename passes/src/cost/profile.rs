@@ -12,6 +12,8 @@
 //! ([`CostGraph::times`]). The activation of a multi-output node is the sum of its outputs; every
 //! out-edge carries that sum (the format does not say which output goes where). Nodes are sorted by
 //! the number in their id (`node2` before `node10`), so results do not depend on line order.
+//! `Input*` nodes get zero compute time: their profiled time is data loading, which PipeDream's
+//! optimizer leaves out too (so a whole-model sum matches its `single_stage_s`).
 
 use super::{CostEdge, CostGraph, CostNode, Work};
 use pipec_compiler::{Error, Result};
@@ -62,7 +64,10 @@ fn natural_key(id: &str) -> (String, u64, String) {
 
 fn parse_num(v: &str, file: &str, line: usize, key: &str) -> Result<f64> {
     let x: f64 = v.trim().parse().map_err(|_| {
-        Error::Usage(format!("{file}:{line}: {key}: '{}' is not a number", v.trim()))
+        Error::Usage(format!(
+            "{file}:{line}: {key}: '{}' is not a number",
+            v.trim()
+        ))
     })?;
     if !(x.is_finite() && x >= 0.0) {
         return Err(Error::Usage(format!(
@@ -110,15 +115,17 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
                 ))
             })?;
         if kv_at == 0 {
-            return Err(Error::Usage(format!("{file}:{ln}: node line without an id")));
+            return Err(Error::Usage(format!(
+                "{file}:{ln}: node line without an id"
+            )));
         }
         let id = fields[0].trim().to_string();
         let repr = fields[1..kv_at].join(" -- ");
         let (mut fwd, mut bwd, mut act, mut par) = (None, None, None, None);
         for kv in fields[kv_at].split(", ") {
-            let (k, v) = kv.split_once('=').ok_or_else(|| {
-                Error::Usage(format!("{file}:{ln}: '{kv}' is not key=value"))
-            })?;
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| Error::Usage(format!("{file}:{ln}: '{kv}' is not key=value")))?;
             let k = k.trim();
             match k {
                 "forward_compute_time" => fwd = Some(parse_num(v, file, ln, k)?),
@@ -163,7 +170,9 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
         });
     }
     if raws.is_empty() {
-        return Err(Error::Usage(format!("{file}: no node lines (not a graph.txt profile?)")));
+        return Err(Error::Usage(format!(
+            "{file}: no node lines (not a graph.txt profile?)"
+        )));
     }
     raws.sort_by_key(|r| natural_key(&r.id));
     let index: std::collections::HashMap<&str, usize> = raws
@@ -175,9 +184,10 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
     let mut seen = std::collections::HashSet::new();
     for (a, b, ln) in &raw_edges {
         let find = |x: &str| {
-            index.get(x).copied().ok_or_else(|| {
-                Error::Usage(format!("{file}:{ln}: edge names unknown node '{x}'"))
-            })
+            index
+                .get(x)
+                .copied()
+                .ok_or_else(|| Error::Usage(format!("{file}:{ln}: edge names unknown node '{x}'")))
         };
         let (s, d) = (find(a)?, find(b)?);
         if seen.insert((s, d)) {
@@ -191,17 +201,26 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
     let stage_ids = raws.iter().map(|r| r.stage).collect();
     let nodes = raws
         .into_iter()
-        .map(|r| CostNode {
-            is_input: r.id.starts_with("Input") || r.repr.trim_start().starts_with("Input"),
-            name: r.id,
-            op: r.repr,
-            work: Work::Measured {
-                fwd_s: r.fwd_ms / 1e3,
-                bwd_s: r.bwd_ms / 1e3,
-            },
-            activation_bytes: r.act,
-            saved_bytes: r.act,
-            parameter_bytes: r.params,
+        .map(|r| {
+            let is_input = r.id.starts_with("Input") || r.repr.trim_start().starts_with("Input");
+            // An input node's "compute" is data loading: PipeDream's optimizer leaves it out.
+            let (f, b) = if is_input {
+                (0.0, 0.0)
+            } else {
+                (r.fwd_ms, r.bwd_ms)
+            };
+            CostNode {
+                is_input,
+                name: r.id,
+                op: r.repr,
+                work: Work::Measured {
+                    fwd_s: f / 1e3,
+                    bwd_s: b / 1e3,
+                },
+                activation_bytes: r.act,
+                saved_bytes: r.act,
+                parameter_bytes: r.params,
+            }
         })
         .collect();
     let graph = CostGraph::new(name, profile_batch, nodes, edges, file)?;

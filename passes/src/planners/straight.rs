@@ -60,7 +60,11 @@ pub fn linear_partition(w: &[f64], k: usize) -> Vec<usize> {
     let mut runs = greedy(hi);
     // Use every device when there are enough nodes: split the longest runs further.
     while runs.len() < k {
-        let Some((i, _)) = runs.iter().enumerate().filter(|(_, l)| **l > 1).max_by_key(|(_, l)| **l)
+        let Some((i, _)) = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l > 1)
+            .max_by_key(|(_, l)| **l)
         else {
             break;
         };

@@ -223,11 +223,32 @@ impl StageGraph {
 /// What a simulated task was.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TaskKind {
-    Forward { stage: usize, mb: usize, device: usize },
-    Backward { stage: usize, mb: usize, device: usize },
-    Step { stage: usize, device: usize },
-    Transfer { dir: Dir, mb: usize, src: usize, dst: usize, bytes: f64 },
-    AllReduce { stage: usize, devices: Vec<usize>, bytes: f64 },
+    Forward {
+        stage: usize,
+        mb: usize,
+        device: usize,
+    },
+    Backward {
+        stage: usize,
+        mb: usize,
+        device: usize,
+    },
+    Step {
+        stage: usize,
+        device: usize,
+    },
+    Transfer {
+        dir: Dir,
+        mb: usize,
+        src: usize,
+        dst: usize,
+        bytes: f64,
+    },
+    AllReduce {
+        stage: usize,
+        devices: Vec<usize>,
+        bytes: f64,
+    },
 }
 
 /// One task with its simulated start and end (seconds).
@@ -337,28 +358,29 @@ pub fn simulate(
     let mut transfers: HashMap<(Dir, usize, usize, usize), u32> = HashMap::new();
     let mut collectives: HashMap<usize, u32> = HashMap::new();
     let mut sends_seen: std::collections::HashSet<(Dir, usize, usize, usize)> = Default::default();
-    let mut transfer = |tb: &mut Builder, dir: Dir, mb: usize, src: usize, dst: usize, bytes: f64| {
-        *transfers.entry((dir, mb, src, dst)).or_insert_with(|| {
-            let t = comm::p2p_time(cluster, src, dst, bytes);
-            let mut rs = vec![res_send(src), res_recv(dst)];
-            let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
-            if ns != nd {
-                rs.push(res_egress(ns));
-                rs.push(res_ingress(nd));
-            }
-            tb.task(
-                TaskKind::Transfer {
-                    dir,
-                    mb,
-                    src,
-                    dst,
-                    bytes,
-                },
-                t,
-                rs,
-            )
-        })
-    };
+    let mut transfer =
+        |tb: &mut Builder, dir: Dir, mb: usize, src: usize, dst: usize, bytes: f64| {
+            *transfers.entry((dir, mb, src, dst)).or_insert_with(|| {
+                let t = comm::p2p_time(cluster, src, dst, bytes);
+                let mut rs = vec![res_send(src), res_recv(dst)];
+                let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
+                if ns != nd {
+                    rs.push(res_egress(ns));
+                    rs.push(res_ingress(nd));
+                }
+                tb.task(
+                    TaskKind::Transfer {
+                        dir,
+                        mb,
+                        src,
+                        dst,
+                        bytes,
+                    },
+                    t,
+                    rs,
+                )
+            })
+        };
 
     for (d, prog) in sched.programs.iter().enumerate() {
         if prog.is_empty() {
@@ -391,9 +413,13 @@ pub fn simulate(
                     },
                     st.bwd_s[r],
                 )),
-                Instr::OptimizerStep { .. } => {
-                    Some((TaskKind::Step { stage: s, device: d }, st.step_s[r]))
-                }
+                Instr::OptimizerStep { .. } => Some((
+                    TaskKind::Step {
+                        stage: s,
+                        device: d,
+                    },
+                    st.step_s[r],
+                )),
                 _ => None,
             };
             if let Some((k, t)) = compute {
@@ -501,7 +527,12 @@ pub fn simulate(
     let mut ready = vec![0.0f64; n];
     let mut free = vec![0.0f64; nres];
     let mut heap = BinaryHeap::with_capacity(n);
-    let launch = |id: usize, at: f64, free: &mut Vec<f64>, heap: &mut BinaryHeap<Ev>, start: &mut Vec<f64>, end: &mut Vec<f64>| {
+    let launch = |id: usize,
+                  at: f64,
+                  free: &mut Vec<f64>,
+                  heap: &mut BinaryHeap<Ev>,
+                  start: &mut Vec<f64>,
+                  end: &mut Vec<f64>| {
         let s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
         let e = s + dur[id];
         for &r in &res[id] {
@@ -529,7 +560,9 @@ pub fn simulate(
         }
     }
     if done != n {
-        let stuck = (0..n).find(|&i| start[i].is_nan()).map(|i| kinds[i].clone());
+        let stuck = (0..n)
+            .find(|&i| start[i].is_nan())
+            .map(|i| kinds[i].clone());
         return Err(Error::msg(format!(
             "schedule deadlocks: {} of {n} tasks never run (first: {stuck:?})",
             n - done

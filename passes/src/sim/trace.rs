@@ -28,8 +28,10 @@ pub fn chrome_trace(res: &SimResult) -> Value {
         events.push(json!({"name": "process_name", "ph": "M", "pid": d,
             "args": {"name": format!("device {d}")}}));
         for (tid, name) in [(COMPUTE, "compute"), (SEND, "send"), (RECV, "recv")] {
-            events.push(json!({"name": "thread_name", "ph": "M", "pid": d, "tid": tid,
-                "args": {"name": name}}));
+            events.push(
+                json!({"name": "thread_name", "ph": "M", "pid": d, "tid": tid,
+                "args": {"name": name}}),
+            );
         }
     }
     for t in &res.tasks {

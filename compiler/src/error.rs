@@ -75,7 +75,11 @@ fn loc_prefix(node: &Option<String>, op_type: &Option<String>) -> String {
 
 impl Error {
     /// Error about a node of the graph.
-    pub fn node(node: impl Into<String>, op_type: impl Into<String>, msg: impl Into<String>) -> Self {
+    pub fn node(
+        node: impl Into<String>,
+        op_type: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> Self {
         Error::Invalid {
             node: Some(node.into()),
             op_type: Some(op_type.into()),

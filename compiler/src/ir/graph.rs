@@ -231,7 +231,12 @@ impl Graph {
     /// Fails with the name of an op on a cycle.
     pub fn topo_sort(&mut self) -> Result<()> {
         let n = self.order.len();
-        let pos: HashMap<Op, usize> = self.order.iter().enumerate().map(|(i, o)| (*o, i)).collect();
+        let pos: HashMap<Op, usize> = self
+            .order
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (*o, i))
+            .collect();
         let mut indeg = vec![0usize; n];
         let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, &op) in self.order.iter().enumerate() {
@@ -264,7 +269,11 @@ impl Graph {
             let (name, ty) = stuck
                 .map(|o| (self.ops[o].name.clone(), self.ops[o].op_type.clone()))
                 .unwrap_or_default();
-            return Err(Error::node(name, ty, "the graph has a cycle through this node"));
+            return Err(Error::node(
+                name,
+                ty,
+                "the graph has a cycle through this node",
+            ));
         }
         self.order = out;
         Ok(())

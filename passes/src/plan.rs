@@ -97,7 +97,7 @@ impl PlanOptions {
     pub fn micro_batch_or(&self, want_micro_batches: u64) -> Result<u64> {
         let b = self.batch.max(1);
         if let Some(mb) = self.micro_batch {
-            if mb == 0 || b % mb != 0 {
+            if mb == 0 || !b.is_multiple_of(mb) {
                 return Err(Error::Usage(format!(
                     "--micro-batch {mb}: must be >= 1 and divide --batch {b}"
                 )));
@@ -107,7 +107,7 @@ impl PlanOptions {
         let want = want_micro_batches.clamp(1, b);
         Ok((1..=b)
             .rev()
-            .find(|mb| b % mb == 0 && b / mb >= want)
+            .find(|mb| b.is_multiple_of(*mb) && b / mb >= want)
             .unwrap_or(1))
     }
 }
@@ -279,7 +279,7 @@ impl Plan {
     ) -> Result<Plan> {
         let (_, preds) = stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
-        if micro_batch == 0 || batch % micro_batch != 0 {
+        if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
             return Err(Error::Usage(format!(
                 "--micro-batch {micro_batch}: must be >= 1 and divide --batch {batch}"
             )));

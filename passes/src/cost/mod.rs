@@ -8,12 +8,30 @@
 //!   roofline on the device kind, [`CostGraph::fwd_time`]);
 //! - the bytes of its output (**activation**, what crosses a stage boundary and, by default, what
 //!   is saved for backward) and of its **parameters** (weights; not batch-dependent);
+//!
 //! and per edge `u → v`, the bytes that flow from `u` to `v`.
 //!
 //! Every batch-dependent quantity is stored **at the reference batch** [`CostGraph::reference_batch`]
 //! (the profile batch, or the batch the ONNX shapes were costed at) and **scaled linearly** to
-//! any other batch, as DAPPLE's planner does with its profiles: `t(b) = t(ref) · b/ref`. Batches
-//! are `f64` so that a micro-batch split over replicas (`b/r` samples each) needs no rounding.
+//! any other batch, as DAPPLE's planner does with its profiles: `t(b) = t(ref) · b/ref`. (Counted
+//! work scales its FLOPs and activation bytes linearly; the weight traffic stays fixed, so small
+//! micro-batches become memory-bound as on real hardware.) Batches are `f64` so that a micro-batch
+//! split over replicas (`b/r` samples each) needs no rounding.
+//!
+//! Typical use in a planner:
+//! ```
+//! # use pipec_passes::cost::{CostGraph, cluster::Cluster, profile::parse_profile};
+//! # let text = "node1 -- Input -- forward_compute_time=0, backward_compute_time=0, activation_size=8, parameter_size=0\nnode2 -- Linear -- forward_compute_time=2, backward_compute_time=4, activation_size=4, parameter_size=16\n\tnode1 -- node2\n";
+//! # let g = parse_profile(text, "t.txt", "t", 64.0).unwrap().graph;
+//! let cluster = Cluster::preset("dapple-a").unwrap();
+//! let kind = cluster.kind_of(0);
+//! for &n in g.topo_order() {
+//!     let (fwd, bwd) = g.times(n, 16.0, kind); // seconds for 16 samples
+//!     let out = g.activation_bytes(n, 16.0);  // bytes sent if a stage ends here
+//!     let w = g.nodes[n].parameter_bytes;      // bytes all-reduced if replicated
+//!     # let _ = (fwd, bwd, out, w);
+//! }
+//! ```
 //!
 //! Nodes are indexed `0..len()` ([`NodeId`]); [`CostGraph::topo_order`] is a fixed topological
 //! order (stable: ties go to the lower index), which chain planners (PipeDream, BaPipe, DAPPLE)
@@ -42,14 +60,21 @@ pub type NodeId = usize;
 pub enum Work {
     /// Measured seconds (device-independent: a profile is taken as valid on every device kind).
     Measured { fwd_s: f64, bwd_s: f64 },
-    /// Counted work, timed by a roofline `max(flops / peak(precision), bytes / memory bandwidth)`.
+    /// Counted work, timed by a roofline on the device kind:
+    /// `max(flops·s / peak(precision), (bytes·s + fixed_bytes) / memory bandwidth)` with `s` the
+    /// batch scale. `bytes` is the batch-proportional traffic (activations), `fixed_bytes` the
+    /// traffic that does not grow with the batch (reading weights, writing weight gradients).
     Counted {
         fwd_flops: f64,
         bwd_flops: f64,
-        /// Bytes read and written by the forward kernel(s) (inputs, weights, outputs).
+        /// Activation bytes read and written by the forward kernel(s).
         fwd_bytes: f64,
-        /// Bytes read and written by the backward kernel(s).
+        /// Activation bytes read and written by the backward kernel(s).
         bwd_bytes: f64,
+        /// Weight bytes the forward reads.
+        fwd_fixed_bytes: f64,
+        /// Weight bytes the backward reads and weight-gradient bytes it writes.
+        bwd_fixed_bytes: f64,
         precision: Precision,
     },
 }
@@ -278,13 +303,15 @@ impl CostGraph {
                 bwd_flops,
                 fwd_bytes,
                 bwd_bytes,
+                fwd_fixed_bytes,
+                bwd_fixed_bytes,
                 precision,
             } => {
                 let peak = kind.peak(*precision);
                 let bw = kind.memory_bandwidth;
                 (
-                    (fwd_flops * s / peak).max(fwd_bytes * s / bw),
-                    (bwd_flops * s / peak).max(bwd_bytes * s / bw),
+                    (fwd_flops * s / peak).max((fwd_bytes * s + fwd_fixed_bytes) / bw),
+                    (bwd_flops * s / peak).max((bwd_bytes * s + bwd_fixed_bytes) / bw),
                 )
             }
         }
@@ -329,10 +356,7 @@ impl CostGraph {
     pub fn group_cost(&self, member: &[bool], batch: f64, kind: &DeviceKind) -> GroupCost {
         let mut c = GroupCost::default();
         let s = self.scale(batch);
-        for n in 0..self.len() {
-            if !member[n] {
-                continue;
-            }
+        for (n, _) in member.iter().enumerate().filter(|(_, m)| **m) {
             let (f, b) = self.times(n, batch, kind);
             c.fwd_s += f;
             c.bwd_s += b;

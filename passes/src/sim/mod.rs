@@ -166,19 +166,21 @@ impl StageGraph {
                 saved_bytes: saved,
             });
         }
-        // Stage edges: each value crosses once per consuming stage.
+        // Stage edges: a node's output crosses once per consuming stage (the largest of its edges
+        // into that stage: graph.txt edges all carry the node's whole output).
         let mut acc: std::collections::BTreeMap<(usize, usize), f64> = Default::default();
         for u in 0..g.len() {
             let su = stage_of[u];
-            let mut targets: Vec<usize> = g
-                .succs(u)
-                .map(|v| stage_of[v])
-                .filter(|&t| t != su)
-                .collect();
-            targets.sort_unstable();
-            targets.dedup();
-            for t in targets {
-                *acc.entry((su, t)).or_insert(0.0) += g.activation_bytes(u, micro_batch);
+            let mut per: std::collections::BTreeMap<usize, f64> = Default::default();
+            for &e in g.out_edges(u) {
+                let t = stage_of[g.edges[e].dst];
+                if t != su {
+                    let b = per.entry(t).or_insert(0.0);
+                    *b = b.max(g.edge_bytes(e, micro_batch));
+                }
+            }
+            for (t, b) in per {
+                *acc.entry((su, t)).or_insert(0.0) += b;
             }
         }
         let edges = acc
@@ -285,9 +287,28 @@ pub struct SimResult {
     pub tasks: Vec<TaskRecord>,
 }
 
+// Resource ids: per device a send and a receive channel, then per node an egress and an ingress port.
+fn send_res(d: usize) -> usize {
+    2 * d
+}
+fn recv_res(d: usize) -> usize {
+    2 * d + 1
+}
+fn egress_res(ndev: usize, n: usize) -> usize {
+    2 * ndev + 2 * n
+}
+fn ingress_res(ndev: usize, n: usize) -> usize {
+    2 * ndev + 2 * n + 1
+}
+
+type TransferKey = (Dir, usize, usize, usize);
+
 /// Task arrays under construction.
 #[derive(Default)]
 struct Builder {
+    ndev: usize,
+    /// Transfers by (direction, micro-batch, source device, destination device).
+    transfers: HashMap<TransferKey, u32>,
     kinds: Vec<TaskKind>,
     dur: Vec<f64>,
     res: Vec<Vec<usize>>,
@@ -303,6 +324,33 @@ impl Builder {
         self.succs.push(Vec::new());
         self.deps.push(0);
         (self.kinds.len() - 1) as u32
+    }
+    /// The transfer task for `key`, created on first use (by its send or its receive).
+    fn transfer(&mut self, cluster: &Cluster, key: TransferKey, bytes: f64) -> u32 {
+        if let Some(&t) = self.transfers.get(&key) {
+            return t;
+        }
+        let (dir, mb, src, dst) = key;
+        let t = comm::p2p_time(cluster, src, dst, bytes);
+        let mut rs = vec![send_res(src), recv_res(dst)];
+        let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
+        if ns != nd {
+            rs.push(egress_res(self.ndev, ns));
+            rs.push(ingress_res(self.ndev, nd));
+        }
+        let id = self.task(
+            TaskKind::Transfer {
+                dir,
+                mb,
+                src,
+                dst,
+                bytes,
+            },
+            t,
+            rs,
+        );
+        self.transfers.insert(key, id);
+        id
     }
     fn edge(&mut self, a: u32, b: u32) {
         self.succs[a as usize].push(b);
@@ -348,40 +396,17 @@ pub fn simulate(
         }
     }
     let nodes = cluster.devices.len().div_ceil(cluster.levels[0].size);
-    let res_send = |d: usize| 2 * d;
-    let res_recv = |d: usize| 2 * d + 1;
-    let res_egress = |n: usize| 2 * ndev + 2 * n;
-    let res_ingress = |n: usize| 2 * ndev + 2 * n + 1;
+    let (res_send, res_recv) = (send_res, recv_res);
+    let res_egress = |n: usize| egress_res(ndev, n);
+    let res_ingress = |n: usize| ingress_res(ndev, n);
     let nres = 2 * ndev + 2 * nodes;
 
-    let mut tb = Builder::default();
-    let mut transfers: HashMap<(Dir, usize, usize, usize), u32> = HashMap::new();
+    let mut tb = Builder {
+        ndev,
+        ..Default::default()
+    };
     let mut collectives: HashMap<usize, u32> = HashMap::new();
     let mut sends_seen: std::collections::HashSet<(Dir, usize, usize, usize)> = Default::default();
-    let mut transfer =
-        |tb: &mut Builder, dir: Dir, mb: usize, src: usize, dst: usize, bytes: f64| {
-            *transfers.entry((dir, mb, src, dst)).or_insert_with(|| {
-                let t = comm::p2p_time(cluster, src, dst, bytes);
-                let mut rs = vec![res_send(src), res_recv(dst)];
-                let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
-                if ns != nd {
-                    rs.push(res_egress(ns));
-                    rs.push(res_ingress(nd));
-                }
-                tb.task(
-                    TaskKind::Transfer {
-                        dir,
-                        mb,
-                        src,
-                        dst,
-                        bytes,
-                    },
-                    t,
-                    rs,
-                )
-            })
-        };
-
     for (d, prog) in sched.programs.iter().enumerate() {
         if prog.is_empty() {
             continue;
@@ -447,7 +472,7 @@ pub fn simulate(
                             "device {d}: receive from device {peer} outside the cluster"
                         )));
                     }
-                    pending.push(transfer(&mut tb, *dir, *mb, *peer, d, *bytes));
+                    pending.push(tb.transfer(cluster, (*dir, *mb, *peer, d), *bytes));
                 }
                 Instr::Send {
                     dir,
@@ -461,7 +486,7 @@ pub fn simulate(
                             "device {d}: send to device {peer} outside the cluster"
                         )));
                     }
-                    let t = transfer(&mut tb, *dir, *mb, d, *peer, *bytes);
+                    let t = tb.transfer(cluster, (*dir, *mb, d, *peer), *bytes);
                     sends_seen.insert((*dir, *mb, d, *peer));
                     if let Some(p) = last_compute {
                         tb.edge(p, t);
@@ -507,9 +532,8 @@ pub fn simulate(
             }
         }
     }
-    drop(transfer);
-    if transfers.len() != sends_seen.len() {
-        let k = transfers.keys().find(|k| !sends_seen.contains(k));
+    if tb.transfers.len() != sends_seen.len() {
+        let k = tb.transfers.keys().find(|k| !sends_seen.contains(k));
         return Err(Error::msg(format!(
             "schedule: a receive has no matching send ({k:?})"
         )));
@@ -520,6 +544,7 @@ pub fn simulate(
         res,
         succs,
         mut deps,
+        ..
     } = tb;
     let n = kinds.len();
     let mut start = vec![f64::NAN; n];
@@ -542,10 +567,9 @@ pub fn simulate(
         end[id] = e;
         heap.push(Ev(e, id as u32));
     };
-    for id in 0..n {
-        if deps[id] == 0 {
-            launch(id, 0.0, &mut free, &mut heap, &mut start, &mut end);
-        }
+    let roots: Vec<usize> = (0..n).filter(|&i| deps[i] == 0).collect();
+    for id in roots {
+        launch(id, 0.0, &mut free, &mut heap, &mut start, &mut end);
     }
     let mut done = 0usize;
     while let Some(Ev(t, id)) = heap.pop() {

@@ -26,9 +26,17 @@ fn graph(n: usize) -> CostGraph {
         })
         .collect();
     let mut edges: Vec<CostEdge> = (1..n)
-        .map(|i| CostEdge { src: i - 1, dst: i, bytes: 1e6 })
+        .map(|i| CostEdge {
+            src: i - 1,
+            dst: i,
+            bytes: 1e6,
+        })
         .collect();
-    edges.extend((10..n).step_by(10).map(|i| CostEdge { src: i - 10, dst: i, bytes: 1e6 }));
+    edges.extend((10..n).step_by(10).map(|i| CostEdge {
+        src: i - 10,
+        dst: i,
+        bytes: 1e6,
+    }));
     CostGraph::new("bench", 64.0, nodes, edges, "bench").expect("graph")
 }
 

@@ -1,14 +1,18 @@
-//! `pipec` (temporary entry point of the `cost` branch; the real CLI skeleton comes from main).
+//! `pipec`: the pipeline compiler's command-line interface. The contract (commands, flags, JSON
+//! fields, exit codes) is `shared/spec/cli.md`; each command lives in its own file under `cli/`.
 
-mod cli {
-    pub mod plan;
-}
+mod cli;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// pipec — a pipeline compiler for training large models on many accelerators.
+///
+/// Imports an ONNX model into a verified IR, transforms it pass by pass and (in later commands)
+/// partitions it into pipeline stages. Exit codes: 0 success, 1 a requested check failed,
+/// 2 bad input or usage.
 #[derive(Parser, Debug)]
-#[command(name = "pipec", version, about)]
+#[command(name = "pipec", version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,21 +20,22 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    Inspect(cli::inspect::InspectArgs),
+    Opt(cli::opt::OptArgs),
     Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Inspect(a) => cli::inspect::run(a),
+        Command::Opt(a) => cli::opt::run(a),
         Command::Plan(a) => cli::plan::run(a),
     };
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
-            for cause in e.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
-            }
+            cli::report_error(&e);
             ExitCode::from(2)
         }
     }

@@ -236,3 +236,46 @@ fn bad_input_exits_2_naming_the_culprit() {
         &p.display().to_string(),
     );
 }
+
+#[test]
+fn plan_onnx_models_with_the_analytic_model() {
+    for m in [
+        "mlp4.onnx",
+        "resnet18.onnx",
+        "inception_mini.onnx",
+        "gpt2_tiny.onnx",
+    ] {
+        let path = root().join("onnx-models").join(m).display().to_string();
+        for planner in ["straight", "dp"] {
+            let o = pipec(&[
+                "plan",
+                &path,
+                "--cluster",
+                "summit",
+                "--devices",
+                "4",
+                "--planner",
+                planner,
+                "--batch",
+                "16",
+                "--json",
+            ]);
+            assert!(o.status.success(), "{m} {planner}: {}", stderr(&o));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+            assert_eq!(v["batch"], 16);
+            assert!(
+                v["iteration_time_s"].as_f64().is_some_and(|t| t > 0.0),
+                "{m}"
+            );
+            let nodes: usize = v["stages"]
+                .as_array()
+                .map(|st| {
+                    st.iter()
+                        .map(|s| s["nodes"].as_array().map_or(0, Vec::len))
+                        .sum()
+                })
+                .unwrap_or(0);
+            assert!(nodes > 0, "{m}");
+        }
+    }
+}

@@ -1,8 +1,14 @@
 //! pipec's compiler core: the IR, the ONNX front end and exporter, the textual IR (MLIR generic
 //! syntax), the verifier, shape inference and the pass manager. See ARCHITECTURE.md.
 
+pub mod analysis;
 pub mod error;
+pub mod eval;
 pub mod ir;
+pub mod onnx;
 pub mod passmgr;
+pub mod shape;
+pub mod text;
+pub mod verify;
 
 pub use error::{Error, Result};

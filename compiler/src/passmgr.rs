@@ -44,3 +44,86 @@ pub fn pass_error(pass: &str, e: Error) -> Error {
         source: Box::new(e),
     }
 }
+
+/// When to hand the IR to the printer.
+#[derive(Clone, Debug, Default)]
+pub enum PrintIr {
+    /// Never.
+    #[default]
+    Never,
+    /// After every pass (`--print-ir-after-all`).
+    AfterAll,
+    /// After the passes with these names (`--print-ir-after NAME`).
+    After(Vec<String>),
+}
+
+/// Wall time and statistics of one pass run.
+#[derive(Clone, Debug)]
+pub struct PassRecord {
+    pub name: &'static str,
+    pub wall: std::time::Duration,
+    pub stats: Stats,
+}
+
+/// A pipeline of passes with its instrumentation.
+pub struct PassManager {
+    passes: Vec<Box<dyn Pass>>,
+    /// Run the verifier after every pass (on by default).
+    pub verify_each: bool,
+    /// When to print.
+    pub print_ir: PrintIr,
+}
+
+impl PassManager {
+    /// A pipeline of the given passes, verifying after each.
+    pub fn new(passes: Vec<Box<dyn Pass>>) -> Self {
+        PassManager {
+            passes,
+            verify_each: true,
+            print_ir: PrintIr::Never,
+        }
+    }
+
+    /// Names of the passes, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.passes.iter().map(|p| p.name()).collect()
+    }
+
+    /// Run every pass in order. After each pass the verifier runs (if enabled), then `print` is
+    /// called with the pass name and the IR when the print option asks for it. The first error
+    /// stops the pipeline and is returned wrapped with the pass name.
+    pub fn run(
+        &self,
+        module: &mut Module,
+        print: &mut dyn FnMut(&str, &Module),
+    ) -> Result<Vec<PassRecord>> {
+        let mut records = Vec::with_capacity(self.passes.len());
+        for pass in &self.passes {
+            let mut stats = Stats::default();
+            let t0 = std::time::Instant::now();
+            pass.run(module, &mut stats)
+                .map_err(|e| pass_error(pass.name(), e))?;
+            let wall = t0.elapsed();
+            if self.verify_each {
+                crate::verify::verify(module).map_err(|e| Error::Pass {
+                    pass: pass.name().to_string(),
+                    source: Box::new(Error::Verify(format!("IR is invalid after this pass: {e}"))),
+                })?;
+            }
+            let want = match &self.print_ir {
+                PrintIr::Never => false,
+                PrintIr::AfterAll => true,
+                PrintIr::After(names) => names.iter().any(|n| n == pass.name()),
+            };
+            if want {
+                print(pass.name(), module);
+            }
+            records.push(PassRecord {
+                name: pass.name(),
+                wall,
+                stats,
+            });
+        }
+        Ok(records)
+    }
+}

@@ -7,6 +7,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::cluster::{device_kind_by_name, Cluster, PRESETS};
 use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
 use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
@@ -89,12 +90,14 @@ pub fn load_cost_graph(
     load_onnx_cost_graph(model, cluster)
 }
 
-/// ONNX models: wired in once the importer is merged (see `load_onnx_cost_graph` below).
+/// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
+/// model. The batch symbol (the first input's leading dim) is costed at 1 sample when symbolic.
 fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, u64)> {
-    bail!(
-        "{}: planning ONNX models needs the importer; pass a graph.txt profile (.txt)",
-        model.display()
-    )
+    let m = super::load_module(model)?;
+    let name = model.display().to_string();
+    let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let batch = g.reference_batch.round().max(1.0) as u64;
+    Ok((g, batch))
 }
 
 /// Resolve `--cluster`, `--device-kind` and `--devices`.

@@ -7,4 +7,4 @@ mod types;
 
 pub use graph::{Graph, Module, Op, OpData, Value, ValueData, ValueDef};
 pub use tensor::{numel, Attr, Payload, TensorData};
-pub use types::{DType, Dim, SymDim, TensorType};
+pub use types::{fmt_type, DType, Dim, SymDim, TensorType};

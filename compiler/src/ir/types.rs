@@ -319,3 +319,18 @@ impl TensorType {
             .try_fold(1u64, |acc, d| acc.checked_mul(u64::try_from(*d).ok()?))
     }
 }
+
+/// Human-readable type, e.g. `float32[batch,3,224,224]` (used in messages and `inspect`).
+pub fn fmt_type(t: &TensorType) -> String {
+    match &t.shape {
+        None => format!("{}[*]", t.dtype),
+        Some(s) => format!(
+            "{}[{}]",
+            t.dtype,
+            s.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+}

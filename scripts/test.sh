@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it (`.ci/run` calls exactly this). Installs what it needs first
+# (scripts/setup.sh: LLVM 22's mlir-opt, Python's onnx/onnxruntime/numpy for the oracles).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="/usr/lib/llvm-22/bin:$PATH"
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== cargo test"
+cargo test --workspace --quiet 2>&1 | tee /tmp/pipec-test.log

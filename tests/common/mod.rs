@@ -1,0 +1,80 @@
+//! Helpers shared by the end-to-end tests: run the `pipec` binary, find bundled models.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A model bundled in `onnx-models/`.
+pub fn model(name: &str) -> PathBuf {
+    root().join("onnx-models").join(name)
+}
+
+/// The four dev models.
+pub const DEV_MODELS: [&str; 4] = ["mlp4", "inception_mini", "resnet18", "gpt2_tiny"];
+
+/// Run `pipec` with arguments.
+pub fn pipec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipec"))
+        .args(args)
+        .output()
+        .expect("spawn pipec")
+}
+
+/// Run `pipec` and require success; returns stdout.
+pub fn pipec_ok(args: &[&str]) -> String {
+    let out = pipec(args);
+    assert!(
+        out.status.success(),
+        "pipec {args:?} failed ({:?}):\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+/// A fresh empty temp directory for one test.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+/// `mlir-opt` from LLVM 22, if installed.
+pub fn mlir_opt() -> Option<PathBuf> {
+    let p = Path::new("/usr/lib/llvm-22/bin/mlir-opt");
+    if p.exists() {
+        return Some(p.to_path_buf());
+    }
+    which("mlir-opt-22").or_else(|| which("mlir-opt"))
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.exists())
+    })
+}
+
+/// Python 3 with the `onnx` package (installed by scripts/setup.sh). Under CI its absence fails
+/// the test; elsewhere the caller may skip.
+pub fn python_with_onnx() -> Option<&'static str> {
+    let ok = Command::new("python3")
+        .args(["-c", "import onnx"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        Some("python3")
+    } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "python3 with onnx is required under CI (scripts/setup.sh installs it)"
+        );
+        eprintln!("note: python3 with onnx not found; skipping the Python oracle");
+        None
+    }
+}

@@ -305,3 +305,44 @@ fn multi_output_and_stage_ids_and_errors() {
         .to_string();
     assert!(e.contains("cycle"), "{e}");
 }
+
+/// Memory per device: w + w (gradients) + optimizer state (SGD 0, momentum w, Adam 2w) +
+/// activations × in-flight + 2 × boundary buffers. Adam on fp32 is 16 bytes per parameter
+/// (DAPPLE Table VIII).
+#[test]
+fn memory_model() {
+    use pipec_passes::cost::memory::{stage_memory, step_time};
+    use pipec_passes::cost::Optimizer;
+    let params = 4.0 * 1e6; // 1M fp32 parameters
+    let adam = stage_memory(params, 10.0, 3, 5.0, Optimizer::Adam);
+    assert_eq!(
+        adam.parameters + adam.gradients + adam.optimizer_state,
+        16.0 * 1e6
+    );
+    assert_eq!(adam.activations, 30.0);
+    assert_eq!(adam.comm_buffers, 10.0);
+    assert_eq!(adam.total(), 16e6 + 40.0);
+    assert_eq!(
+        stage_memory(params, 0.0, 0, 0.0, Optimizer::Sgd).total(),
+        8e6
+    );
+    assert_eq!(
+        stage_memory(params, 0.0, 0, 0.0, Optimizer::Momentum).total(),
+        12e6
+    );
+    assert_eq!(
+        Optimizer::parse("sgd:lr=0.01,momentum=0.9").ok(),
+        Some(Optimizer::Momentum)
+    );
+    assert_eq!(Optimizer::parse("sgd:lr=0.01").ok(), Some(Optimizer::Sgd));
+    assert_eq!(
+        Optimizer::parse("adam:lr=0.001").ok(),
+        Some(Optimizer::Adam)
+    );
+    assert!(Optimizer::parse("lion").is_err());
+    // The step streams w, g (and state) once: Adam 7 passes over the parameter bytes.
+    assert!(close(
+        step_time(params, 1e9, Optimizer::Adam),
+        7.0 * params / 1e9
+    ));
+}

@@ -294,3 +294,38 @@ fn contention_on_shared_links() {
         r.iteration_time_s
     );
 }
+
+/// The simulated peak memory of a 1F1B straight pipeline is its static memory plus (S−i)
+/// micro-batches of saved activations (PipeDream §2.7: the input stage keeps NOAM of them).
+#[test]
+fn simulated_memory_matches_the_model() {
+    use pipec_passes::cost::memory::stage_memory;
+    use pipec_passes::cost::Optimizer;
+    let g = profile("resnet50.txt", 64.0);
+    let c = pd_b(4);
+    let mut opts = PlanOptions::new(64);
+    opts.optimizer = Optimizer::Adam;
+    opts.micro_batch = Some(8);
+    let plan = by_name("straight")
+        .expect("s")
+        .plan(&g, &c, &opts)
+        .expect("plan");
+    let specs = plan.specs(&g).expect("specs");
+    for (i, (st, spec)) in plan.stages.iter().zip(&specs).enumerate() {
+        let gc = g.group_cost(&g.mask(&spec.nodes), 8.0, c.kind_of(0));
+        assert_eq!(st.in_flight, 4 - i);
+        let want = stage_memory(
+            gc.parameter_bytes,
+            gc.saved_bytes,
+            4 - i,
+            gc.in_bytes + gc.out_bytes,
+            Optimizer::Adam,
+        );
+        let got = st.peak_memory_bytes as f64;
+        assert!(
+            (got - want.total()).abs() <= 1.0,
+            "stage {i}: {got} vs {}",
+            want.total()
+        );
+    }
+}

@@ -139,3 +139,103 @@ fn bapipe_table2_sno_and_so() {
         }
     }
 }
+
+/// GraphPipe: on a stage DAG the pipeline depth (stages on the longest path) plays the role of S.
+/// A diamond 0 → {1, 2} → 3 has depth 3: with free communication the iteration takes
+/// (M+3−1)(F+B), and 1F1B keeps depth-to-sink micro-batches in flight per stage
+/// (GraphPipe App. A.1, default row: i_x = max_y i_y + b).
+#[test]
+fn graphpipe_dag_depth() {
+    use pipec_passes::sim::StageEdge;
+    let (f, b, m) = (1.0, 2.0, 6);
+    let mut sg = StageGraph::uniform_chain(4, f, b, 0.0);
+    let edges = vec![
+        StageEdge {
+            src: 0,
+            dst: 1,
+            bytes: 0.0,
+        },
+        StageEdge {
+            src: 0,
+            dst: 2,
+            bytes: 0.0,
+        },
+        StageEdge {
+            src: 1,
+            dst: 3,
+            bytes: 0.0,
+        },
+        StageEdge {
+            src: 2,
+            dst: 3,
+            bytes: 0.0,
+        },
+    ];
+    sg = StageGraph::new(sg.stages, edges);
+    assert_eq!(sg.depth(), 3);
+    assert_eq!(sg.depth_to_sink(), vec![3, 2, 2, 1]);
+    let c = flat(4, 1e9);
+    let r = simulate(
+        &sg,
+        &schedule::generate(&sg, ScheduleKind::Gpp, m),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    assert!(
+        close(r.iteration_time_s, (m + 2) as f64 * (f + b)),
+        "{}",
+        r.iteration_time_s
+    );
+    assert_eq!(r.stage_in_flight, vec![3, 2, 2, 1]);
+    // The same stages linearized (SPP) take one stage longer.
+    let chain = StageGraph::uniform_chain(4, f, b, 0.0);
+    let r = simulate(
+        &chain,
+        &schedule::generate(&chain, ScheduleKind::OneFOneB, m),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    assert!(close(r.iteration_time_s, (m + 3) as f64 * (f + b)));
+}
+
+/// DAPPLE warm-up policies: K_i = min(S−i, M) (A) and min(2(S−i)−1, M) (B), 0-based i.
+#[test]
+fn dapple_warmup_policies() {
+    let sg = StageGraph::uniform_chain(4, 1.0, 1.0, 0.0);
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::DappleA, 16).warmup,
+        vec![4, 3, 2, 1]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::DappleB, 16).warmup,
+        vec![7, 5, 3, 1]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::DappleB, 4).warmup,
+        vec![4, 4, 3, 1]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::GPipe, 5).warmup,
+        vec![5; 4]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::OneFOneBSo, 16).warmup,
+        vec![8, 6, 4, 2]
+    );
+    // The F/B order: K forwards, then backward/forward pairs, then the drain.
+    assert_eq!(
+        schedule::fb_order(2, 4),
+        vec![
+            (true, 0),
+            (true, 1),
+            (false, 0),
+            (true, 2),
+            (false, 1),
+            (true, 3),
+            (false, 2),
+            (false, 3)
+        ]
+    );
+}

@@ -264,6 +264,12 @@ fn all_profiles_load() {
     let p = load_profile(&profiles().join("vgg16.txt"), 64.0).expect("vgg16");
     let (f, b) = p.graph.total_time(64.0, &v100_16gb());
     assert!((f + b - 0.672535).abs() < 1e-6, "{}", f + b);
+    // The same for the other two profiles PipeDream's reference covers.
+    for (f, want) in [("resnet50.txt", 0.443419), ("gnmt.txt", 0.089416)] {
+        let g = load_profile(&profiles().join(f), 64.0).expect(f).graph;
+        let (f1, b1) = g.total_time(64.0, &v100_16gb());
+        assert!((f1 + b1 - want).abs() < 1e-6, "{f}: {}", f1 + b1);
+    }
     // Linear scaling from the profiled batch.
     let (f2, b2) = p.graph.total_time(32.0, &v100_16gb());
     assert!(close(f2 + b2, (f + b) / 2.0));
@@ -345,4 +351,34 @@ fn memory_model() {
         step_time(params, 1e9, Optimizer::Adam),
         7.0 * params / 1e9
     ));
+}
+
+#[test]
+fn chain_prefix_sums_and_cuts() {
+    let g = load_profile(&profiles().join("vgg16.txt"), 64.0)
+        .expect("vgg16")
+        .graph;
+    let ch = g.chain(64.0, &v100_16gb());
+    let n = ch.len();
+    assert_eq!(n, 41);
+    assert!((ch.compute(0, n) - 0.672535).abs() < 1e-6);
+    assert!(close(ch.parameter_bytes(0, n), g.total_parameter_bytes()));
+    assert_eq!(ch.cut[0], 0.0);
+    assert_eq!(ch.cut[n], 0.0);
+    // VGG-16 is almost a chain: the cut before position i carries the output of position i−1,
+    // except around `Size(0)`, which reads the pool output that `View` reads too.
+    let mut equal = 0;
+    for i in 1..n {
+        let prev = g.nodes[ch.order[i - 1]].activation_bytes;
+        assert!(ch.cut[i] >= prev, "cut {i}");
+        equal += usize::from(ch.cut[i] == prev);
+    }
+    assert_eq!(equal, n - 2);
+    // ResNet-50's skips: a cut inside a residual block carries two tensors.
+    let r = load_profile(&profiles().join("resnet50.txt"), 64.0)
+        .expect("r50")
+        .graph;
+    let ch = r.chain(64.0, &v100_16gb());
+    let wider = (1..ch.len()).any(|i| ch.cut[i] > r.nodes[ch.order[i - 1]].activation_bytes);
+    assert!(wider);
 }

@@ -119,6 +119,51 @@ pub struct GroupCost {
     pub out_bytes: f64,
 }
 
+/// Prefix sums over [`CostGraph::topo_order`] at one batch and device kind, for planners that cut
+/// the linearized graph into contiguous runs (PipeDream, DAPPLE, BaPipe, `straight`).
+///
+/// Position `i` is the `i`-th node of the order; a run is a half-open range `[i, j)` of positions.
+/// All sums are O(1) per range.
+#[derive(Clone, Debug)]
+pub struct Chain {
+    /// The node at each position.
+    pub order: Vec<NodeId>,
+    /// `fwd[i]`: forward seconds of positions `0..i` (length `n + 1`).
+    pub fwd: Vec<f64>,
+    /// `bwd[i]`: backward seconds of positions `0..i`.
+    pub bwd: Vec<f64>,
+    /// `params[i]`: parameter bytes of positions `0..i`.
+    pub params: Vec<f64>,
+    /// `saved[i]`: bytes saved for backward by positions `0..i`.
+    pub saved: Vec<f64>,
+    /// `cut[i]`: bytes that cross a cut just before position `i` (every output of a node before
+    /// `i` that a node at or after `i` reads, counted once per producing node); `cut[0] = cut[n] = 0`.
+    pub cut: Vec<f64>,
+}
+
+impl Chain {
+    /// Number of positions.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+    /// True for an empty chain.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+    /// Forward + backward seconds of the run `[i, j)`.
+    pub fn compute(&self, i: usize, j: usize) -> f64 {
+        (self.fwd[j] - self.fwd[i]) + (self.bwd[j] - self.bwd[i])
+    }
+    /// Parameter bytes of the run `[i, j)`.
+    pub fn parameter_bytes(&self, i: usize, j: usize) -> f64 {
+        self.params[j] - self.params[i]
+    }
+    /// Saved activation bytes of the run `[i, j)`.
+    pub fn saved_bytes(&self, i: usize, j: usize) -> f64 {
+        self.saved[j] - self.saved[i]
+    }
+}
+
 /// The planners' input graph. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct CostGraph {
@@ -371,6 +416,68 @@ impl CostGraph {
             }
         }
         c
+    }
+
+    /// Prefix sums over the topological order at `batch` samples on `kind` (see [`Chain`]).
+    pub fn chain(&self, batch: f64, kind: &DeviceKind) -> Chain {
+        let n = self.len();
+        let order = self.topo.clone();
+        let mut pos = vec![0usize; n];
+        for (i, &u) in order.iter().enumerate() {
+            pos[u] = i;
+        }
+        let s = self.scale(batch);
+        let (mut fwd, mut bwd, mut params, mut saved) = (
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+        );
+        let (mut f, mut b, mut p, mut a) = (0.0, 0.0, 0.0, 0.0);
+        fwd.push(f);
+        bwd.push(b);
+        params.push(p);
+        saved.push(a);
+        // Difference array: node u's output crosses every cut in (pos u, last consumer].
+        let mut diff = vec![0.0f64; n + 2];
+        for &u in &order {
+            let (tf, tb) = self.times(u, batch, kind);
+            f += tf;
+            b += tb;
+            p += self.nodes[u].parameter_bytes;
+            a += self.nodes[u].saved_bytes * s;
+            fwd.push(f);
+            bwd.push(b);
+            params.push(p);
+            saved.push(a);
+            let last = self.out_edges[u]
+                .iter()
+                .map(|&e| pos[self.edges[e].dst])
+                .max();
+            if let Some(last) = last {
+                let bytes = self.out_edges[u]
+                    .iter()
+                    .map(|&e| self.edges[e].bytes)
+                    .fold(0.0, f64::max)
+                    * s;
+                diff[pos[u] + 1] += bytes;
+                diff[last + 1] -= bytes;
+            }
+        }
+        let mut cut = Vec::with_capacity(n + 1);
+        let mut run = 0.0;
+        for d in diff.iter().take(n + 1) {
+            run += d;
+            cut.push(run.max(0.0));
+        }
+        Chain {
+            order,
+            fwd,
+            bwd,
+            params,
+            saved,
+            cut,
+        }
     }
 
     /// A membership mask from a list of nodes.

@@ -82,16 +82,10 @@ impl Planner for Straight {
 
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
-        let order = g.topo_order();
-        let kind = cluster.kind_of(0);
-        let batch = opts.batch.max(1) as f64;
-        let w: Vec<f64> = order
-            .iter()
-            .map(|&n| {
-                let (f, b) = g.times(n, batch, kind);
-                f + b
-            })
-            .collect();
+        // Costed on device 0's kind (a straight pipeline does not rebalance for heterogeneity).
+        let chain = g.chain(opts.batch.max(1) as f64, cluster.kind_of(0));
+        let order = &chain.order;
+        let w: Vec<f64> = (0..chain.len()).map(|i| chain.compute(i, i + 1)).collect();
         let runs = linear_partition(&w, cluster.len());
         let mut specs = Vec::with_capacity(runs.len());
         let (mut at, mut objective) = (0usize, 0.0f64);

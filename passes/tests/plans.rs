@@ -329,3 +329,93 @@ fn simulated_memory_matches_the_model() {
         );
     }
 }
+
+#[test]
+fn broken_schedules_are_errors_not_hangs() {
+    let sg = StageGraph::uniform_chain(3, 1.0, 1.0, 1e6);
+    let c = Cluster::from_inline("3@1e9", v100_16gb()).expect("c");
+    let mut sched = schedule::generate(&sg, ScheduleKind::OneFOneB, 4);
+    sched.programs[0].retain(|i| !matches!(i, Instr::Send { .. }));
+    let e = simulate(&sg, &sched, &c, AllReduceAlgo::Ring)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no matching send"), "{e}");
+    // Device 1 waits for a gradient of micro-batch 0 before it ever runs forward 0: a deadlock.
+    let mut sched = schedule::generate(&sg, ScheduleKind::OneFOneB, 4);
+    sched.programs[1].reverse();
+    let e = simulate(&sg, &sched, &c, AllReduceAlgo::Ring)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("deadlock"), "{e}");
+    // A stage on a device outside the cluster.
+    let small = Cluster::from_inline("2@1e9", v100_16gb()).expect("c");
+    let sched = schedule::generate(&sg, ScheduleKind::OneFOneB, 4);
+    assert!(simulate(&sg, &sched, &small, AllReduceAlgo::Ring).is_err());
+}
+
+#[test]
+fn heterogeneous_replicas_run_at_their_own_speed() {
+    let toml = r#"
+        [[device_kind]]
+        name = "fast"
+        memory_bytes = 8e10
+        memory_bandwidth = 3e12
+        peak_flops = { f32 = 60e12 }
+        [[device_kind]]
+        name = "slow"
+        memory_bytes = 1.6e10
+        memory_bandwidth = 9e11
+        peak_flops = { f32 = 15e12 }
+        [[level]]
+        size = 1
+        bandwidth = 1e11
+        [[level]]
+        size = 2
+        bandwidth = 1e10
+        [[node]]
+        kind = "fast"
+        [[node]]
+        kind = "slow"
+    "#;
+    let c = Cluster::from_toml_str(toml, "het.toml").expect("cluster");
+    use pipec_compiler::ir::{DType, Dim, Module, OpData, TensorData, TensorType};
+    let mut m = Module::default();
+    let gr = &mut m.graph;
+    let x = gr.add_input(
+        "x",
+        TensorType::new(DType::F32, vec![Dim::Known(1024), Dim::Known(1024)]),
+    );
+    let w = gr.add_initializer(
+        "w",
+        TensorData::from_f32(vec![1024, 1024], &vec![0.0; 1 << 20]),
+    );
+    let op = OpData {
+        name: "mm".into(),
+        op_type: "MatMul".into(),
+        inputs: vec![Some(x), Some(w)],
+        ..Default::default()
+    };
+    gr.add_op(
+        op,
+        vec![("y".into(), TensorType::known(DType::F32, &[1024, 1024]))],
+    );
+    let g =
+        pipec_passes::cost::analytic::from_module(&m, &Default::default(), "mm").expect("graph");
+    let specs = vec![StageSpec {
+        nodes: vec![0],
+        devices: vec![0, 1],
+    }];
+    let sg = StageGraph::from_specs(&g, &c, &specs, 1024.0, Default::default());
+    let st = &sg.stages[0];
+    assert!(st.fwd_s[1] > 3.0 * st.fwd_s[0], "{:?}", st.fwd_s);
+    let r = simulate(
+        &sg,
+        &schedule::generate(&sg, ScheduleKind::OneFOneB, 1),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    // The fast device idles while the slow one computes; the all-reduce waits for both.
+    assert!(r.devices[0].busy_s < r.devices[1].busy_s);
+    assert!(r.iteration_time_s >= st.fwd_s[1] + st.bwd_s[1]);
+}

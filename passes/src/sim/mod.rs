@@ -391,7 +391,18 @@ pub fn simulate(
     // device -> (stage, replica)
     let mut place = vec![None; ndev];
     for (s, st) in sg.stages.iter().enumerate() {
+        let r = st.devices.len();
+        if r == 0 || st.fwd_s.len() != r || st.bwd_s.len() != r || st.step_s.len() != r {
+            return Err(Error::msg(format!(
+                "stage {s}: needs one forward, backward and step time per device ({r} devices)"
+            )));
+        }
         for (r, &d) in st.devices.iter().enumerate() {
+            if d >= ndev || place[d].is_some() {
+                return Err(Error::msg(format!(
+                    "stage {s}: device {d} is outside the cluster or in two stages"
+                )));
+            }
             place[d] = Some((s, r));
         }
     }

@@ -419,3 +419,40 @@ fn heterogeneous_replicas_run_at_their_own_speed() {
     assert!(r.devices[0].busy_s < r.devices[1].busy_s);
     assert!(r.iteration_time_s >= st.fwd_s[1] + st.bwd_s[1]);
 }
+
+#[test]
+fn comm_aware_straight_partition() {
+    use pipec_passes::planners::straight::comm_aware_partition;
+    let g = profile("vgg16.txt", 64.0);
+    let ch = g.chain(64.0, &v100_16gb());
+    let w: Vec<f64> = (0..ch.len()).map(|i| ch.compute(i, i + 1)).collect();
+    let bottleneck = |runs: &[usize]| {
+        let mut at = 0;
+        let mut worst: f64 = 0.0;
+        for r in runs {
+            worst = worst.max(ch.compute(at, at + r));
+            at += r;
+        }
+        worst
+    };
+    // With free links it is the min-max linear partition.
+    for k in [2, 4, 8] {
+        let (runs, t) = comm_aware_partition(&ch, k, &vec![f64::INFINITY; k - 1]);
+        assert_eq!(runs.len(), k);
+        assert_eq!(runs.iter().sum::<usize>(), ch.len());
+        assert!(runs.iter().all(|r| *r > 0));
+        assert!(
+            (t - bottleneck(&linear_partition(&w, k))).abs() < 1e-12,
+            "k={k}"
+        );
+    }
+    // On 10 Gbps the cuts move to small activations: no boundary costs more than the bottleneck.
+    let bw = 1.25e9;
+    let (runs, t) = comm_aware_partition(&ch, 4, &[bw; 3]);
+    let mut at = 0;
+    for r in &runs[..3] {
+        at += r;
+        assert!(ch.cut[at] / bw <= t + 1e-12);
+    }
+    assert!(t >= bottleneck(&runs) - 1e-12);
+}

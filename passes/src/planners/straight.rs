@@ -1,14 +1,17 @@
-//! `straight`: one stage per device, no replication, the nodes cut into contiguous runs of the
-//! graph's topological order so that the slowest stage (forward + backward) is as fast as possible.
+//! `straight`: one stage per device (device `s` runs stage `s`), no replication, the nodes cut
+//! into `S = min(D, nodes)` contiguous runs of the graph's topological order ([`CostGraph::chain`])
+//! so that the slowest stage is as fast as possible.
 //!
-//! The cut is the classic linear partition: binary search on the bottleneck `T` with a greedy
-//! feasibility check (fill a stage until adding the next node would exceed `T`), exact for the
-//! min-max partition of a sequence into at most `D` runs. `Input` nodes come first in the order,
-//! so they land in the first stage. The default micro-batch gives `M ≈ 4·S` micro-batches and the
-//! default schedule is 1F1B.
+//! A stage's time per batch is the larger of its compute and its communication (they overlap):
+//! `T_s = max(Σ_{l∈s}(F_l + B_l), cut_in/β_{s−1,s} + cut_out/β_{s,s+1})`, where `cut` is the bytes
+//! crossing the stage boundary (activations forward, the same bytes of gradients backward, both
+//! through the stage's one send channel) and β the path bandwidth between neighbouring devices.
+//! An exact DP over (stage, end position) minimizes `max_s T_s` in `O(S·n²)`. `Input` nodes come
+//! first in the order, so they land in the first stage. The default micro-batch gives `M ≈ 4·S`
+//! micro-batches and the default schedule is 1F1B.
 //!
-//! Objective: the slowest stage's forward + backward time per batch, PipeDream's "time per stage"
-//! without replication (`max_s Σ_{l∈s} (F_l + B_l)` at the whole batch).
+//! Objective: `max_s T_s` at the whole batch, PipeDream's "time per stage" for a pipeline without
+//! replication.
 
 use super::Planner;
 use crate::cost::{Cluster, CostGraph};
@@ -75,6 +78,58 @@ pub fn linear_partition(w: &[f64], k: usize) -> Vec<usize> {
     runs
 }
 
+/// Cut the chain into exactly `k` non-empty runs (`k ≤ n`) minimizing the bottleneck stage time
+/// `max(compute, boundary bytes / bandwidth)`; `bw[s]` is the bandwidth between stage `s` and
+/// `s + 1`. Returns the run lengths and the bottleneck.
+pub fn comm_aware_partition(ch: &crate::cost::Chain, k: usize, bw: &[f64]) -> (Vec<usize>, f64) {
+    let n = ch.len();
+    let k = k.clamp(1, n.max(1));
+    if n == 0 {
+        return (Vec::new(), 0.0);
+    }
+    let stage_time = |s: usize, i: usize, j: usize| -> f64 {
+        let mut comm = 0.0;
+        if s > 0 {
+            comm += ch.cut[i] / bw[s - 1];
+        }
+        if s + 1 < k {
+            comm += ch.cut[j] / bw[s];
+        }
+        ch.compute(i, j).max(comm)
+    };
+    // best[s][j]: bottleneck of stages 0..=s covering positions 0..j; arg[s][j]: start of stage s.
+    let mut best = vec![vec![f64::INFINITY; n + 1]; k];
+    let mut arg = vec![vec![0usize; n + 1]; k];
+    for (j, b) in best[0].iter_mut().enumerate().take(n + 2 - k).skip(1) {
+        *b = stage_time(0, 0, j);
+    }
+    for s in 1..k {
+        for j in s + 1..=n + 1 - (k - s) {
+            let (mut b, mut a) = (f64::INFINITY, s);
+            for (i, &prev) in best[s - 1].iter().enumerate().take(j).skip(s) {
+                if prev >= b {
+                    continue;
+                }
+                let t = prev.max(stage_time(s, i, j));
+                if t < b {
+                    b = t;
+                    a = i;
+                }
+            }
+            best[s][j] = b;
+            arg[s][j] = a;
+        }
+    }
+    let mut runs = vec![0usize; k];
+    let mut j = n;
+    for s in (0..k).rev() {
+        let i = if s == 0 { 0 } else { arg[s][j] };
+        runs[s] = j - i;
+        j = i;
+    }
+    (runs, best[k - 1][n])
+}
+
 impl Planner for Straight {
     fn name(&self) -> &'static str {
         "straight"
@@ -85,12 +140,14 @@ impl Planner for Straight {
         // Costed on device 0's kind (a straight pipeline does not rebalance for heterogeneity).
         let chain = g.chain(opts.batch.max(1) as f64, cluster.kind_of(0));
         let order = &chain.order;
-        let w: Vec<f64> = (0..chain.len()).map(|i| chain.compute(i, i + 1)).collect();
-        let runs = linear_partition(&w, cluster.len());
+        let k = cluster.len().min(chain.len()).max(1);
+        let bw: Vec<f64> = (1..k)
+            .map(|s| cluster.path(s - 1, s).map_or(f64::INFINITY, |p| p.0))
+            .collect();
+        let (runs, objective) = comm_aware_partition(&chain, k, &bw);
         let mut specs = Vec::with_capacity(runs.len());
-        let (mut at, mut objective) = (0usize, 0.0f64);
+        let mut at = 0usize;
         for (s, len) in runs.iter().enumerate() {
-            objective = objective.max(w[at..at + len].iter().sum());
             specs.push(StageSpec {
                 nodes: order[at..at + len].to_vec(),
                 devices: vec![s],

@@ -14,7 +14,19 @@
 //! - an `AllReduce` is a collective: it starts when every participant's stream reaches it, holds
 //!   all their channels (and their nodes' ports when it spans nodes) for [`comm::allreduce_time`]
 //!   and blocks their streams meanwhile;
-//! - resources are granted first come, first served at the time a task becomes ready.
+//! - resources are granted first come, first served at the time a task becomes ready (a transfer
+//!   reserves its sender's and receiver's channels together, as a rendezvous send does);
+//! - a replicated stage splits every micro-batch evenly over its replicas (DAPPLE §3.3, GraphPipe
+//!   §7.5), with split/concat traffic between stages of different replica counts
+//!   ([`comm::redistribute`]); gradients are accumulated and all-reduced once, after the last
+//!   backward (synchronous, no weight stashing).
+//!
+//! Checked closed forms (tests in `passes/tests/sim_closed_forms.rs`): for `S` equal stages, `M`
+//! micro-batches and free communication, GPipe and 1F1B take `(M+S−1)(F+B)` with bubble
+//! `(S−1)/(M+S−1)` (GPipe; DAPPLE §II's `P = (S−1)/M` overhead); 1F1B keeps `S−i` micro-batches in
+//! flight on stage `i` and GPipe `M`; with a send/receive time `SR ≤ F` per micro-batch, 1F1B
+//! reproduces BaPipe Table 2's 1F1B-SNO time `(M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR` and
+//! `1f1b-so` its 1F1B-SO time `(M+N−1)(F+B) + (N−1)·2SR`.
 //!
 //! Outputs ([`SimResult`]): iteration time (last task end), bubble fraction (idle share of the used
 //! devices' compute streams: `1 − Σ busy / (devices × T)`), per-device busy time, peak memory and

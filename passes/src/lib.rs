@@ -2,9 +2,13 @@
 //! guarantees, invalidates, statistics); [`registry`] lists them all for the CLI and the pass
 //! manager.
 
+pub mod cost;
 pub mod dce;
 pub mod fold_constants;
+pub mod plan;
+pub mod planners;
 pub mod shape_infer;
+pub mod sim;
 
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;

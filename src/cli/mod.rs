@@ -2,6 +2,7 @@
 
 pub mod inspect;
 pub mod opt;
+pub mod plan;
 
 use anyhow::{Context, Result};
 use pipec_compiler::ir::Module;

@@ -1,0 +1,372 @@
+//! Analytic op costs: FLOPs and memory traffic per IR op from its `TensorType`s, forward and
+//! backward, turned into a [`CostGraph`] with one node per live op ([`from_module`]).
+//!
+//! Times come from a roofline on the device kind ([`Work::Counted`]): `max(FLOPs / peak(dtype),
+//! bytes / memory bandwidth)`, dtype-aware through [`Precision::of`].
+//!
+//! # FLOP counts (forward; a multiply-add is 2 FLOPs)
+//! | op | FLOPs |
+//! |---|---|
+//! | `Conv` | `2 · |Y| · (C/group) · Πk` (+ `|Y|` with a bias) |
+//! | `ConvTranspose` | `2 · |X| · (M/group) · Πk` |
+//! | `Gemm`, `MatMul` | `2 · |Y| · K` (K the contracted dim) (+ `|Y|` for Gemm's C) |
+//! | `Einsum` | `2 · Π` of the sizes of all distinct indices |
+//! | `BatchNormalization`, `InstanceNormalization`, `GroupNormalization` | `5 · |X|` |
+//! | `LayerNormalization`, `RMSNormalization` | `8 · |X|` |
+//! | `MaxPool`, `AveragePool`, `LpPool` | `|Y| · Πkernel` |
+//! | `GlobalAveragePool`, `GlobalMaxPool`, `Reduce*` | `|X|` |
+//! | `Softmax`, `LogSoftmax` | `5 · |X|` |
+//! | transcendental elementwise (`Exp`, `Tanh`, `Sigmoid`, `Erf`, `Gelu`, `Pow`, `Sqrt`, ...) | `4 · |Y|` |
+//! | other elementwise (`Add`, `Mul`, `Relu`, `Where`, ...) | `|Y|` |
+//! | data movement (`Gather`, `Transpose`, `Concat`, `Slice`, `Split`, `Pad`, ...) | 0 |
+//! | views and shape arithmetic (`Reshape`, `Flatten`, `Squeeze`, `Shape`, `Constant`, ...) | 0, and 0 bytes |
+//!
+//! # Backward factors (documented approximations)
+//! - matmul-like ops (`Conv`, `ConvTranspose`, `Gemm`, `MatMul`, `Einsum`): **2×** forward FLOPs
+//!   (one product for the input gradient, one for the weight gradient);
+//! - every other op: **1×** forward FLOPs (the local derivative costs about what the op does);
+//! - ops whose inputs are all integer (index and shape arithmetic) and views: no backward work.
+//!
+//! # Bytes
+//! Forward traffic = bytes of the activation inputs + outputs (batch-proportional) plus the
+//! weights read (fixed). Backward traffic = twice the forward activation traffic (read the output
+//! gradient and the saved input, write the input gradient) plus weights read and weight gradients
+//! written (2× weight bytes, fixed). The node's activation is the bytes of its outputs, which is
+//! also what it saves for backward (PipeDream's profiles make the same assumption).
+//!
+//! # Batch
+//! Symbolic dims are evaluated with `AnalyticOptions::dims` (default 1 for every symbol). The
+//! reference batch is the first graph input's leading dim after that substitution; batch-dependent
+//! counts scale linearly from it.
+//!
+//! # Parameters
+//! A floating-point initializer belongs to the first live op (in program order) that reads it.
+
+use super::{CostEdge, CostGraph, CostNode, Precision, Work};
+use pipec_compiler::ir::{DType, Dim, Module, OpData, TensorType, Value, ValueDef};
+use pipec_compiler::Result;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Options of the analytic model.
+#[derive(Clone, Debug, Default)]
+pub struct AnalyticOptions {
+    /// Values of symbolic dims (`batch`, `seq`); a symbol not listed counts as 1.
+    pub dims: BTreeMap<String, i64>,
+}
+
+/// Forward/backward counts of one op at the reference batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OpCost {
+    pub fwd_flops: f64,
+    pub bwd_flops: f64,
+    pub fwd_bytes: f64,
+    pub bwd_bytes: f64,
+    pub weight_bytes: f64,
+    pub output_bytes: f64,
+}
+
+fn dim_value(d: &Dim, env: &BTreeMap<String, i64>) -> u64 {
+    match d {
+        Dim::Known(v) => (*v).max(0) as u64,
+        Dim::Sym(s) => {
+            let mut v = s.coeff.max(0) as u64;
+            for sym in &s.syms {
+                v = v.saturating_mul(env.get(sym).copied().unwrap_or(1).max(0) as u64);
+            }
+            v
+        }
+    }
+}
+
+/// Static dims of a type under `env` (`None` for unranked).
+fn eval_dims(ty: &TensorType, env: &BTreeMap<String, i64>) -> Option<Vec<u64>> {
+    ty.shape
+        .as_ref()
+        .map(|s| s.iter().map(|d| dim_value(d, env)).collect())
+}
+
+fn numel(ty: &TensorType, env: &BTreeMap<String, i64>) -> f64 {
+    eval_dims(ty, env).map_or(0.0, |d| d.iter().map(|&x| x as f64).product())
+}
+
+fn bytes_of(ty: &TensorType, env: &BTreeMap<String, i64>) -> f64 {
+    numel(ty, env) * ty.dtype.bits() as f64 / 8.0
+}
+
+const VIEWS: &[&str] = &[
+    "Reshape",
+    "Flatten",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Shape",
+    "Size",
+    "Constant",
+    "ConstantOfShape",
+    "Dropout",
+];
+
+const MOVES: &[&str] = &[
+    "Gather",
+    "GatherElements",
+    "GatherND",
+    "Transpose",
+    "Concat",
+    "Slice",
+    "Split",
+    "Pad",
+    "Expand",
+    "Tile",
+    "Cast",
+    "ScatterND",
+    "ScatterElements",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Resize",
+    "Range",
+    "Trilu",
+];
+
+const TRANSCENDENTAL: &[&str] = &[
+    "Exp",
+    "Log",
+    "Tanh",
+    "Sigmoid",
+    "Erf",
+    "Gelu",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "Softplus",
+    "Softsign",
+    "Elu",
+    "Selu",
+    "HardSigmoid",
+    "HardSwish",
+    "Mish",
+    "Sin",
+    "Cos",
+    "Div",
+];
+
+/// Counts for one op. `ty(v)` gives value types; `is_param(v)` tells weights apart.
+pub fn op_cost(
+    op: &OpData,
+    ty: &dyn Fn(Value) -> TensorType,
+    is_param: &dyn Fn(Value) -> bool,
+    env: &BTreeMap<String, i64>,
+) -> OpCost {
+    let ins: Vec<(Value, TensorType)> = op.inputs.iter().flatten().map(|&v| (v, ty(v))).collect();
+    let outs: Vec<TensorType> = op.outputs.iter().map(|&v| ty(v)).collect();
+    let out_bytes: f64 = outs.iter().map(|t| bytes_of(t, env)).sum();
+    let y = outs.first().map_or(0.0, |t| numel(t, env));
+    let t = op.op_type.as_str();
+    let all_int = !ins.is_empty() && ins.iter().all(|(_, t)| !t.dtype.is_float());
+    let weight_bytes: f64 = ins
+        .iter()
+        .filter(|(v, _)| is_param(*v))
+        .map(|(_, t)| bytes_of(t, env))
+        .sum();
+    let act_in: f64 = ins
+        .iter()
+        .filter(|(v, _)| !is_param(*v))
+        .map(|(_, t)| bytes_of(t, env))
+        .sum();
+    if VIEWS.contains(&t) || (all_int && !matches!(t, "Gather" | "Embedding")) {
+        return OpCost {
+            output_bytes: out_bytes,
+            ..Default::default()
+        };
+    }
+    let dims_in = |i: usize| -> Vec<u64> {
+        op.input(i)
+            .map(|v| eval_dims(&ty(v), env).unwrap_or_default())
+            .unwrap_or_default()
+    };
+    let x = ins.first().map_or(0.0, |(_, t)| numel(t, env));
+    let mut matmul_like = false;
+    let fwd_flops = match t {
+        "Conv" => {
+            matmul_like = true;
+            let w = dims_in(1);
+            let group = op.int_attr("group").unwrap_or(1).max(1) as f64;
+            let c = dims_in(0).get(1).copied().unwrap_or(0) as f64;
+            let k: f64 = w.iter().skip(2).map(|&d| d as f64).product();
+            let bias = if op.input(2).is_some() { y } else { 0.0 };
+            2.0 * y * (c / group) * k + bias
+        }
+        "ConvTranspose" => {
+            matmul_like = true;
+            // W: [C, M/group, k...]: every input element feeds M/group · Πk outputs.
+            let w = dims_in(1);
+            let m_per_g = w.get(1).copied().unwrap_or(0) as f64;
+            let k: f64 = w.iter().skip(2).map(|&d| d as f64).product();
+            2.0 * x * m_per_g * k
+        }
+        "Gemm" => {
+            matmul_like = true;
+            let a = dims_in(0);
+            let trans_a = op.int_attr("transA").unwrap_or(0) != 0;
+            let k = if trans_a { a.first() } else { a.get(1) };
+            let k = k.copied().unwrap_or(0) as f64;
+            let c = if op.input(2).is_some() { y } else { 0.0 };
+            2.0 * y * k + c
+        }
+        "MatMul" | "MatMulInteger" | "FusedMatMul" => {
+            matmul_like = true;
+            let a = dims_in(0);
+            let k = a.last().copied().unwrap_or(0) as f64;
+            2.0 * y * k
+        }
+        "Einsum" => {
+            matmul_like = true;
+            let eq = op.str_attr("equation").unwrap_or("");
+            let lhs = eq.split("->").next().unwrap_or("");
+            let mut size: BTreeMap<char, u64> = BTreeMap::new();
+            for (i, term) in lhs.split(',').enumerate() {
+                let d = dims_in(i);
+                let letters: Vec<char> = term.chars().filter(|c| c.is_ascii_alphabetic()).collect();
+                // Ellipsis dims are folded into one pseudo-index per operand.
+                let extra = d.len().saturating_sub(letters.len());
+                if extra > 0 {
+                    let e: u64 = d[..extra].iter().product();
+                    let cur = size.entry('.').or_insert(1);
+                    *cur = (*cur).max(e);
+                }
+                for (j, c) in letters.iter().enumerate() {
+                    let v = d.get(extra + j).copied().unwrap_or(1);
+                    let cur = size.entry(*c).or_insert(1);
+                    *cur = (*cur).max(v);
+                }
+            }
+            2.0 * size.values().map(|&v| v as f64).product::<f64>()
+        }
+        "BatchNormalization" | "InstanceNormalization" | "GroupNormalization" => 5.0 * x,
+        "LayerNormalization" | "RMSNormalization" | "SkipLayerNormalization" => 8.0 * x,
+        "MaxPool" | "AveragePool" | "LpPool" => {
+            let k: f64 = op
+                .ints_attr("kernel_shape")
+                .map(|k| k.iter().map(|&d| d.max(1) as f64).product())
+                .unwrap_or(1.0);
+            y * k
+        }
+        "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" => x,
+        "Softmax" | "LogSoftmax" => 5.0 * x,
+        t if t.starts_with("Reduce") || t == "ArgMax" || t == "ArgMin" || t == "CumSum" => x,
+        t if MOVES.contains(&t) => 0.0,
+        t if TRANSCENDENTAL.contains(&t) => 4.0 * y,
+        _ => y, // elementwise and anything unknown: one op per output element
+    };
+    let bwd_flops = if matmul_like {
+        2.0 * fwd_flops
+    } else {
+        fwd_flops
+    };
+    let fwd_bytes = if t == "Gather" {
+        2.0 * out_bytes // read the gathered rows, write them
+    } else {
+        act_in + out_bytes
+    };
+    OpCost {
+        fwd_flops,
+        bwd_flops,
+        fwd_bytes,
+        bwd_bytes: 2.0 * fwd_bytes,
+        weight_bytes,
+        output_bytes: out_bytes,
+    }
+}
+
+/// The precision an op computes in: its first floating-point output or input, else f32.
+fn op_precision(op: &OpData, ty: &dyn Fn(Value) -> TensorType) -> Precision {
+    op.outputs
+        .iter()
+        .chain(op.inputs.iter().flatten())
+        .map(|&v| ty(v).dtype)
+        .find(|d| d.is_float())
+        .map_or(Precision::of(DType::F32), Precision::of)
+}
+
+/// Build the [`CostGraph`] of a shape-inferred module: one node per live op, edges for the
+/// values ops pass each other (bytes summed per op pair). `file` names the model in errors.
+pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<CostGraph> {
+    let g = &m.graph;
+    let env = &opts.dims;
+    let ty = |v: Value| g.ty(v).clone();
+    let param_set: HashSet<Value> = g
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(v, _)| *v)
+        .collect();
+    let is_param = |v: Value| param_set.contains(&v);
+    let reference_batch = g
+        .inputs
+        .iter()
+        .find(|v| !g.initializers.contains_key(*v))
+        .and_then(|&v| eval_dims(g.ty(v), env))
+        .and_then(|d| d.first().copied())
+        .filter(|&b| b > 0)
+        .unwrap_or(1) as f64;
+    let mut owned: HashSet<Value> = HashSet::new();
+    let mut index = HashMap::new();
+    let mut nodes = Vec::with_capacity(g.order.len());
+    let mut used_names: HashSet<String> = HashSet::new();
+    for (i, &op) in g.order.iter().enumerate() {
+        let d = &g.ops[op];
+        let c = op_cost(d, &ty, &is_param, env);
+        // Parameters: each float initializer counts once, at its first reader.
+        let mut params = 0.0;
+        for v in d.inputs.iter().flatten() {
+            if is_param(*v) && owned.insert(*v) {
+                params += bytes_of(g.ty(*v), env);
+            }
+        }
+        let mut name = if d.name.is_empty() {
+            format!("{}_{i}", d.op_type)
+        } else {
+            d.name.clone()
+        };
+        while !used_names.insert(name.clone()) {
+            name.push('_');
+        }
+        index.insert(op, nodes.len());
+        let view = c.fwd_flops == 0.0 && c.fwd_bytes == 0.0;
+        nodes.push(CostNode {
+            name,
+            op: d.op_type.clone(),
+            work: Work::Counted {
+                fwd_flops: c.fwd_flops,
+                bwd_flops: c.bwd_flops,
+                fwd_bytes: c.fwd_bytes,
+                bwd_bytes: c.bwd_bytes,
+                fwd_fixed_bytes: c.weight_bytes,
+                bwd_fixed_bytes: 2.0 * c.weight_bytes,
+                precision: op_precision(d, &ty),
+            },
+            activation_bytes: c.output_bytes,
+            saved_bytes: if view { 0.0 } else { c.output_bytes },
+            parameter_bytes: params,
+            is_input: false,
+        });
+    }
+    let mut acc: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+    for &op in &g.order {
+        let dst = index[&op];
+        let mut seen = HashSet::new();
+        for &v in g.ops[op].inputs.iter().flatten() {
+            if let ValueDef::Result(p, _) = g.values[v].def {
+                if let Some(&src) = index.get(&p) {
+                    if src != dst && seen.insert(v) {
+                        *acc.entry((src, dst)).or_insert(0.0) += bytes_of(g.ty(v), env);
+                    }
+                }
+            }
+        }
+    }
+    let edges = acc
+        .into_iter()
+        .map(|((src, dst), bytes)| CostEdge { src, dst, bytes })
+        .collect();
+    CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)
+}

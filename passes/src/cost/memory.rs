@@ -1,0 +1,113 @@
+//! Memory model per device.
+//!
+//! A device running one replica of a stage holds (all in bytes):
+//! - **parameters** `w` (one version: synchronous schedules keep no stashed weights);
+//! - **gradients** `w` (accumulated over the micro-batches; BaPipe's "weights memory = 2w");
+//! - **optimizer state**: SGD 0, SGD with momentum `w`, Adam `2w` (first and second moments), so
+//!   Adam totals 16 bytes per fp32 parameter as in DAPPLE Table VIII;
+//! - **activations** saved for backward: `a(b/r) × in_flight`, where `a(b/r)` is the stage's saved
+//!   bytes for one micro-batch slice and `in_flight` the most micro-batches whose forward has run and
+//!   whose backward has not (from the schedule: `M` for GPipe, `S−i` for 1F1B on a chain, DAPPLE's
+//!   `K_i`, BaPipe's `k(N−i+1)`);
+//! - **communication buffers**: one receive and one send buffer for each boundary tensor of one
+//!   micro-batch slice, for activations and for their gradients: `2·(in + out)`.
+
+use pipec_compiler::{Error, Result};
+
+/// Optimizer kind, for its state size and the memory traffic of its step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Optimizer {
+    #[default]
+    Sgd,
+    Momentum,
+    Adam,
+}
+
+impl Optimizer {
+    /// Parse `sgd`, `sgd:lr=..,momentum=0.9` (momentum ≠ 0 → [`Optimizer::Momentum`]), `momentum`,
+    /// `adam[:...]`.
+    pub fn parse(s: &str) -> Result<Optimizer> {
+        let (kind, args) = s.split_once(':').unwrap_or((s, ""));
+        match kind.trim() {
+            "sgd" => {
+                let momentum = args
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(k, _)| k.trim() == "momentum")
+                    .map(|(_, v)| v.trim().parse::<f64>().unwrap_or(1.0))
+                    .unwrap_or(0.0);
+                Ok(if momentum != 0.0 {
+                    Optimizer::Momentum
+                } else {
+                    Optimizer::Sgd
+                })
+            }
+            "momentum" => Ok(Optimizer::Momentum),
+            "adam" | "adamw" => Ok(Optimizer::Adam),
+            other => Err(Error::Usage(format!(
+                "--optimizer {s}: unknown optimizer '{other}' (sgd, momentum, adam)"
+            ))),
+        }
+    }
+
+    /// Optimizer state bytes per parameter byte.
+    pub fn state_factor(self) -> f64 {
+        match self {
+            Optimizer::Sgd => 0.0,
+            Optimizer::Momentum => 1.0,
+            Optimizer::Adam => 2.0,
+        }
+    }
+
+    /// Bytes moved by the step per parameter byte: read w and g, write w (3), plus read and write
+    /// of each state tensor.
+    pub fn step_traffic_factor(self) -> f64 {
+        3.0 + 2.0 * self.state_factor()
+    }
+}
+
+/// Memory of one device, by category (bytes).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemoryBreakdown {
+    pub parameters: f64,
+    pub gradients: f64,
+    pub optimizer_state: f64,
+    pub activations: f64,
+    pub comm_buffers: f64,
+}
+
+impl MemoryBreakdown {
+    /// Everything that is allocated for the whole iteration (not activations).
+    pub fn static_bytes(&self) -> f64 {
+        self.parameters + self.gradients + self.optimizer_state + self.comm_buffers
+    }
+    /// Peak total.
+    pub fn total(&self) -> f64 {
+        self.static_bytes() + self.activations
+    }
+}
+
+/// Memory of a device running one replica of a stage.
+/// `saved_per_slice`: activation bytes saved for backward by one micro-batch slice;
+/// `boundary_per_slice`: bytes in + out of the stage for one micro-batch slice.
+pub fn stage_memory(
+    parameter_bytes: f64,
+    saved_per_slice: f64,
+    in_flight: usize,
+    boundary_per_slice: f64,
+    opt: Optimizer,
+) -> MemoryBreakdown {
+    MemoryBreakdown {
+        parameters: parameter_bytes,
+        gradients: parameter_bytes,
+        optimizer_state: parameter_bytes * opt.state_factor(),
+        activations: saved_per_slice * in_flight as f64,
+        comm_buffers: 2.0 * boundary_per_slice,
+    }
+}
+
+/// Seconds of the optimizer step for `parameter_bytes` on a device with `memory_bandwidth`
+/// (the step is memory-bound: [`Optimizer::step_traffic_factor`] passes over the parameters).
+pub fn step_time(parameter_bytes: f64, memory_bandwidth: f64, opt: Optimizer) -> f64 {
+    parameter_bytes * opt.step_traffic_factor() / memory_bandwidth
+}

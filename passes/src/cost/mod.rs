@@ -1,0 +1,491 @@
+//! The cost model every planner and the simulator share.
+//!
+//! # The `CostGraph`
+//! A [`CostGraph`] is the one input all planners work on. It is a DAG of coarse *nodes* (a layer of a
+//! PipeDream/DAPPLE profile, or one ONNX op) with, per node:
+//! - its forward and backward **work** ([`Work`]): either *measured* seconds (a `graph.txt` profile)
+//!   or *counted* FLOPs and memory bytes (the analytic model of [`analytic`], turned into seconds by a
+//!   roofline on the device kind, [`CostGraph::fwd_time`]);
+//! - the bytes of its output (**activation**, what crosses a stage boundary and, by default, what
+//!   is saved for backward) and of its **parameters** (weights; not batch-dependent);
+//!
+//! and per edge `u → v`, the bytes that flow from `u` to `v`.
+//!
+//! Every batch-dependent quantity is stored **at the reference batch** [`CostGraph::reference_batch`]
+//! (the profile batch, or the batch the ONNX shapes were costed at) and **scaled linearly** to
+//! any other batch, as DAPPLE's planner does with its profiles: `t(b) = t(ref) · b/ref`. (Counted
+//! work scales its FLOPs and activation bytes linearly; the weight traffic stays fixed, so small
+//! micro-batches become memory-bound as on real hardware.) Batches are `f64` so that a micro-batch
+//! split over replicas (`b/r` samples each) needs no rounding.
+//!
+//! Typical use in a planner:
+//! ```
+//! # use pipec_passes::cost::{CostGraph, cluster::Cluster, profile::parse_profile};
+//! # let text = "node1 -- Input -- forward_compute_time=0, backward_compute_time=0, activation_size=8, parameter_size=0\nnode2 -- Linear -- forward_compute_time=2, backward_compute_time=4, activation_size=4, parameter_size=16\n\tnode1 -- node2\n";
+//! # let g = parse_profile(text, "t.txt", "t", 64.0).unwrap().graph;
+//! let cluster = Cluster::preset("dapple-a").unwrap();
+//! let kind = cluster.kind_of(0);
+//! for &n in g.topo_order() {
+//!     let (fwd, bwd) = g.times(n, 16.0, kind); // seconds for 16 samples
+//!     let out = g.activation_bytes(n, 16.0);  // bytes sent if a stage ends here
+//!     let w = g.nodes[n].parameter_bytes;      // bytes all-reduced if replicated
+//!     # let _ = (fwd, bwd, out, w);
+//! }
+//! ```
+//!
+//! Nodes are indexed `0..len()` ([`NodeId`]); [`CostGraph::topo_order`] is a fixed topological
+//! order (stable: ties go to the lower index), which chain planners (PipeDream, BaPipe, DAPPLE)
+//! use as their layer order. [`CostGraph::group_cost`] sums a set of nodes into a stage cost.
+//!
+//! Producers: [`profile::parse_profile`] (graph.txt) and [`analytic::from_module`] (ONNX IR).
+
+pub mod analytic;
+pub mod cluster;
+pub mod comm;
+pub mod memory;
+pub mod profile;
+
+pub use cluster::{Cluster, Device, DeviceKind, Level, Precision, PRESETS};
+pub use comm::AllReduceAlgo;
+pub use memory::{MemoryBreakdown, Optimizer};
+
+use pipec_compiler::{Error, Result};
+use std::collections::HashMap;
+
+/// Index of a node in a [`CostGraph`].
+pub type NodeId = usize;
+
+/// The work of one node at the reference batch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Work {
+    /// Measured seconds (device-independent: a profile is taken as valid on every device kind).
+    Measured { fwd_s: f64, bwd_s: f64 },
+    /// Counted work, timed by a roofline on the device kind:
+    /// `max(flops·s / peak(precision), (bytes·s + fixed_bytes) / memory bandwidth)` with `s` the
+    /// batch scale. `bytes` is the batch-proportional traffic (activations), `fixed_bytes` the
+    /// traffic that does not grow with the batch (reading weights, writing weight gradients).
+    Counted {
+        fwd_flops: f64,
+        bwd_flops: f64,
+        /// Activation bytes read and written by the forward kernel(s).
+        fwd_bytes: f64,
+        /// Activation bytes read and written by the backward kernel(s).
+        bwd_bytes: f64,
+        /// Weight bytes the forward reads.
+        fwd_fixed_bytes: f64,
+        /// Weight bytes the backward reads and weight-gradient bytes it writes.
+        bwd_fixed_bytes: f64,
+        precision: Precision,
+    },
+}
+
+/// One node of a [`CostGraph`]. Batch-dependent fields are at the reference batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostNode {
+    /// ONNX node name or profile node id (`node7`); unique.
+    pub name: String,
+    /// Op type (`Conv`) or the profile's module repr (`Conv2d(3, 64, ...)`).
+    pub op: String,
+    pub work: Work,
+    /// Bytes of the node's output(s).
+    pub activation_bytes: f64,
+    /// Bytes kept alive from forward to backward for this node (defaults to its output).
+    pub saved_bytes: f64,
+    /// Bytes of trainable parameters (independent of the batch).
+    pub parameter_bytes: f64,
+    /// A graph input (PipeDream's `Input*` nodes): planners pin it to a first stage.
+    pub is_input: bool,
+}
+
+/// A data edge `src → dst` carrying `bytes` at the reference batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostEdge {
+    pub src: NodeId,
+    pub dst: NodeId,
+    pub bytes: f64,
+}
+
+/// Costs of a set of nodes (a stage), at some batch, on some device kind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GroupCost {
+    pub fwd_s: f64,
+    pub bwd_s: f64,
+    pub parameter_bytes: f64,
+    /// Bytes saved for backward per micro-batch (summed over the nodes).
+    pub saved_bytes: f64,
+    /// Bytes entering the set over edges from outside (forward activations received).
+    pub in_bytes: f64,
+    /// Bytes leaving the set over edges to outside (forward activations sent).
+    pub out_bytes: f64,
+}
+
+/// Prefix sums over [`CostGraph::topo_order`] at one batch and device kind, for planners that cut
+/// the linearized graph into contiguous runs (PipeDream, DAPPLE, BaPipe, `straight`).
+///
+/// Position `i` is the `i`-th node of the order; a run is a half-open range `[i, j)` of positions.
+/// All sums are O(1) per range.
+#[derive(Clone, Debug)]
+pub struct Chain {
+    /// The node at each position.
+    pub order: Vec<NodeId>,
+    /// `fwd[i]`: forward seconds of positions `0..i` (length `n + 1`).
+    pub fwd: Vec<f64>,
+    /// `bwd[i]`: backward seconds of positions `0..i`.
+    pub bwd: Vec<f64>,
+    /// `params[i]`: parameter bytes of positions `0..i`.
+    pub params: Vec<f64>,
+    /// `saved[i]`: bytes saved for backward by positions `0..i`.
+    pub saved: Vec<f64>,
+    /// `cut[i]`: bytes that cross a cut just before position `i` (every output of a node before
+    /// `i` that a node at or after `i` reads, counted once per producing node); `cut[0] = cut[n] = 0`.
+    pub cut: Vec<f64>,
+}
+
+impl Chain {
+    /// Number of positions.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+    /// True for an empty chain.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+    /// Forward + backward seconds of the run `[i, j)`.
+    pub fn compute(&self, i: usize, j: usize) -> f64 {
+        (self.fwd[j] - self.fwd[i]) + (self.bwd[j] - self.bwd[i])
+    }
+    /// Parameter bytes of the run `[i, j)`.
+    pub fn parameter_bytes(&self, i: usize, j: usize) -> f64 {
+        self.params[j] - self.params[i]
+    }
+    /// Saved activation bytes of the run `[i, j)`.
+    pub fn saved_bytes(&self, i: usize, j: usize) -> f64 {
+        self.saved[j] - self.saved[i]
+    }
+}
+
+/// The planners' input graph. See the module documentation.
+#[derive(Clone, Debug)]
+pub struct CostGraph {
+    pub name: String,
+    /// The batch (samples) at which the batch-dependent fields were taken.
+    pub reference_batch: f64,
+    pub nodes: Vec<CostNode>,
+    pub edges: Vec<CostEdge>,
+    in_edges: Vec<Vec<usize>>,
+    out_edges: Vec<Vec<usize>>,
+    topo: Vec<NodeId>,
+    by_name: HashMap<String, NodeId>,
+}
+
+impl CostGraph {
+    /// Build and check a graph: unique names, edges in range, no self-loop, acyclic, finite
+    /// non-negative values, positive reference batch. `file` names the source in errors.
+    pub fn new(
+        name: impl Into<String>,
+        reference_batch: f64,
+        nodes: Vec<CostNode>,
+        edges: Vec<CostEdge>,
+        file: &str,
+    ) -> Result<CostGraph> {
+        if !(reference_batch.is_finite() && reference_batch > 0.0) {
+            return Err(Error::Usage(format!(
+                "{file}: reference batch must be > 0, got {reference_batch}"
+            )));
+        }
+        let mut by_name = HashMap::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            if by_name.insert(n.name.clone(), i).is_some() {
+                return Err(Error::Usage(format!(
+                    "{file}: node '{}' defined twice",
+                    n.name
+                )));
+            }
+            let vals: [(&str, f64); 3] = [
+                ("activation_size", n.activation_bytes),
+                ("saved bytes", n.saved_bytes),
+                ("parameter_size", n.parameter_bytes),
+            ];
+            let work: Vec<(&str, f64)> = match &n.work {
+                Work::Measured { fwd_s, bwd_s } => vec![
+                    ("forward_compute_time", *fwd_s),
+                    ("backward_compute_time", *bwd_s),
+                ],
+                Work::Counted {
+                    fwd_flops,
+                    bwd_flops,
+                    fwd_bytes,
+                    bwd_bytes,
+                    ..
+                } => vec![
+                    ("forward FLOPs", *fwd_flops),
+                    ("backward FLOPs", *bwd_flops),
+                    ("forward bytes", *fwd_bytes),
+                    ("backward bytes", *bwd_bytes),
+                ],
+            };
+            for (what, v) in vals.iter().chain(work.iter()) {
+                if !(v.is_finite() && *v >= 0.0) {
+                    return Err(Error::Usage(format!(
+                        "{file}: node '{}': {what} must be a finite number >= 0, got {v}",
+                        n.name
+                    )));
+                }
+            }
+        }
+        let n = nodes.len();
+        let mut in_edges = vec![Vec::new(); n];
+        let mut out_edges = vec![Vec::new(); n];
+        for (i, e) in edges.iter().enumerate() {
+            if e.src >= n || e.dst >= n {
+                return Err(Error::Usage(format!(
+                    "{file}: edge {i} names a missing node"
+                )));
+            }
+            if e.src == e.dst {
+                return Err(Error::Usage(format!(
+                    "{file}: edge {} -- {} is a self-loop",
+                    nodes[e.src].name, nodes[e.dst].name
+                )));
+            }
+            if !(e.bytes.is_finite() && e.bytes >= 0.0) {
+                return Err(Error::Usage(format!(
+                    "{file}: edge {} -- {}: bytes must be >= 0",
+                    nodes[e.src].name, nodes[e.dst].name
+                )));
+            }
+            out_edges[e.src].push(i);
+            in_edges[e.dst].push(i);
+        }
+        // Kahn with a min-heap: deterministic, ties to the lower index.
+        let mut indeg: Vec<usize> = in_edges.iter().map(Vec::len).collect();
+        let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
+            .filter(|&i| indeg[i] == 0)
+            .map(std::cmp::Reverse)
+            .collect();
+        let mut topo = Vec::with_capacity(n);
+        while let Some(std::cmp::Reverse(u)) = heap.pop() {
+            topo.push(u);
+            for &e in &out_edges[u] {
+                let v = edges[e].dst;
+                indeg[v] -= 1;
+                if indeg[v] == 0 {
+                    heap.push(std::cmp::Reverse(v));
+                }
+            }
+        }
+        if topo.len() != n {
+            let stuck = (0..n).find(|&i| indeg[i] > 0).unwrap_or(0);
+            return Err(Error::Usage(format!(
+                "{file}: the graph has a cycle through node '{}'",
+                nodes[stuck].name
+            )));
+        }
+        Ok(CostGraph {
+            name: name.into(),
+            reference_batch,
+            nodes,
+            edges,
+            in_edges,
+            out_edges,
+            topo,
+            by_name,
+        })
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// True for a graph without nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// A fixed topological order of the nodes.
+    pub fn topo_order(&self) -> &[NodeId] {
+        &self.topo
+    }
+
+    /// Node by name.
+    pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Indices into [`CostGraph::edges`] of the edges entering `n`.
+    pub fn in_edges(&self, n: NodeId) -> &[usize] {
+        &self.in_edges[n]
+    }
+
+    /// Indices into [`CostGraph::edges`] of the edges leaving `n`.
+    pub fn out_edges(&self, n: NodeId) -> &[usize] {
+        &self.out_edges[n]
+    }
+
+    /// Predecessor nodes of `n`.
+    pub fn preds(&self, n: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.in_edges[n].iter().map(|&e| self.edges[e].src)
+    }
+
+    /// Successor nodes of `n`.
+    pub fn succs(&self, n: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.out_edges[n].iter().map(|&e| self.edges[e].dst)
+    }
+
+    /// Linear scale factor from the reference batch to `batch`.
+    pub fn scale(&self, batch: f64) -> f64 {
+        batch / self.reference_batch
+    }
+
+    /// Forward and backward seconds of node `n` for `batch` samples on device kind `kind`.
+    pub fn times(&self, n: NodeId, batch: f64, kind: &DeviceKind) -> (f64, f64) {
+        let s = self.scale(batch);
+        match &self.nodes[n].work {
+            Work::Measured { fwd_s, bwd_s } => (fwd_s * s, bwd_s * s),
+            Work::Counted {
+                fwd_flops,
+                bwd_flops,
+                fwd_bytes,
+                bwd_bytes,
+                fwd_fixed_bytes,
+                bwd_fixed_bytes,
+                precision,
+            } => {
+                let peak = kind.peak(*precision);
+                let bw = kind.memory_bandwidth;
+                (
+                    (fwd_flops * s / peak).max((fwd_bytes * s + fwd_fixed_bytes) / bw),
+                    (bwd_flops * s / peak).max((bwd_bytes * s + bwd_fixed_bytes) / bw),
+                )
+            }
+        }
+    }
+
+    /// Forward seconds of node `n` for `batch` samples on `kind`.
+    pub fn fwd_time(&self, n: NodeId, batch: f64, kind: &DeviceKind) -> f64 {
+        self.times(n, batch, kind).0
+    }
+
+    /// Backward seconds of node `n` for `batch` samples on `kind`.
+    pub fn bwd_time(&self, n: NodeId, batch: f64, kind: &DeviceKind) -> f64 {
+        self.times(n, batch, kind).1
+    }
+
+    /// Output bytes of node `n` for `batch` samples.
+    pub fn activation_bytes(&self, n: NodeId, batch: f64) -> f64 {
+        self.nodes[n].activation_bytes * self.scale(batch)
+    }
+
+    /// Bytes of edge `e` for `batch` samples.
+    pub fn edge_bytes(&self, e: usize, batch: f64) -> f64 {
+        self.edges[e].bytes * self.scale(batch)
+    }
+
+    /// Parameter bytes of the whole graph.
+    pub fn total_parameter_bytes(&self) -> f64 {
+        self.nodes.iter().map(|n| n.parameter_bytes).sum()
+    }
+
+    /// Sum of the forward and backward time of all nodes (one device, `batch` samples).
+    pub fn total_time(&self, batch: f64, kind: &DeviceKind) -> (f64, f64) {
+        (0..self.len()).fold((0.0, 0.0), |(f, b), n| {
+            let (nf, nb) = self.times(n, batch, kind);
+            (f + nf, b + nb)
+        })
+    }
+
+    /// Cost of the node set `member` (`member[n]` true for members) at `batch` samples on `kind`:
+    /// summed compute, parameters and saved activations, and the boundary traffic. A value that
+    /// leaves the set to several consumers outside it is counted once per consuming edge.
+    pub fn group_cost(&self, member: &[bool], batch: f64, kind: &DeviceKind) -> GroupCost {
+        let mut c = GroupCost::default();
+        let s = self.scale(batch);
+        for (n, _) in member.iter().enumerate().filter(|(_, m)| **m) {
+            let (f, b) = self.times(n, batch, kind);
+            c.fwd_s += f;
+            c.bwd_s += b;
+            c.parameter_bytes += self.nodes[n].parameter_bytes;
+            c.saved_bytes += self.nodes[n].saved_bytes * s;
+        }
+        for e in &self.edges {
+            match (member[e.src], member[e.dst]) {
+                (false, true) => c.in_bytes += e.bytes * s,
+                (true, false) => c.out_bytes += e.bytes * s,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    /// Prefix sums over the topological order at `batch` samples on `kind` (see [`Chain`]).
+    pub fn chain(&self, batch: f64, kind: &DeviceKind) -> Chain {
+        let n = self.len();
+        let order = self.topo.clone();
+        let mut pos = vec![0usize; n];
+        for (i, &u) in order.iter().enumerate() {
+            pos[u] = i;
+        }
+        let s = self.scale(batch);
+        let (mut fwd, mut bwd, mut params, mut saved) = (
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+            Vec::with_capacity(n + 1),
+        );
+        let (mut f, mut b, mut p, mut a) = (0.0, 0.0, 0.0, 0.0);
+        fwd.push(f);
+        bwd.push(b);
+        params.push(p);
+        saved.push(a);
+        // Difference array: node u's output crosses every cut in (pos u, last consumer].
+        let mut diff = vec![0.0f64; n + 2];
+        for &u in &order {
+            let (tf, tb) = self.times(u, batch, kind);
+            f += tf;
+            b += tb;
+            p += self.nodes[u].parameter_bytes;
+            a += self.nodes[u].saved_bytes * s;
+            fwd.push(f);
+            bwd.push(b);
+            params.push(p);
+            saved.push(a);
+            let last = self.out_edges[u]
+                .iter()
+                .map(|&e| pos[self.edges[e].dst])
+                .max();
+            if let Some(last) = last {
+                let bytes = self.out_edges[u]
+                    .iter()
+                    .map(|&e| self.edges[e].bytes)
+                    .fold(0.0, f64::max)
+                    * s;
+                diff[pos[u] + 1] += bytes;
+                diff[last + 1] -= bytes;
+            }
+        }
+        let mut cut = Vec::with_capacity(n + 1);
+        let mut run = 0.0;
+        for d in diff.iter().take(n + 1) {
+            run += d;
+            cut.push(run.max(0.0));
+        }
+        Chain {
+            order,
+            fwd,
+            bwd,
+            params,
+            saved,
+            cut,
+        }
+    }
+
+    /// A membership mask from a list of nodes.
+    pub fn mask(&self, nodes: &[NodeId]) -> Vec<bool> {
+        let mut m = vec![false; self.len()];
+        for &n in nodes {
+            m[n] = true;
+        }
+        m
+    }
+}

@@ -1,0 +1,352 @@
+//! Plans: what a planner decides (stages, their nodes and devices) and what `pipec plan --json`
+//! prints (the fields of `shared/spec/cli.md`), plus a verifier of the basic invariants.
+//!
+//! A planner only has to decide a list of [`StageSpec`]s (nodes and devices per stage) and its own
+//! objective; [`Plan::assemble`] derives the stage DAG, builds the schedule, runs the shared
+//! simulator ([`crate::sim`]) and fills in every reported time and memory figure, so plans from
+//! different planners are comparable.
+
+use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
+use crate::sim::{self, ScheduleKind, StageGraph};
+use pipec_compiler::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// One stage of a plan, as printed by `plan --json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stage {
+    pub id: usize,
+    /// Node names (ONNX node names or profile node ids), in the graph's topological order.
+    pub nodes: Vec<String>,
+    /// Device indices of the cluster, one per replica.
+    pub devices: Vec<usize>,
+    pub replicas: usize,
+    /// Stages that feed this one (ids), ascending.
+    pub predecessors: Vec<usize>,
+    /// Most micro-batches in flight on one replica (forward done, backward not) in the simulation.
+    pub in_flight: usize,
+    /// Forward + backward seconds of one micro-batch on one replica (its `micro_batch/replicas`
+    /// slice), on the slowest of its devices.
+    pub compute_time_s: f64,
+    /// Peak memory of the stage's most loaded replica in the simulation.
+    pub peak_memory_bytes: u64,
+}
+
+/// A whole plan, as printed by `plan --json` (extra fields after the contract's).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub planner: String,
+    pub devices: usize,
+    pub batch: u64,
+    pub micro_batch: u64,
+    pub micro_batches: u64,
+    pub schedule: String,
+    pub stages: Vec<Stage>,
+    /// Number of stages on the longest path of the stage DAG.
+    pub pipeline_depth: usize,
+    pub iteration_time_s: f64,
+    pub throughput_samples_per_s: f64,
+    pub peak_memory_bytes: u64,
+    pub search_time_s: f64,
+    pub objective_s: f64,
+    /// Fraction of device-time the compute streams are idle in the simulation.
+    #[serde(default)]
+    pub bubble_fraction: f64,
+    /// Cluster name.
+    #[serde(default)]
+    pub cluster: String,
+    /// True when some device's peak memory exceeds its capacity.
+    #[serde(default)]
+    pub out_of_memory: bool,
+}
+
+/// What a planner decides for one stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageSpec {
+    pub nodes: Vec<NodeId>,
+    pub devices: Vec<usize>,
+}
+
+/// Options every planner gets (from the CLI flags).
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    /// Global mini-batch (samples per iteration).
+    pub batch: u64,
+    /// Micro-batch size; `None` lets the planner choose.
+    pub micro_batch: Option<u64>,
+    /// Schedule; `None` is the planner's own.
+    pub schedule: Option<ScheduleKind>,
+    pub optimizer: Optimizer,
+    pub allreduce: AllReduceAlgo,
+}
+
+impl PlanOptions {
+    /// Defaults for a batch: planner's micro-batch and schedule, SGD, automatic all-reduce.
+    pub fn new(batch: u64) -> PlanOptions {
+        PlanOptions {
+            batch,
+            micro_batch: None,
+            schedule: None,
+            optimizer: Optimizer::Sgd,
+            allreduce: AllReduceAlgo::Auto,
+        }
+    }
+
+    /// The micro-batch to use: the requested one (checked to divide the batch), else the largest
+    /// divisor of the batch that gives at least `min(batch, want_micro_batches)` micro-batches.
+    pub fn micro_batch_or(&self, want_micro_batches: u64) -> Result<u64> {
+        let b = self.batch.max(1);
+        if let Some(mb) = self.micro_batch {
+            if mb == 0 || !b.is_multiple_of(mb) {
+                return Err(Error::Usage(format!(
+                    "--micro-batch {mb}: must be >= 1 and divide --batch {b}"
+                )));
+            }
+            return Ok(mb);
+        }
+        let want = want_micro_batches.clamp(1, b);
+        Ok((1..=b)
+            .rev()
+            .find(|mb| b.is_multiple_of(*mb) && b / mb >= want)
+            .unwrap_or(1))
+    }
+}
+
+/// Stage of every node, predecessor lists, and checks; shared by the verifier and `assemble`.
+fn stage_structure(
+    g: &CostGraph,
+    cluster: &Cluster,
+    specs: &[StageSpec],
+) -> Result<(Vec<usize>, Vec<Vec<usize>>)> {
+    if specs.is_empty() {
+        return Err(Error::msg("plan has no stage"));
+    }
+    let mut stage_of = vec![usize::MAX; g.len()];
+    let mut used = vec![false; cluster.len()];
+    for (s, spec) in specs.iter().enumerate() {
+        if spec.devices.is_empty() {
+            return Err(Error::msg(format!("stage {s} has no device")));
+        }
+        for &d in &spec.devices {
+            if d >= cluster.len() {
+                return Err(Error::msg(format!(
+                    "stage {s} uses device {d} but the cluster has {}",
+                    cluster.len()
+                )));
+            }
+            if std::mem::replace(&mut used[d], true) {
+                return Err(Error::msg(format!("device {d} is in two stages")));
+            }
+        }
+        for &n in &spec.nodes {
+            if n >= g.len() {
+                return Err(Error::msg(format!(
+                    "stage {s} names node index {n} out of range"
+                )));
+            }
+            if stage_of[n] != usize::MAX {
+                return Err(Error::msg(format!(
+                    "node '{}' is in stages {} and {s}",
+                    g.nodes[n].name, stage_of[n]
+                )));
+            }
+            stage_of[n] = s;
+        }
+    }
+    if let Some(n) = stage_of.iter().position(|s| *s == usize::MAX) {
+        return Err(Error::msg(format!(
+            "node '{}' is in no stage",
+            g.nodes[n].name
+        )));
+    }
+    let mut preds: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); specs.len()];
+    for e in &g.edges {
+        let (a, b) = (stage_of[e.src], stage_of[e.dst]);
+        if a != b {
+            preds[b].insert(a);
+        }
+    }
+    let preds: Vec<Vec<usize>> = preds.into_iter().map(|p| p.into_iter().collect()).collect();
+    // Acyclic stage DAG (Kahn).
+    let n = specs.len();
+    let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
+    let mut succ = vec![Vec::new(); n];
+    for (s, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succ[p].push(s);
+        }
+    }
+    let mut queue: Vec<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
+    let mut seen = 0;
+    while let Some(s) = queue.pop() {
+        seen += 1;
+        for &t in &succ[s] {
+            indeg[t] -= 1;
+            if indeg[t] == 0 {
+                queue.push(t);
+            }
+        }
+    }
+    if seen != n {
+        let s = (0..n).find(|&s| indeg[s] > 0).unwrap_or(0);
+        return Err(Error::msg(format!(
+            "the stage graph has a cycle through stage {s} (a stage is not convex)"
+        )));
+    }
+    Ok((stage_of, preds))
+}
+
+impl Plan {
+    /// Check a plan against its graph and cluster: stage ids are `0..n`, every node is in exactly
+    /// one stage, devices are in range and in at most one stage, `replicas` equals the device
+    /// count, the stage DAG is acyclic, and `predecessors` are exactly the stages that send to it.
+    pub fn verify(&self, g: &CostGraph, cluster: &Cluster) -> Result<()> {
+        let mut specs = Vec::with_capacity(self.stages.len());
+        for (i, st) in self.stages.iter().enumerate() {
+            if st.id != i {
+                return Err(Error::msg(format!(
+                    "stage at position {i} has id {}",
+                    st.id
+                )));
+            }
+            if st.replicas != st.devices.len() {
+                return Err(Error::msg(format!(
+                    "stage {i}: replicas {} but {} devices",
+                    st.replicas,
+                    st.devices.len()
+                )));
+            }
+            let mut nodes = Vec::with_capacity(st.nodes.len());
+            for name in &st.nodes {
+                nodes.push(
+                    g.node_by_name(name).ok_or_else(|| {
+                        Error::msg(format!("stage {i} names unknown node '{name}'"))
+                    })?,
+                );
+            }
+            specs.push(StageSpec {
+                nodes,
+                devices: st.devices.clone(),
+            });
+        }
+        let (_, preds) = stage_structure(g, cluster, &specs)?;
+        for (i, st) in self.stages.iter().enumerate() {
+            let mut p = st.predecessors.clone();
+            p.sort_unstable();
+            if p != preds[i] {
+                return Err(Error::msg(format!(
+                    "stage {i}: predecessors {:?} but its nodes' inputs come from stages {:?}",
+                    st.predecessors, preds[i]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The stage specs of this plan, resolved against `g`.
+    pub fn specs(&self, g: &CostGraph) -> Result<Vec<StageSpec>> {
+        self.stages
+            .iter()
+            .map(|st| {
+                Ok(StageSpec {
+                    nodes: st
+                        .nodes
+                        .iter()
+                        .map(|n| {
+                            g.node_by_name(n)
+                                .ok_or_else(|| Error::msg(format!("unknown node '{n}'")))
+                        })
+                        .collect::<Result<_>>()?,
+                    devices: st.devices.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// Build a full plan from a planner's decision: checks the specs, derives the stage DAG,
+    /// generates `schedule`, simulates it, and fills in every field.
+    #[allow(clippy::too_many_arguments)]
+    pub fn assemble(
+        planner: &str,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        specs: Vec<StageSpec>,
+        micro_batch: u64,
+        schedule: ScheduleKind,
+        objective_s: f64,
+        search_time_s: f64,
+    ) -> Result<Plan> {
+        let (_, preds) = stage_structure(g, cluster, &specs)?;
+        let batch = opts.batch.max(1);
+        if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
+            return Err(Error::Usage(format!(
+                "--micro-batch {micro_batch}: must be >= 1 and divide --batch {batch}"
+            )));
+        }
+        let m = batch / micro_batch;
+        let sg = StageGraph::from_specs(g, cluster, &specs, micro_batch as f64, opts.optimizer);
+        let sched = sim::schedule::generate(&sg, schedule, m as usize);
+        let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+        let mut stages = Vec::with_capacity(specs.len());
+        let topo_pos: Vec<usize> = {
+            let mut p = vec![0; g.len()];
+            for (i, &n) in g.topo_order().iter().enumerate() {
+                p[n] = i;
+            }
+            p
+        };
+        let mut out_of_memory = false;
+        for (s, spec) in specs.iter().enumerate() {
+            let mut nodes = spec.nodes.clone();
+            nodes.sort_by_key(|&n| topo_pos[n]);
+            let st = &sg.stages[s];
+            let compute = (0..st.devices.len())
+                .map(|r| st.fwd_s[r] + st.bwd_s[r])
+                .fold(0.0, f64::max);
+            let peak = st
+                .devices
+                .iter()
+                .map(|&d| res.devices[d].peak_memory_bytes)
+                .fold(0.0, f64::max);
+            for &d in &st.devices {
+                if res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64 {
+                    out_of_memory = true;
+                }
+            }
+            stages.push(Stage {
+                id: s,
+                nodes: nodes.iter().map(|&n| g.nodes[n].name.clone()).collect(),
+                devices: spec.devices.clone(),
+                replicas: spec.devices.len(),
+                predecessors: preds[s].clone(),
+                in_flight: res.stage_in_flight[s],
+                compute_time_s: compute,
+                peak_memory_bytes: peak.round() as u64,
+            });
+        }
+        let t = res.iteration_time_s;
+        Ok(Plan {
+            planner: planner.to_string(),
+            devices: specs.iter().map(|s| s.devices.len()).sum(),
+            batch,
+            micro_batch,
+            micro_batches: m,
+            schedule: schedule.name().to_string(),
+            pipeline_depth: sg.depth(),
+            iteration_time_s: t,
+            throughput_samples_per_s: if t > 0.0 { batch as f64 / t } else { 0.0 },
+            peak_memory_bytes: stages
+                .iter()
+                .map(|s| s.peak_memory_bytes)
+                .max()
+                .unwrap_or(0),
+            stages,
+            search_time_s,
+            objective_s,
+            bubble_fraction: res.bubble_fraction,
+            cluster: cluster.name.clone(),
+            out_of_memory,
+        })
+    }
+}

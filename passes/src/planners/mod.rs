@@ -1,0 +1,55 @@
+//! Planners: each turns a [`CostGraph`] and a [`Cluster`] into a [`Plan`].
+//!
+//! A planner decides the stages (which nodes, which devices), the micro-batch size and its
+//! schedule, and reports its own objective; [`Plan::assemble`] then runs the shared simulator so
+//! every planner's `iteration_time_s` is comparable. `straight` and `dp` are the trivial baselines.
+//!
+//! # Writing a planner
+//! 1. Read costs from the [`CostGraph`]: per node [`CostGraph::times`] (seconds at any batch on a
+//!    device kind), [`CostGraph::activation_bytes`], `nodes[n].parameter_bytes`; for chain
+//!    planners, [`CostGraph::chain`] gives O(1) range sums and the bytes crossing every cut of the
+//!    topological order; for DAG planners, [`CostGraph::group_cost`] sums any node set.
+//! 2. Read the machine from the [`Cluster`]: `levels` (PipeDream's `-n/-b` hierarchy, innermost
+//!    first), [`Cluster::kind_of`], and the costs of [`crate::cost::comm`]: `p2p_time`,
+//!    `allreduce_time` (ring / hierarchical), `redistribute_time` (split/concat between replica
+//!    counts); memory from [`crate::cost::memory`] (`stage_memory` with the in-flight count of
+//!    the schedule: `ScheduleKind::warmup`).
+//! 3. Decide [`crate::plan::StageSpec`]s (node ids + device ids per stage), a micro-batch
+//!    ([`PlanOptions::micro_batch_or`]) and a [`crate::sim::ScheduleKind`], compute the objective
+//!    in the paper's own terms, and return [`Plan::assemble`]`(...)`, which checks the stages
+//!    (every node once, devices disjoint, acyclic stage DAG), simulates, and fills the report.
+//!    To compare candidates by simulation inside a search, call [`crate::sim::simulate`] on a
+//!    [`crate::sim::StageGraph::from_specs`] directly (about 1 µs per simulated task).
+
+pub mod dp;
+pub mod straight;
+
+use crate::cost::{Cluster, CostGraph};
+use crate::plan::{Plan, PlanOptions};
+use pipec_compiler::{Error, Result};
+
+/// A planner.
+pub trait Planner {
+    /// The `--planner` name.
+    fn name(&self) -> &'static str;
+    /// Plan `g` on `cluster`.
+    fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan>;
+}
+
+/// Every planner name the CLI accepts (the real planners land in later issues).
+pub const PLANNER_NAMES: &[&str] = &["gpp", "dapple", "pipedream", "bapipe", "dp", "straight"];
+
+/// The planner called `name`.
+pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
+    match name {
+        "dp" => Ok(Box::new(dp::DataParallel)),
+        "straight" => Ok(Box::new(straight::Straight)),
+        n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
+            "--planner {n}: not implemented yet (available: dp, straight)"
+        ))),
+        n => Err(Error::Usage(format!(
+            "--planner {n}: unknown planner (one of {})",
+            PLANNER_NAMES.join(", ")
+        ))),
+    }
+}

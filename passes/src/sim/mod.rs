@@ -1,0 +1,700 @@
+//! The shared simulator: a discrete-event replay of per-device instruction lists on the cost model.
+//!
+//! Inputs: a [`StageGraph`] (stages with per-replica costs, and the bytes each stage edge carries
+//! per micro-batch), a [`Schedule`] ([`schedule::generate`]) and the [`Cluster`].
+//!
+//! Model:
+//! - each device has **one compute stream** that runs its `Forward`, `Backward` and `OptimizerStep`
+//!   instructions strictly in program order; a compute waits for the data its `Recv`s name;
+//! - each device has a **send channel** and a **receive channel**; a transfer holds the sender's
+//!   send channel and the receiver's receive channel for its α-β time ([`comm::p2p_time`]), so
+//!   communication overlaps compute but not other transfers on the same channel;
+//! - **link contention**: a transfer that leaves a node also holds that node's egress port and the
+//!   destination node's ingress port, so transfers between nodes share the inter-node link;
+//! - an `AllReduce` is a collective: it starts when every participant's stream reaches it, holds
+//!   all their channels (and their nodes' ports when it spans nodes) for [`comm::allreduce_time`]
+//!   and blocks their streams meanwhile;
+//! - resources are granted first come, first served at the time a task becomes ready (a transfer
+//!   reserves its sender's and receiver's channels together, as a rendezvous send does);
+//! - a replicated stage splits every micro-batch evenly over its replicas (DAPPLE §3.3, GraphPipe
+//!   §7.5), with split/concat traffic between stages of different replica counts
+//!   ([`comm::redistribute`]); gradients are accumulated and all-reduced once, after the last
+//!   backward (synchronous, no weight stashing).
+//!
+//! Checked closed forms (tests in `passes/tests/sim_closed_forms.rs`): for `S` equal stages, `M`
+//! micro-batches and free communication, GPipe and 1F1B take `(M+S−1)(F+B)` with bubble
+//! `(S−1)/(M+S−1)` (GPipe; DAPPLE §II's `P = (S−1)/M` overhead); 1F1B keeps `S−i` micro-batches in
+//! flight on stage `i` and GPipe `M`; with a send/receive time `SR ≤ F` per micro-batch, 1F1B
+//! reproduces BaPipe Table 2's 1F1B-SNO time `(M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR` and
+//! `1f1b-so` its 1F1B-SO time `(M+N−1)(F+B) + (N−1)·2SR`.
+//!
+//! Outputs ([`SimResult`]): iteration time (last task end), bubble fraction (idle share of the used
+//! devices' compute streams: `1 − Σ busy / (devices × T)`), per-device busy time, peak memory and
+//! the memory-over-time curve ([`crate::cost::memory`]: static memory from t = 0, a micro-batch's
+//! saved activations from the start of its forward to the end of its backward), the most
+//! micro-batches in flight per stage, and every task's start and end for the Chrome trace
+//! ([`trace::chrome_trace`]).
+
+pub mod schedule;
+pub mod trace;
+
+pub use schedule::{Dir, Instr, Schedule, ScheduleKind};
+
+use crate::cost::memory::{stage_memory, step_time};
+use crate::cost::{comm, AllReduceAlgo, Cluster, CostGraph, Optimizer};
+use crate::plan::StageSpec;
+use pipec_compiler::{Error, Result};
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+/// One stage as the simulator sees it. Times are for one micro-batch slice (`micro_batch /
+/// replicas` samples) on each replica's device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimStage {
+    /// Devices, one per replica.
+    pub devices: Vec<usize>,
+    /// Forward seconds per replica.
+    pub fwd_s: Vec<f64>,
+    /// Backward seconds per replica.
+    pub bwd_s: Vec<f64>,
+    /// Optimizer step seconds per replica.
+    pub step_s: Vec<f64>,
+    pub parameter_bytes: f64,
+    /// Static memory of one replica (parameters, gradients, optimizer state, buffers).
+    pub static_bytes: f64,
+    /// Activation bytes saved by one micro-batch slice until its backward.
+    pub saved_bytes: f64,
+}
+
+/// A data edge between stages: `bytes` per whole micro-batch (split over replicas as needed).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageEdge {
+    pub src: usize,
+    pub dst: usize,
+    pub bytes: f64,
+}
+
+/// The stage DAG the simulator runs.
+#[derive(Clone, Debug, Default)]
+pub struct StageGraph {
+    pub stages: Vec<SimStage>,
+    pub edges: Vec<StageEdge>,
+    pub in_edges: Vec<Vec<usize>>,
+    pub out_edges: Vec<Vec<usize>>,
+}
+
+impl StageGraph {
+    /// A stage graph from stages and edges (edges must go between existing stages, acyclic).
+    pub fn new(stages: Vec<SimStage>, edges: Vec<StageEdge>) -> StageGraph {
+        let mut in_edges = vec![Vec::new(); stages.len()];
+        let mut out_edges = vec![Vec::new(); stages.len()];
+        for (i, e) in edges.iter().enumerate() {
+            out_edges[e.src].push(i);
+            in_edges[e.dst].push(i);
+        }
+        StageGraph {
+            stages,
+            edges,
+            in_edges,
+            out_edges,
+        }
+    }
+
+    /// A chain of `s` unreplicated stages (device i runs stage i) with forward `f`, backward `b`,
+    /// `bytes` per micro-batch between neighbours, no parameters: the closed-form test fixture.
+    pub fn uniform_chain(s: usize, f: f64, b: f64, bytes: f64) -> StageGraph {
+        let stages = (0..s)
+            .map(|i| SimStage {
+                devices: vec![i],
+                fwd_s: vec![f],
+                bwd_s: vec![b],
+                step_s: vec![0.0],
+                parameter_bytes: 0.0,
+                static_bytes: 0.0,
+                saved_bytes: 1.0,
+            })
+            .collect();
+        let edges = (1..s)
+            .map(|i| StageEdge {
+                src: i - 1,
+                dst: i,
+                bytes,
+            })
+            .collect();
+        StageGraph::new(stages, edges)
+    }
+
+    /// Cost a planner's stages: per replica, its slice `micro_batch / replicas` on its device kind.
+    pub fn from_specs(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+        opt: Optimizer,
+    ) -> StageGraph {
+        let mut stage_of = vec![usize::MAX; g.len()];
+        for (s, sp) in specs.iter().enumerate() {
+            for &n in &sp.nodes {
+                stage_of[n] = s;
+            }
+        }
+        let mut stages = Vec::with_capacity(specs.len());
+        for sp in specs {
+            let mask = g.mask(&sp.nodes);
+            let r = sp.devices.len().max(1);
+            let slice = micro_batch / r as f64;
+            let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
+            let (mut fwd, mut bwd, mut step) = (Vec::new(), Vec::new(), Vec::new());
+            let mut static_bytes: f64 = 0.0;
+            let mut params = 0.0;
+            let mut saved = 0.0;
+            for &d in &sp.devices {
+                let k = cluster.devices[d].kind;
+                let kind = &cluster.kinds[k];
+                let c = by_kind
+                    .entry(k)
+                    .or_insert_with(|| g.group_cost(&mask, slice, kind));
+                fwd.push(c.fwd_s);
+                bwd.push(c.bwd_s);
+                step.push(step_time(c.parameter_bytes, kind.memory_bandwidth, opt));
+                let mem = stage_memory(
+                    c.parameter_bytes,
+                    c.saved_bytes,
+                    1,
+                    c.in_bytes + c.out_bytes,
+                    opt,
+                );
+                static_bytes = static_bytes.max(mem.static_bytes());
+                params = c.parameter_bytes;
+                saved = c.saved_bytes;
+            }
+            stages.push(SimStage {
+                devices: sp.devices.clone(),
+                fwd_s: fwd,
+                bwd_s: bwd,
+                step_s: step,
+                parameter_bytes: params,
+                static_bytes,
+                saved_bytes: saved,
+            });
+        }
+        // Stage edges: a node's output crosses once per consuming stage (the largest of its edges
+        // into that stage: graph.txt edges all carry the node's whole output).
+        let mut acc: std::collections::BTreeMap<(usize, usize), f64> = Default::default();
+        for u in 0..g.len() {
+            let su = stage_of[u];
+            let mut per: std::collections::BTreeMap<usize, f64> = Default::default();
+            for &e in g.out_edges(u) {
+                let t = stage_of[g.edges[e].dst];
+                if t != su {
+                    let b = per.entry(t).or_insert(0.0);
+                    *b = b.max(g.edge_bytes(e, micro_batch));
+                }
+            }
+            for (t, b) in per {
+                *acc.entry((su, t)).or_insert(0.0) += b;
+            }
+        }
+        let edges = acc
+            .into_iter()
+            .map(|((src, dst), bytes)| StageEdge { src, dst, bytes })
+            .collect();
+        StageGraph::new(stages, edges)
+    }
+
+    /// Per stage, the number of stages on the longest path from it to a sink (a sink has 1).
+    pub fn depth_to_sink(&self) -> Vec<usize> {
+        let n = self.stages.len();
+        // Reverse topological order by repeated relaxation over a Kahn order.
+        let mut indeg: Vec<usize> = self.in_edges.iter().map(Vec::len).collect();
+        let mut order = Vec::with_capacity(n);
+        let mut stack: Vec<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
+        while let Some(s) = stack.pop() {
+            order.push(s);
+            for &e in &self.out_edges[s] {
+                let t = self.edges[e].dst;
+                indeg[t] -= 1;
+                if indeg[t] == 0 {
+                    stack.push(t);
+                }
+            }
+        }
+        let mut depth = vec![1usize; n];
+        for &s in order.iter().rev() {
+            for &e in &self.out_edges[s] {
+                depth[s] = depth[s].max(depth[self.edges[e].dst] + 1);
+            }
+        }
+        depth
+    }
+
+    /// Pipeline depth: stages on the longest path (the stage graph's diameter in GraphPipe's sense).
+    pub fn depth(&self) -> usize {
+        self.depth_to_sink().into_iter().max().unwrap_or(0)
+    }
+}
+
+/// What a simulated task was.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TaskKind {
+    Forward {
+        stage: usize,
+        mb: usize,
+        device: usize,
+    },
+    Backward {
+        stage: usize,
+        mb: usize,
+        device: usize,
+    },
+    Step {
+        stage: usize,
+        device: usize,
+    },
+    Transfer {
+        dir: Dir,
+        mb: usize,
+        src: usize,
+        dst: usize,
+        bytes: f64,
+    },
+    AllReduce {
+        stage: usize,
+        devices: Vec<usize>,
+        bytes: f64,
+    },
+}
+
+/// One task with its simulated start and end (seconds).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskRecord {
+    pub kind: TaskKind,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// Per-device results.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceStats {
+    /// Seconds the compute stream ran forward, backward and optimizer-step work.
+    pub busy_s: f64,
+    /// Seconds in all-reduce.
+    pub allreduce_s: f64,
+    pub peak_memory_bytes: f64,
+    /// `(time, bytes)` after every change, starting at `(0, static)`.
+    pub memory_over_time: Vec<(f64, f64)>,
+    /// Whether a stage runs on this device.
+    pub used: bool,
+}
+
+/// The simulator's answer.
+#[derive(Clone, Debug, Default)]
+pub struct SimResult {
+    pub iteration_time_s: f64,
+    pub bubble_fraction: f64,
+    /// Indexed by device id (devices of the cluster no stage uses have `used == false`).
+    pub devices: Vec<DeviceStats>,
+    /// Most micro-batches in flight on one replica of each stage.
+    pub stage_in_flight: Vec<usize>,
+    pub tasks: Vec<TaskRecord>,
+}
+
+// Resource ids: per device a send and a receive channel, then per node an egress and an ingress port.
+fn send_res(d: usize) -> usize {
+    2 * d
+}
+fn recv_res(d: usize) -> usize {
+    2 * d + 1
+}
+fn egress_res(ndev: usize, n: usize) -> usize {
+    2 * ndev + 2 * n
+}
+fn ingress_res(ndev: usize, n: usize) -> usize {
+    2 * ndev + 2 * n + 1
+}
+
+type TransferKey = (Dir, usize, usize, usize);
+
+/// Task arrays under construction.
+#[derive(Default)]
+struct Builder {
+    ndev: usize,
+    /// Transfers by (direction, micro-batch, source device, destination device).
+    transfers: HashMap<TransferKey, u32>,
+    kinds: Vec<TaskKind>,
+    dur: Vec<f64>,
+    res: Vec<Vec<usize>>,
+    succs: Vec<Vec<u32>>,
+    deps: Vec<u32>,
+}
+
+impl Builder {
+    fn task(&mut self, k: TaskKind, d: f64, r: Vec<usize>) -> u32 {
+        self.kinds.push(k);
+        self.dur.push(d);
+        self.res.push(r);
+        self.succs.push(Vec::new());
+        self.deps.push(0);
+        (self.kinds.len() - 1) as u32
+    }
+    /// The transfer task for `key`, created on first use (by its send or its receive).
+    fn transfer(&mut self, cluster: &Cluster, key: TransferKey, bytes: f64) -> u32 {
+        if let Some(&t) = self.transfers.get(&key) {
+            return t;
+        }
+        let (dir, mb, src, dst) = key;
+        let t = comm::p2p_time(cluster, src, dst, bytes);
+        let mut rs = vec![send_res(src), recv_res(dst)];
+        let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
+        if ns != nd {
+            rs.push(egress_res(self.ndev, ns));
+            rs.push(ingress_res(self.ndev, nd));
+        }
+        let id = self.task(
+            TaskKind::Transfer {
+                dir,
+                mb,
+                src,
+                dst,
+                bytes,
+            },
+            t,
+            rs,
+        );
+        self.transfers.insert(key, id);
+        id
+    }
+    fn edge(&mut self, a: u32, b: u32) {
+        self.succs[a as usize].push(b);
+        self.deps[b as usize] += 1;
+    }
+}
+
+#[derive(PartialEq)]
+struct Ev(f64, u32);
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ev {
+    // Min-heap on (time, id).
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.0.total_cmp(&self.0).then(o.1.cmp(&self.1))
+    }
+}
+
+/// Simulate `sched` on `sg` and `cluster`. Fails if the schedule deadlocks (a receive whose send
+/// never comes, or orders that wait on each other) or names a device outside the cluster.
+pub fn simulate(
+    sg: &StageGraph,
+    sched: &Schedule,
+    cluster: &Cluster,
+    algo: AllReduceAlgo,
+) -> Result<SimResult> {
+    let ndev = cluster.len();
+    if sched.programs.len() > ndev {
+        return Err(Error::msg(format!(
+            "schedule uses {} devices but the cluster has {ndev}",
+            sched.programs.len()
+        )));
+    }
+    // device -> (stage, replica)
+    let mut place = vec![None; ndev];
+    for (s, st) in sg.stages.iter().enumerate() {
+        let r = st.devices.len();
+        if r == 0 || st.fwd_s.len() != r || st.bwd_s.len() != r || st.step_s.len() != r {
+            return Err(Error::msg(format!(
+                "stage {s}: needs one forward, backward and step time per device ({r} devices)"
+            )));
+        }
+        for (r, &d) in st.devices.iter().enumerate() {
+            if d >= ndev || place[d].is_some() {
+                return Err(Error::msg(format!(
+                    "stage {s}: device {d} is outside the cluster or in two stages"
+                )));
+            }
+            place[d] = Some((s, r));
+        }
+    }
+    let nodes = cluster.devices.len().div_ceil(cluster.levels[0].size);
+    let (res_send, res_recv) = (send_res, recv_res);
+    let res_egress = |n: usize| egress_res(ndev, n);
+    let res_ingress = |n: usize| ingress_res(ndev, n);
+    let nres = 2 * ndev + 2 * nodes;
+
+    let mut tb = Builder {
+        ndev,
+        ..Default::default()
+    };
+    let mut collectives: HashMap<usize, u32> = HashMap::new();
+    let mut sends_seen: std::collections::HashSet<(Dir, usize, usize, usize)> = Default::default();
+    for (d, prog) in sched.programs.iter().enumerate() {
+        if prog.is_empty() {
+            continue;
+        }
+        let Some((s, r)) = place[d] else {
+            return Err(Error::msg(format!(
+                "device {d} has a program but runs no stage"
+            )));
+        };
+        let st = &sg.stages[s];
+        let mut prev_stream: Option<u32> = None;
+        let mut last_compute: Option<u32> = None;
+        let mut pending: Vec<u32> = Vec::new();
+        for ins in prog {
+            let compute = match ins {
+                Instr::Forward { mb, .. } => Some((
+                    TaskKind::Forward {
+                        stage: s,
+                        mb: *mb,
+                        device: d,
+                    },
+                    st.fwd_s[r],
+                )),
+                Instr::Backward { mb, .. } => Some((
+                    TaskKind::Backward {
+                        stage: s,
+                        mb: *mb,
+                        device: d,
+                    },
+                    st.bwd_s[r],
+                )),
+                Instr::OptimizerStep { .. } => Some((
+                    TaskKind::Step {
+                        stage: s,
+                        device: d,
+                    },
+                    st.step_s[r],
+                )),
+                _ => None,
+            };
+            if let Some((k, t)) = compute {
+                let id = tb.task(k, t, Vec::new());
+                if let Some(p) = prev_stream {
+                    tb.edge(p, id);
+                }
+                for p in pending.drain(..) {
+                    tb.edge(p, id);
+                }
+                prev_stream = Some(id);
+                last_compute = Some(id);
+                continue;
+            }
+            match ins {
+                Instr::Recv {
+                    dir,
+                    mb,
+                    peer,
+                    bytes,
+                    ..
+                } => {
+                    if *peer >= ndev {
+                        return Err(Error::msg(format!(
+                            "device {d}: receive from device {peer} outside the cluster"
+                        )));
+                    }
+                    pending.push(tb.transfer(cluster, (*dir, *mb, *peer, d), *bytes));
+                }
+                Instr::Send {
+                    dir,
+                    mb,
+                    peer,
+                    bytes,
+                    ..
+                } => {
+                    if *peer >= ndev {
+                        return Err(Error::msg(format!(
+                            "device {d}: send to device {peer} outside the cluster"
+                        )));
+                    }
+                    let t = tb.transfer(cluster, (*dir, *mb, d, *peer), *bytes);
+                    sends_seen.insert((*dir, *mb, d, *peer));
+                    if let Some(p) = last_compute {
+                        tb.edge(p, t);
+                    }
+                }
+                Instr::AllReduce {
+                    stage,
+                    group,
+                    bytes,
+                } => {
+                    let id = *collectives.entry(*stage).or_insert_with(|| {
+                        let t = comm::allreduce_time(cluster, group, *bytes, algo);
+                        let mut rs: Vec<usize> = group
+                            .iter()
+                            .flat_map(|&g| [res_send(g), res_recv(g)])
+                            .collect();
+                        let mut ns: Vec<usize> =
+                            group.iter().map(|&g| cluster.node_of(g)).collect();
+                        ns.sort_unstable();
+                        ns.dedup();
+                        if ns.len() > 1 {
+                            rs.extend(ns.iter().flat_map(|&n| [res_egress(n), res_ingress(n)]));
+                        }
+                        tb.task(
+                            TaskKind::AllReduce {
+                                stage: *stage,
+                                devices: group.clone(),
+                                bytes: *bytes,
+                            },
+                            t,
+                            rs,
+                        )
+                    });
+                    if let Some(p) = prev_stream {
+                        tb.edge(p, id);
+                    }
+                    for p in pending.drain(..) {
+                        tb.edge(p, id);
+                    }
+                    prev_stream = Some(id);
+                }
+                _ => {}
+            }
+        }
+    }
+    if tb.transfers.len() != sends_seen.len() {
+        let k = tb.transfers.keys().find(|k| !sends_seen.contains(k));
+        return Err(Error::msg(format!(
+            "schedule: a receive has no matching send ({k:?})"
+        )));
+    }
+    let Builder {
+        kinds,
+        dur,
+        res,
+        succs,
+        mut deps,
+        ..
+    } = tb;
+    let n = kinds.len();
+    let mut start = vec![f64::NAN; n];
+    let mut end = vec![f64::NAN; n];
+    let mut ready = vec![0.0f64; n];
+    let mut free = vec![0.0f64; nres];
+    let mut heap = BinaryHeap::with_capacity(n);
+    let launch = |id: usize,
+                  at: f64,
+                  free: &mut Vec<f64>,
+                  heap: &mut BinaryHeap<Ev>,
+                  start: &mut Vec<f64>,
+                  end: &mut Vec<f64>| {
+        let s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
+        let e = s + dur[id];
+        for &r in &res[id] {
+            free[r] = e;
+        }
+        start[id] = s;
+        end[id] = e;
+        heap.push(Ev(e, id as u32));
+    };
+    let roots: Vec<usize> = (0..n).filter(|&i| deps[i] == 0).collect();
+    for id in roots {
+        launch(id, 0.0, &mut free, &mut heap, &mut start, &mut end);
+    }
+    let mut done = 0usize;
+    while let Some(Ev(t, id)) = heap.pop() {
+        done += 1;
+        for &s in &succs[id as usize] {
+            let s = s as usize;
+            ready[s] = ready[s].max(t);
+            deps[s] -= 1;
+            if deps[s] == 0 {
+                launch(s, ready[s], &mut free, &mut heap, &mut start, &mut end);
+            }
+        }
+    }
+    if done != n {
+        let stuck = (0..n)
+            .find(|&i| start[i].is_nan())
+            .map(|i| kinds[i].clone());
+        return Err(Error::msg(format!(
+            "schedule deadlocks: {} of {n} tasks never run (first: {stuck:?})",
+            n - done
+        )));
+    }
+
+    // Statistics.
+    let t_end = end.iter().copied().fold(0.0, f64::max);
+    let mut devices = vec![DeviceStats::default(); ndev];
+    let mut mem_events: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ndev];
+    let mut flight_events: Vec<Vec<(f64, i64)>> = vec![Vec::new(); ndev];
+    for (d, p) in place.iter().enumerate() {
+        if let Some((s, _)) = p {
+            devices[d].used = !sched.programs.get(d).is_none_or(|p| p.is_empty());
+            mem_events[d].push((0.0, sg.stages[*s].static_bytes));
+        }
+    }
+    for i in 0..n {
+        let dt = end[i] - start[i];
+        match &kinds[i] {
+            TaskKind::Forward { stage, device, .. } => {
+                devices[*device].busy_s += dt;
+                mem_events[*device].push((start[i], sg.stages[*stage].saved_bytes));
+                flight_events[*device].push((start[i], 1));
+            }
+            TaskKind::Backward { stage, device, .. } => {
+                devices[*device].busy_s += dt;
+                mem_events[*device].push((end[i], -sg.stages[*stage].saved_bytes));
+                flight_events[*device].push((end[i], -1));
+            }
+            TaskKind::Step { device, .. } => devices[*device].busy_s += dt,
+            TaskKind::AllReduce { devices: g, .. } => {
+                for &d in g {
+                    devices[d].allreduce_s += dt;
+                }
+            }
+            TaskKind::Transfer { .. } => {}
+        }
+    }
+    let mut stage_in_flight = vec![0usize; sg.stages.len()];
+    for d in 0..ndev {
+        // Frees before allocations at equal times.
+        let ev = &mut mem_events[d];
+        ev.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        let (mut cur, mut peak) = (0.0f64, 0.0f64);
+        let mut curve = Vec::with_capacity(ev.len());
+        for &(t, delta) in ev.iter() {
+            cur += delta;
+            peak = peak.max(cur);
+            curve.push((t, cur));
+        }
+        devices[d].peak_memory_bytes = peak;
+        devices[d].memory_over_time = curve;
+        let fe = &mut flight_events[d];
+        fe.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let (mut c, mut pk) = (0i64, 0i64);
+        for &(_, x) in fe.iter() {
+            c += x;
+            pk = pk.max(c);
+        }
+        if let Some((s, _)) = place[d] {
+            stage_in_flight[s] = stage_in_flight[s].max(pk as usize);
+        }
+    }
+    let used = devices.iter().filter(|d| d.used).count();
+    let busy: f64 = devices.iter().filter(|d| d.used).map(|d| d.busy_s).sum();
+    let bubble = if used > 0 && t_end > 0.0 {
+        (1.0 - busy / (used as f64 * t_end)).max(0.0)
+    } else {
+        0.0
+    };
+    let tasks = kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| TaskRecord {
+            kind,
+            start: start[i],
+            end: end[i],
+        })
+        .collect();
+    Ok(SimResult {
+        iteration_time_s: t_end,
+        bubble_fraction: bubble,
+        devices,
+        stage_in_flight,
+        tasks,
+    })
+}

@@ -1,0 +1,257 @@
+//! Pipeline schedules as explicit per-device instruction lists (what codegen will emit).
+//!
+//! Every replica of stage `s` runs the same list for its slice of each micro-batch. The lists
+//! differ only in the number of forward passes `K_s` a stage runs before its first backward
+//! (its warm-up); after it, each stage alternates one backward and one forward (early backward)
+//! until the forwards run out, then drains its backwards. With `depth(s)` the number of stages on
+//! the longest path from `s` to a sink of the stage DAG (for a chain of `S` stages, stage `i`
+//! 0-based: `S − i`):
+//!
+//! | schedule | `K_s` | source |
+//! |---|---|---|
+//! | `gpipe` | `M` (all forwards, then all backwards) | GPipe |
+//! | `1f1b`, `dapple-a` | `min(depth(s), M)` | PipeDream-Flush; DAPPLE policy A `K_i = min(S − i, D)` |
+//! | `dapple-b` | `min(2·depth(s) − 1, M)` | DAPPLE policy B `K_i = min(2(S − i) − 1, D)` |
+//! | `1f1b-so` | `min(2·depth(s), M)` | BaPipe 1F1B-SO: warm-up doubled, features `2(N−i+1)a` |
+//! | `gpp` | `min(depth(s), M)` on the stage DAG | GraphPipe App. A.1, default row: `i_x = max_y i_y + b` |
+//!
+//! The synchronous schedules all end with the flush: after its last backward, a replicated stage
+//! all-reduces its gradients over its replicas, then every device applies the optimizer step.
+
+use super::StageGraph;
+use crate::cost::comm::redistribute;
+use serde::Serialize;
+
+/// A schedule kind (`--schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum ScheduleKind {
+    GPipe,
+    OneFOneB,
+    DappleA,
+    DappleB,
+    OneFOneBSo,
+    Gpp,
+}
+
+impl ScheduleKind {
+    /// All kinds, in `--schedule` order.
+    pub const ALL: [ScheduleKind; 6] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::DappleA,
+        ScheduleKind::DappleB,
+        ScheduleKind::OneFOneBSo,
+        ScheduleKind::Gpp,
+    ];
+
+    /// The `--schedule` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::DappleA => "dapple-a",
+            ScheduleKind::DappleB => "dapple-b",
+            ScheduleKind::OneFOneBSo => "1f1b-so",
+            ScheduleKind::Gpp => "gpp",
+        }
+    }
+
+    /// Parse a `--schedule` name.
+    pub fn parse(s: &str) -> Option<ScheduleKind> {
+        ScheduleKind::ALL.iter().copied().find(|k| k.name() == s)
+    }
+
+    /// Warm-up forwards `K` of a stage at `depth` (stages to the sink, ≥ 1) with `m` micro-batches.
+    pub fn warmup(self, depth: usize, m: usize) -> usize {
+        let k = match self {
+            ScheduleKind::GPipe => m,
+            ScheduleKind::OneFOneB | ScheduleKind::DappleA | ScheduleKind::Gpp => depth,
+            ScheduleKind::DappleB => 2 * depth - 1,
+            ScheduleKind::OneFOneBSo => 2 * depth,
+        };
+        k.clamp(1, m.max(1))
+    }
+}
+
+/// Direction of a transfer between stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Dir {
+    /// Forward activations (producer → consumer).
+    Act,
+    /// Backward gradients (consumer → producer).
+    Grad,
+}
+
+/// One instruction of a device's program.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Instr {
+    /// Forward pass of micro-batch `mb` (this replica's slice) of `stage`.
+    Forward { stage: usize, mb: usize },
+    /// Backward pass of micro-batch `mb`; accumulates the weight gradients.
+    Backward { stage: usize, mb: usize },
+    /// Send `bytes` of micro-batch `mb` to device `peer` (of stage `to`): a split/concat piece when
+    /// replica counts differ.
+    Send {
+        dir: Dir,
+        stage: usize,
+        to: usize,
+        mb: usize,
+        peer: usize,
+        bytes: f64,
+    },
+    /// Receive `bytes` of micro-batch `mb` from device `peer` (of stage `from`).
+    Recv {
+        dir: Dir,
+        stage: usize,
+        from: usize,
+        mb: usize,
+        peer: usize,
+        bytes: f64,
+    },
+    /// All-reduce of the stage's gradients (`bytes`) over the devices `group`.
+    AllReduce {
+        stage: usize,
+        group: Vec<usize>,
+        bytes: f64,
+    },
+    /// Apply the optimizer to the stage's parameters.
+    OptimizerStep { stage: usize },
+}
+
+/// A schedule: the instruction list of every device (empty for devices no stage uses).
+#[derive(Clone, Debug, Serialize)]
+pub struct Schedule {
+    pub kind: ScheduleKind,
+    pub micro_batches: usize,
+    /// Warm-up forwards `K_s` per stage.
+    pub warmup: Vec<usize>,
+    /// `programs[d]`: the ordered instructions of device `d`.
+    pub programs: Vec<Vec<Instr>>,
+}
+
+/// The forward/backward order of one stage: `K` forwards, then backward/forward pairs, then the
+/// remaining backwards. `true` = forward.
+pub fn fb_order(k: usize, m: usize) -> Vec<(bool, usize)> {
+    let mut out = Vec::with_capacity(2 * m);
+    let k = k.min(m);
+    let (mut nf, mut nb) = (0, 0);
+    while nf < k {
+        out.push((true, nf));
+        nf += 1;
+    }
+    while nb < m {
+        out.push((false, nb));
+        nb += 1;
+        if nf < m {
+            out.push((true, nf));
+            nf += 1;
+        }
+    }
+    out
+}
+
+/// Generate the instruction lists of every device for `m` micro-batches.
+pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
+    let ndev = sg
+        .stages
+        .iter()
+        .flat_map(|s| s.devices.iter().copied())
+        .max()
+        .map_or(0, |d| d + 1);
+    let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
+    let depth = sg.depth_to_sink();
+    let mut warmup = Vec::with_capacity(sg.stages.len());
+    for (s, st) in sg.stages.iter().enumerate() {
+        let k = kind.warmup(depth[s], m);
+        warmup.push(k);
+        let r = st.devices.len();
+        for (j, &d) in st.devices.iter().enumerate() {
+            let prog = &mut programs[d];
+            for (fwd, mb) in fb_order(k, m) {
+                if fwd {
+                    for &e in &sg.in_edges[s] {
+                        let ed = &sg.edges[e];
+                        let src = &sg.stages[ed.src].devices;
+                        for (i, jj, b) in redistribute(src.len(), r, ed.bytes) {
+                            if jj == j {
+                                prog.push(Instr::Recv {
+                                    dir: Dir::Act,
+                                    stage: s,
+                                    from: ed.src,
+                                    mb,
+                                    peer: src[i],
+                                    bytes: b,
+                                });
+                            }
+                        }
+                    }
+                    prog.push(Instr::Forward { stage: s, mb });
+                    for &e in &sg.out_edges[s] {
+                        let ed = &sg.edges[e];
+                        let dst = &sg.stages[ed.dst].devices;
+                        for (i, jj, b) in redistribute(r, dst.len(), ed.bytes) {
+                            if i == j {
+                                prog.push(Instr::Send {
+                                    dir: Dir::Act,
+                                    stage: s,
+                                    to: ed.dst,
+                                    mb,
+                                    peer: dst[jj],
+                                    bytes: b,
+                                });
+                            }
+                        }
+                    }
+                } else {
+                    for &e in &sg.out_edges[s] {
+                        let ed = &sg.edges[e];
+                        let dst = &sg.stages[ed.dst].devices;
+                        for (i, jj, b) in redistribute(r, dst.len(), ed.bytes) {
+                            if i == j {
+                                prog.push(Instr::Recv {
+                                    dir: Dir::Grad,
+                                    stage: s,
+                                    from: ed.dst,
+                                    mb,
+                                    peer: dst[jj],
+                                    bytes: b,
+                                });
+                            }
+                        }
+                    }
+                    prog.push(Instr::Backward { stage: s, mb });
+                    for &e in &sg.in_edges[s] {
+                        let ed = &sg.edges[e];
+                        let src = &sg.stages[ed.src].devices;
+                        for (i, jj, b) in redistribute(src.len(), r, ed.bytes) {
+                            if jj == j {
+                                prog.push(Instr::Send {
+                                    dir: Dir::Grad,
+                                    stage: s,
+                                    to: ed.src,
+                                    mb,
+                                    peer: src[i],
+                                    bytes: b,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            if r > 1 {
+                prog.push(Instr::AllReduce {
+                    stage: s,
+                    group: st.devices.clone(),
+                    bytes: st.parameter_bytes,
+                });
+            }
+            prog.push(Instr::OptimizerStep { stage: s });
+        }
+    }
+    Schedule {
+        kind,
+        micro_batches: m,
+        warmup,
+        programs,
+    }
+}

@@ -1,0 +1,172 @@
+//! The analytic cost model on hand-built IR.
+
+use pipec_compiler::ir::{Attr, DType, Dim, Module, OpData, TensorData, TensorType};
+use pipec_passes::cost::analytic::{from_module, AnalyticOptions};
+use pipec_passes::cost::cluster::{h100_80gb, v100_16gb, Cluster};
+use pipec_passes::cost::Work;
+use pipec_passes::plan::PlanOptions;
+use pipec_passes::planners::by_name;
+use std::collections::BTreeMap;
+
+fn op(name: &str, ty: &str, inputs: Vec<pipec_compiler::ir::Value>) -> OpData {
+    OpData {
+        name: name.into(),
+        op_type: ty.into(),
+        inputs: inputs.into_iter().map(Some).collect(),
+        ..Default::default()
+    }
+}
+
+/// input [batch, 64] → Gemm(64→128) → Relu → MatMul(128→10) → Softmax.
+fn mlp(dtype: DType) -> Module {
+    let mut m = Module::default();
+    let g = &mut m.graph;
+    let x = g.add_input(
+        "x",
+        TensorType::new(dtype, vec![Dim::sym("batch"), Dim::Known(64)]),
+    );
+    let w1 = g.add_initializer(
+        "w1",
+        TensorData::from_f32(vec![64, 128], &vec![0.0; 64 * 128]),
+    );
+    let b1 = g.add_initializer("b1", TensorData::from_f32(vec![128], &[0.0; 128]));
+    let w2 = g.add_initializer("w2", TensorData::from_f32(vec![128, 10], &vec![0.0; 1280]));
+    let bt = |n: i64| TensorType::new(dtype, vec![Dim::sym("batch"), Dim::Known(n)]);
+    let (_, h) = g.add_op(
+        op("fc1", "Gemm", vec![x, w1, b1]),
+        vec![("h".into(), bt(128))],
+    );
+    let (_, r) = g.add_op(op("relu", "Relu", vec![h[0]]), vec![("r".into(), bt(128))]);
+    let (_, y) = g.add_op(
+        op("fc2", "MatMul", vec![r[0], w2]),
+        vec![("y".into(), bt(10))],
+    );
+    let (_, p) = g.add_op(op("sm", "Softmax", vec![y[0]]), vec![("p".into(), bt(10))]);
+    g.outputs.push(p[0]);
+    m
+}
+
+fn counted(w: &Work) -> (f64, f64, f64) {
+    match w {
+        Work::Counted {
+            fwd_flops,
+            bwd_flops,
+            fwd_bytes,
+            ..
+        } => (*fwd_flops, *bwd_flops, *fwd_bytes),
+        Work::Measured { .. } => panic!("not counted"),
+    }
+}
+
+#[test]
+fn mlp_flops_bytes_and_backward_factors() {
+    let mut opts = AnalyticOptions::default();
+    opts.dims.insert("batch".into(), 4);
+    let g = from_module(&mlp(DType::F32), &opts, "mlp").expect("cost graph");
+    assert_eq!(g.len(), 4);
+    assert_eq!(g.reference_batch, 4.0);
+    let fc1 = g.node_by_name("fc1").expect("fc1");
+    let (f, b, bytes) = counted(&g.nodes[fc1].work);
+    assert_eq!(f, 2.0 * 4.0 * 128.0 * 64.0 + 4.0 * 128.0);
+    assert_eq!(b, 2.0 * f, "matmul-like backward is 2x");
+    assert_eq!(
+        bytes,
+        (4.0 * 64.0 + 4.0 * 128.0) * 4.0,
+        "activation traffic in + out"
+    );
+    assert_eq!(g.nodes[fc1].parameter_bytes, (64.0 * 128.0 + 128.0) * 4.0);
+    let relu = g.node_by_name("relu").expect("relu");
+    let (f, b, _) = counted(&g.nodes[relu].work);
+    assert_eq!((f, b), (512.0, 512.0), "elementwise backward is 1x");
+    let fc2 = g.node_by_name("fc2").expect("fc2");
+    assert_eq!(counted(&g.nodes[fc2].work).0, 2.0 * 4.0 * 10.0 * 128.0);
+    let sm = g.node_by_name("sm").expect("sm");
+    assert_eq!(counted(&g.nodes[sm].work).0, 5.0 * 40.0);
+    // Edges carry the values' bytes; activations are the outputs.
+    assert_eq!(g.edges.len(), 3);
+    assert_eq!(g.edges[0].bytes, 4.0 * 128.0 * 4.0);
+    // Roofline: fc1 on a V100 is memory-bound at batch 4 (weights dominate).
+    let v = v100_16gb();
+    let (tf, _) = g.times(fc1, 4.0, &v);
+    let want =
+        ((4.0 * 64.0 + 4.0 * 128.0) * 4.0 + (64.0 * 128.0 + 128.0) * 4.0) / v.memory_bandwidth;
+    assert!((tf - want).abs() < 1e-15, "{tf} vs {want}");
+    // Large batches become compute-bound and scale linearly.
+    let (t1, _) = g.times(fc1, 1e6, &v);
+    let (t2, _) = g.times(fc1, 2e6, &v);
+    assert!((t2 / t1 - 2.0).abs() < 1e-9);
+}
+
+#[test]
+fn dtype_aware_peaks() {
+    let g32 = from_module(&mlp(DType::F32), &AnalyticOptions::default(), "mlp").expect("f32");
+    let g16 = from_module(&mlp(DType::F16), &AnalyticOptions::default(), "mlp").expect("f16");
+    let h = h100_80gb();
+    let fc1 = g32.node_by_name("fc1").expect("fc1");
+    // f16 halves the bytes (memory-bound at f16 on a real H100) and f32 is at its compute peak.
+    let (t32, _) = g32.times(fc1, 1e7, &h);
+    let (t16, _) = g16.times(fc1, 1e7, &h);
+    assert!(t16 <= t32 / 2.0 * 1.0001, "{t16} vs {t32}");
+    // With unlimited bandwidth it is compute-bound: f16 runs at the tensor-core peak.
+    let mut fast = h.clone();
+    fast.memory_bandwidth = 1e30;
+    let (t32, _) = g32.times(fc1, 1e7, &fast);
+    let (t16, _) = g16.times(fc1, 1e7, &fast);
+    assert!((t32 / t16 - 989.0 / 67.0).abs() < 1e-6, "{t16} vs {t32}");
+}
+
+#[test]
+fn conv_and_pool_counts() {
+    let mut m = Module::default();
+    let g = &mut m.graph;
+    let f = DType::F32;
+    let x = g.add_input("x", TensorType::known(f, &[2, 3, 32, 32]));
+    let w = g.add_initializer("w", TensorData::from_f32(vec![16, 3, 3, 3], &[0.0; 432]));
+    let mut c = op("conv", "Conv", vec![x, w]);
+    c.attrs.insert("pads".into(), Attr::Ints(vec![1, 1, 1, 1]));
+    let (_, y) = g.add_op(
+        c,
+        vec![("y".into(), TensorType::known(f, &[2, 16, 32, 32]))],
+    );
+    let mut p = op("pool", "MaxPool", vec![y[0]]);
+    p.attrs
+        .insert("kernel_shape".into(), Attr::Ints(vec![2, 2]));
+    let (_, z) = g.add_op(
+        p,
+        vec![("z".into(), TensorType::known(f, &[2, 16, 16, 16]))],
+    );
+    let (_, s) = g.add_op(
+        op("flat", "Flatten", vec![z[0]]),
+        vec![("s".into(), TensorType::known(f, &[2, 4096]))],
+    );
+    g.outputs.push(s[0]);
+    let cg = from_module(
+        &m,
+        &AnalyticOptions {
+            dims: BTreeMap::new(),
+        },
+        "conv",
+    )
+    .expect("graph");
+    assert_eq!(cg.reference_batch, 2.0);
+    let (fc, bc, _) = counted(&cg.nodes[0].work);
+    assert_eq!(fc, 2.0 * (2.0 * 16.0 * 32.0 * 32.0) * 3.0 * 9.0);
+    assert_eq!(bc, 2.0 * fc);
+    assert_eq!(counted(&cg.nodes[1].work).0, 2.0 * 16.0 * 16.0 * 16.0 * 4.0);
+    // Flatten is a view: no work, nothing saved.
+    assert_eq!(counted(&cg.nodes[2].work), (0.0, 0.0, 0.0));
+    assert_eq!(cg.nodes[2].saved_bytes, 0.0);
+    // Planners work on analytic graphs too.
+    let cl = Cluster::preset("bapipe-pcie")
+        .expect("preset")
+        .take(2)
+        .expect("2");
+    for p in ["straight", "dp"] {
+        let plan = by_name(p)
+            .expect(p)
+            .plan(&cg, &cl, &PlanOptions::new(8))
+            .expect("plan");
+        plan.verify(&cg, &cl).expect("verify");
+        assert!(plan.iteration_time_s > 0.0);
+    }
+}

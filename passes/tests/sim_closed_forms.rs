@@ -1,0 +1,241 @@
+//! Closed forms of pipeline schedules, checked against the simulator.
+
+use pipec_passes::cost::cluster::{v100_16gb, Cluster};
+use pipec_passes::cost::AllReduceAlgo;
+use pipec_passes::sim::{schedule, simulate, ScheduleKind, StageGraph};
+
+fn flat(n: usize, bw: f64) -> Cluster {
+    Cluster::from_inline(&format!("{n}@{bw}"), v100_16gb()).expect("cluster")
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+}
+
+/// GPipe and 1F1B with S equal stages, M micro-batches and free communication both take
+/// (M+S−1)(F+B); the bubble fraction is (S−1)/(M+S−1).
+#[test]
+fn gpipe_and_1f1b_iteration_time_and_bubble() {
+    for &(s, m) in &[
+        (1, 1),
+        (1, 4),
+        (2, 1),
+        (4, 8),
+        (4, 4),
+        (3, 7),
+        (8, 32),
+        (5, 2),
+    ] {
+        for &(f, b) in &[(1.0, 2.0), (0.3, 0.5), (1.0, 1.0)] {
+            let sg = StageGraph::uniform_chain(s, f, b, 0.0);
+            let c = flat(s, 1e9);
+            for kind in [
+                ScheduleKind::GPipe,
+                ScheduleKind::OneFOneB,
+                ScheduleKind::DappleB,
+            ] {
+                let sched = schedule::generate(&sg, kind, m);
+                let r = simulate(&sg, &sched, &c, AllReduceAlgo::Ring).expect("sim");
+                let want = (m + s - 1) as f64 * (f + b);
+                assert!(
+                    close(r.iteration_time_s, want),
+                    "{kind:?} S={s} M={m} F={f} B={b}: {} != {want}",
+                    r.iteration_time_s
+                );
+                let bubble = (s - 1) as f64 / (m + s - 1) as f64;
+                assert!(
+                    close(r.bubble_fraction, bubble),
+                    "{kind:?} S={s} M={m}: bubble {} != {bubble}",
+                    r.bubble_fraction
+                );
+            }
+        }
+    }
+}
+
+/// 1F1B keeps S−i micro-batches in flight on stage i (0-based); GPipe keeps M.
+#[test]
+fn in_flight_1f1b_vs_gpipe() {
+    let (s, m) = (4, 8);
+    let sg = StageGraph::uniform_chain(s, 1.0, 2.0, 0.0);
+    let c = flat(s, 1e9);
+    let r = simulate(
+        &sg,
+        &schedule::generate(&sg, ScheduleKind::OneFOneB, m),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    assert_eq!(r.stage_in_flight, vec![4, 3, 2, 1]);
+    let r = simulate(
+        &sg,
+        &schedule::generate(&sg, ScheduleKind::GPipe, m),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    assert_eq!(r.stage_in_flight, vec![m; s]);
+    // Memory follows: saved bytes are 1 per micro-batch in the fixture.
+    assert_eq!(r.devices[0].peak_memory_bytes, m as f64);
+}
+
+/// BaPipe Table 2 (synchronous schedules on GPUs), N stages, M micro-batches, per-stage F and B,
+/// and every send/receive of a micro-batch taking SR:
+/// 1F1B-SNO: (M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR; 1F1B-SO: (M+N−1)(F+B) + (N−1)·2SR.
+/// The table assumes communication is not the bottleneck (SR ≤ F); these cases respect that.
+/// The paper's own check (N=4, M=32, F+B=3, SR=0.5) gives 131 and 108.
+#[test]
+fn bapipe_table2_sno_and_so() {
+    for &(n, m) in &[
+        (4usize, 32usize),
+        (4, 8),
+        (2, 4),
+        (8, 64),
+        (3, 5),
+        (5, 17),
+        (6, 6),
+    ] {
+        for &(f, b, sr) in &[
+            (1.0, 2.0, 0.5),
+            (1.0, 1.0, 0.25),
+            (2.0, 3.0, 1.0),
+            (1.0, 2.0, 1.0),
+        ] {
+            let sg = StageGraph::uniform_chain(n, f, b, sr * 1e9);
+            let c = flat(n, 1e9);
+            let ceil = (m - 1).div_ceil(n) as f64;
+            let sno = (m + n - 1) as f64 * (f + b) + ((n + m - 2) as f64 - ceil) * 2.0 * sr;
+            let so = (m + n - 1) as f64 * (f + b) + (n - 1) as f64 * 2.0 * sr;
+            let run = |kind| {
+                simulate(
+                    &sg,
+                    &schedule::generate(&sg, kind, m),
+                    &c,
+                    AllReduceAlgo::Ring,
+                )
+                .expect("sim")
+            };
+            let r = run(ScheduleKind::OneFOneB);
+            assert!(
+                close(r.iteration_time_s, sno),
+                "SNO N={n} M={m} F={f} B={b} SR={sr}: {} != {sno}",
+                r.iteration_time_s
+            );
+            let bubble = 1.0 - m as f64 * (f + b) / sno;
+            assert!(
+                close(r.bubble_fraction, bubble),
+                "SNO bubble {} != {bubble}",
+                r.bubble_fraction
+            );
+            let r = run(ScheduleKind::OneFOneBSo);
+            assert!(
+                close(r.iteration_time_s, so),
+                "SO N={n} M={m} F={f} B={b} SR={sr}: {} != {so}",
+                r.iteration_time_s
+            );
+            // Features memory: k(N−i+1)·a with k = 1 (SNO) and 2 (SO), i 1-based, capped by M.
+            let want: Vec<usize> = (0..n).map(|i| (2 * (n - i)).min(m)).collect();
+            assert_eq!(r.stage_in_flight, want, "SO in-flight N={n} M={m}");
+        }
+    }
+}
+
+/// GraphPipe: on a stage DAG the pipeline depth (stages on the longest path) plays the role of S.
+/// A diamond 0 → {1, 2} → 3 has depth 3: with free communication the iteration takes
+/// (M+3−1)(F+B), and 1F1B keeps depth-to-sink micro-batches in flight per stage
+/// (GraphPipe App. A.1, default row: i_x = max_y i_y + b).
+#[test]
+fn graphpipe_dag_depth() {
+    use pipec_passes::sim::StageEdge;
+    let (f, b, m) = (1.0, 2.0, 6);
+    let mut sg = StageGraph::uniform_chain(4, f, b, 0.0);
+    let edges = vec![
+        StageEdge {
+            src: 0,
+            dst: 1,
+            bytes: 0.0,
+        },
+        StageEdge {
+            src: 0,
+            dst: 2,
+            bytes: 0.0,
+        },
+        StageEdge {
+            src: 1,
+            dst: 3,
+            bytes: 0.0,
+        },
+        StageEdge {
+            src: 2,
+            dst: 3,
+            bytes: 0.0,
+        },
+    ];
+    sg = StageGraph::new(sg.stages, edges);
+    assert_eq!(sg.depth(), 3);
+    assert_eq!(sg.depth_to_sink(), vec![3, 2, 2, 1]);
+    let c = flat(4, 1e9);
+    let r = simulate(
+        &sg,
+        &schedule::generate(&sg, ScheduleKind::Gpp, m),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    assert!(
+        close(r.iteration_time_s, (m + 2) as f64 * (f + b)),
+        "{}",
+        r.iteration_time_s
+    );
+    assert_eq!(r.stage_in_flight, vec![3, 2, 2, 1]);
+    // The same stages linearized (SPP) take one stage longer.
+    let chain = StageGraph::uniform_chain(4, f, b, 0.0);
+    let r = simulate(
+        &chain,
+        &schedule::generate(&chain, ScheduleKind::OneFOneB, m),
+        &c,
+        AllReduceAlgo::Ring,
+    )
+    .expect("sim");
+    assert!(close(r.iteration_time_s, (m + 3) as f64 * (f + b)));
+}
+
+/// DAPPLE warm-up policies: K_i = min(S−i, M) (A) and min(2(S−i)−1, M) (B), 0-based i.
+#[test]
+fn dapple_warmup_policies() {
+    let sg = StageGraph::uniform_chain(4, 1.0, 1.0, 0.0);
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::DappleA, 16).warmup,
+        vec![4, 3, 2, 1]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::DappleB, 16).warmup,
+        vec![7, 5, 3, 1]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::DappleB, 4).warmup,
+        vec![4, 4, 3, 1]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::GPipe, 5).warmup,
+        vec![5; 4]
+    );
+    assert_eq!(
+        schedule::generate(&sg, ScheduleKind::OneFOneBSo, 16).warmup,
+        vec![8, 6, 4, 2]
+    );
+    // The F/B order: K forwards, then backward/forward pairs, then the drain.
+    assert_eq!(
+        schedule::fb_order(2, 4),
+        vec![
+            (true, 0),
+            (true, 1),
+            (false, 0),
+            (true, 2),
+            (false, 1),
+            (true, 3),
+            (false, 2),
+            (false, 3)
+        ]
+    );
+}

@@ -1,0 +1,260 @@
+//! `pipec plan MODEL --cluster C [--devices N] --planner P [--batch B] [--micro-batch b]
+//! [--schedule S] [--json]` (cli.md): plan without emitting code, and report the plan with the
+//! shared simulator's figures.
+//!
+//! MODEL is a PipeDream `graph.txt` profile (`.txt`) or an ONNX model (costed with the analytic
+//! model on the cluster's first device kind). `--list-clusters` prints the presets.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use pipec_passes::cost::analytic::{self, AnalyticOptions};
+use pipec_passes::cost::cluster::{device_kind_by_name, Cluster, PRESETS};
+use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
+use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
+use pipec_passes::plan::{Plan, PlanOptions};
+use pipec_passes::planners;
+use pipec_passes::sim::{self, ScheduleKind, StageGraph};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Plan a model on a cluster without emitting code, and simulate the plan.
+///
+/// MODEL is an ONNX file or a PipeDream `graph.txt` profile (`.txt`). C is a preset
+/// (`--list-clusters`), a TOML file, or an inline hierarchy `N1@BW1,N2@BW2` (N1 devices per group
+/// at BW1 bytes/s, N2 groups at BW2, ...). P is one of gpp, dapple, pipedream, bapipe, dp, straight.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The model: `.onnx`, or a `graph.txt` profile (`.txt`).
+    pub model: Option<PathBuf>,
+    /// Cluster: preset name, TOML file, or `N1@BW1,N2@BW2,...`.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Use only the first N devices of the cluster.
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// Planner: gpp, dapple, pipedream, bapipe, dp, straight.
+    #[arg(long)]
+    pub planner: Option<String>,
+    /// Global mini-batch size (default: the profile batch, else the model's batch dim, else 1).
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Micro-batch size (must divide the batch; default: the planner's choice).
+    #[arg(long = "micro-batch")]
+    pub micro_batch: Option<u64>,
+    /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp (default: the planner's own).
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file
+    /// name, else 1).
+    #[arg(long = "profile-batch")]
+    pub profile_batch: Option<u64>,
+    /// Device kind for an inline `N@BW` cluster (default V100-16GB).
+    #[arg(long = "device-kind")]
+    pub device_kind: Option<String>,
+    /// Optimizer for the memory model and the step time: sgd, sgd:momentum=0.9, adam.
+    #[arg(long, default_value = "sgd")]
+    pub optimizer: String,
+    /// All-reduce algorithm: ring, hierarchical, auto.
+    #[arg(long, default_value = "auto")]
+    pub allreduce: String,
+    /// Print the plan as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// List the cluster presets and exit.
+    #[arg(long = "list-clusters")]
+    pub list_clusters: bool,
+    /// Write a Chrome/Perfetto trace of the simulated iteration to this file.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+/// Load MODEL as a cost graph; returns it with its reference (profile) batch.
+pub fn load_cost_graph(
+    model: &Path,
+    profile_batch: Option<u64>,
+    cluster: &Cluster,
+) -> Result<(CostGraph, u64)> {
+    if !model.exists() {
+        bail!("{}: no such file", model.display());
+    }
+    let is_profile = model.extension().is_some_and(|e| e == "txt");
+    if is_profile {
+        let pb = match profile_batch {
+            Some(0) => bail!("--profile-batch 0: must be >= 1"),
+            Some(n) => n,
+            None => profile_batch_from_name(model).unwrap_or(1),
+        };
+        let p = load_profile(model, pb as f64)?;
+        return Ok((p.graph, pb));
+    }
+    load_onnx_cost_graph(model, cluster)
+}
+
+/// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
+/// model. The batch symbol (the first input's leading dim) is costed at 1 sample when symbolic.
+fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, u64)> {
+    let m = super::load_module(model)?;
+    let name = model.display().to_string();
+    let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let batch = g.reference_batch.round().max(1.0) as u64;
+    Ok((g, batch))
+}
+
+/// Resolve `--cluster`, `--device-kind` and `--devices`.
+pub fn resolve_cluster(spec: &str, kind: Option<&str>, devices: Option<usize>) -> Result<Cluster> {
+    let kind = match kind {
+        None => None,
+        Some(k) => Some(device_kind_by_name(k).ok_or_else(|| {
+            anyhow!("--device-kind {k}: unknown device kind (V100-16GB, TitanX-12GB, H100-80GB, cpu-core)")
+        })?),
+    };
+    let c = Cluster::resolve(spec, kind)?;
+    Ok(match devices {
+        Some(n) => c.take(n)?,
+        None => c,
+    })
+}
+
+fn parse_allreduce(s: &str) -> Result<AllReduceAlgo> {
+    Ok(match s {
+        "ring" => AllReduceAlgo::Ring,
+        "hierarchical" => AllReduceAlgo::Hierarchical,
+        "auto" => AllReduceAlgo::Auto,
+        _ => bail!("--allreduce {s}: one of ring, hierarchical, auto"),
+    })
+}
+
+/// The list printed by `--list-clusters`.
+pub fn list_clusters() -> String {
+    let mut out = String::new();
+    for p in PRESETS {
+        let c = p.build();
+        out.push_str(&format!(
+            "{:<12} {:>3} devices  {}\n",
+            p.name,
+            c.len(),
+            p.summary
+        ));
+    }
+    out
+}
+
+fn gb(b: f64) -> String {
+    format!("{:.2} GB", b / 1e9)
+}
+
+/// Text rendering of a plan.
+pub fn render(plan: &Plan) -> String {
+    let mut s = format!(
+        "plan: {} on {} ({} devices), batch {} = {} x {}, schedule {}\n",
+        plan.planner,
+        plan.cluster,
+        plan.devices,
+        plan.batch,
+        plan.micro_batches,
+        plan.micro_batch,
+        plan.schedule
+    );
+    for st in &plan.stages {
+        let span = match (st.nodes.first(), st.nodes.last()) {
+            (Some(a), Some(b)) if st.nodes.len() > 1 => format!("{a} .. {b}"),
+            (Some(a), _) => a.clone(),
+            _ => String::new(),
+        };
+        s.push_str(&format!(
+            "  stage {:>2}: {:>4} nodes ({span}), devices {:?}, preds {:?}, in-flight {}, {:.3} ms/micro-batch, peak {}\n",
+            st.id,
+            st.nodes.len(),
+            st.devices,
+            st.predecessors,
+            st.in_flight,
+            st.compute_time_s * 1e3,
+            gb(st.peak_memory_bytes as f64)
+        ));
+    }
+    s.push_str(&format!(
+        "iteration {:.6} s (simulated), {:.2} samples/s, bubble {:.1}%, depth {}, peak memory {}{}, objective {:.6} s, search {:.3} ms\n",
+        plan.iteration_time_s,
+        plan.throughput_samples_per_s,
+        plan.bubble_fraction * 100.0,
+        plan.pipeline_depth,
+        gb(plan.peak_memory_bytes as f64),
+        if plan.out_of_memory { " (exceeds a device's memory)" } else { "" },
+        plan.objective_s,
+        plan.search_time_s * 1e3
+    ));
+    s
+}
+
+/// Run `pipec plan`.
+pub fn run(a: PlanArgs) -> Result<ExitCode> {
+    if a.list_clusters {
+        print!("{}", list_clusters());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let model = a
+        .model
+        .as_deref()
+        .ok_or_else(|| anyhow!("MODEL: missing (an .onnx file or a graph.txt profile)"))?;
+    let spec = a
+        .cluster
+        .as_deref()
+        .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
+    let planner_name = a.planner.as_deref().ok_or_else(|| {
+        anyhow!(
+            "--planner: missing (one of {})",
+            planners::PLANNER_NAMES.join(", ")
+        )
+    })?;
+    let planner = planners::by_name(planner_name)?;
+    let cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
+    let schedule = match a.schedule.as_deref() {
+        None => None,
+        Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
+            let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+            anyhow!("--schedule {s}: one of {}", names.join(", "))
+        })?),
+    };
+    let (g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    let batch = match a.batch {
+        Some(0) => bail!("--batch 0: must be >= 1"),
+        Some(b) => b,
+        None => ref_batch.max(1),
+    };
+    let mut opts = PlanOptions::new(batch);
+    opts.micro_batch = a.micro_batch;
+    if let Some(mb) = a.micro_batch {
+        if mb == 0 || batch % mb != 0 {
+            bail!("--micro-batch {mb}: must be >= 1 and divide the batch {batch}");
+        }
+    }
+    opts.schedule = schedule;
+    opts.optimizer = Optimizer::parse(&a.optimizer)?;
+    opts.allreduce = parse_allreduce(&a.allreduce)?;
+    let plan = planner
+        .plan(&g, &cluster, &opts)
+        .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
+    plan.verify(&g, &cluster)
+        .with_context(|| format!("planner '{planner_name}' produced an invalid plan"))?;
+    if let Some(path) = &a.trace {
+        let specs = plan.specs(&g)?;
+        let sg = StageGraph::from_specs(
+            &g,
+            &cluster,
+            &specs,
+            plan.micro_batch as f64,
+            opts.optimizer,
+        );
+        let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
+        let sched = sim::schedule::generate(&sg, kind, plan.micro_batches as usize);
+        let res = sim::simulate(&sg, &sched, &cluster, opts.allreduce)?;
+        let text = serde_json::to_string(&sim::trace::chrome_trace(&res))?;
+        std::fs::write(path, text).with_context(|| format!("{}: cannot write", path.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&plan)?);
+    } else {
+        print!("{}", render(&plan));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,281 @@
+//! `pipec plan` end to end: profiles, presets, JSON fields, and clear exit-2 errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn profile(name: &str) -> String {
+    root()
+        .join("onnx-models/profiles")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn pipec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pipec"))
+        .args(args)
+        .output()
+        .expect("run pipec")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn plan_vgg16_dp_and_straight() {
+    let vgg = profile("vgg16.txt");
+    for planner in ["dp", "straight"] {
+        let o = pipec(&[
+            "plan",
+            &vgg,
+            "--cluster",
+            "pipedream-b",
+            "--devices",
+            "8",
+            "--planner",
+            planner,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains(&format!("plan: {planner} on pipedream-b (8 devices)")),
+            "{out}"
+        );
+        assert!(out.contains("s (simulated)"), "{out}");
+    }
+    let o = pipec(&[
+        "plan",
+        &vgg,
+        "--cluster",
+        "pipedream-b",
+        "--devices",
+        "8",
+        "--planner",
+        "straight",
+        "--profile-batch",
+        "64",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["planner"], "straight");
+    assert_eq!(v["devices"], 8);
+    assert_eq!(v["batch"], 64);
+    assert_eq!(v["schedule"], "1f1b");
+    assert_eq!(v["stages"].as_array().map(Vec::len), Some(8));
+    assert_eq!(v["pipeline_depth"], 8);
+    assert!(v["iteration_time_s"].as_f64().is_some_and(|t| t > 0.0));
+    for k in [
+        "micro_batch",
+        "micro_batches",
+        "throughput_samples_per_s",
+        "peak_memory_bytes",
+        "search_time_s",
+        "objective_s",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+}
+
+#[test]
+fn plan_options_schedule_and_trace() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trace = dir.path().join("t.json");
+    let o = pipec(&[
+        "plan",
+        &profile("gnmt-16-pbs-64.txt"),
+        "--cluster",
+        "8@25e9,2@3.125e9",
+        "--planner",
+        "straight",
+        "--micro-batch",
+        "8",
+        "--schedule",
+        "gpipe",
+        "--json",
+        "--trace",
+        &trace.display().to_string(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(
+        v["batch"], 64,
+        "batch defaults to pbs-64 from the file name"
+    );
+    assert_eq!(v["micro_batches"], 8);
+    assert_eq!(v["schedule"], "gpipe");
+    assert_eq!(v["stages"][0]["in_flight"], 8, "GPipe keeps M in flight");
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace")).expect("trace json");
+    assert!(t["traceEvents"]
+        .as_array()
+        .is_some_and(|e| e.len() > 16 * 16));
+}
+
+#[test]
+fn list_clusters() {
+    let o = pipec(&["plan", "--list-clusters"]);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    for p in [
+        "dapple-a",
+        "dapple-b",
+        "dapple-c",
+        "pipedream-a",
+        "pipedream-b",
+        "summit",
+        "bapipe-pcie",
+        "dgx-h100",
+        "cpu",
+    ] {
+        assert!(out.contains(p), "{p} missing from {out}");
+    }
+}
+
+fn bad(args: &[&str], want: &str) {
+    let o = pipec(args);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    let e = stderr(&o);
+    let first = e.lines().next().unwrap_or("");
+    assert!(
+        first.contains(want),
+        "{args:?}: want '{want}' in first line: {e}"
+    );
+    assert!(!e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_culprit() {
+    let vgg = profile("vgg16.txt");
+    bad(
+        &[
+            "plan",
+            &vgg,
+            "--cluster",
+            "pipedream-b",
+            "--devices",
+            "40",
+            "--planner",
+            "dp",
+        ],
+        "--devices 40",
+    );
+    bad(
+        &["plan", &vgg, "--cluster", "nope", "--planner", "dp"],
+        "--cluster nope",
+    );
+    bad(
+        &["plan", &vgg, "--cluster", "8@0", "--planner", "dp"],
+        "--cluster 8@0",
+    );
+    bad(
+        &["plan", &vgg, "--cluster", "dapple-a", "--planner", "magic"],
+        "--planner magic",
+    );
+    bad(
+        &[
+            "plan",
+            &vgg,
+            "--cluster",
+            "dapple-a",
+            "--planner",
+            "dp",
+            "--schedule",
+            "zigzag",
+        ],
+        "--schedule zigzag",
+    );
+    bad(
+        &[
+            "plan",
+            &vgg,
+            "--cluster",
+            "dapple-a",
+            "--planner",
+            "dp",
+            "--batch",
+            "64",
+            "--micro-batch",
+            "5",
+        ],
+        "--micro-batch 5",
+    );
+    bad(
+        &[
+            "plan",
+            "missing.txt",
+            "--cluster",
+            "dapple-a",
+            "--planner",
+            "dp",
+        ],
+        "missing.txt",
+    );
+    bad(&["plan", &vgg, "--planner", "dp"], "--cluster");
+    let dir = tempfile::tempdir().expect("tmp");
+    let f = dir.path().join("c.toml");
+    std::fs::write(&f, "[[device_kind]]\nname = \"g\"\nmemory_bytes = 1e9\nmemory_bandwidth = 1e11\npeak_flops = { f32 = 1e12 }\n[[level]]\nsize = 4\nbandwidth = 0\n").expect("write");
+    let fs = f.display().to_string();
+    bad(&["plan", &vgg, "--cluster", &fs, "--planner", "dp"], &fs);
+    let p = dir.path().join("p.txt");
+    std::fs::write(&p, "node1 -- X -- forward_compute_time=oops\n").expect("write");
+    bad(
+        &[
+            "plan",
+            &p.display().to_string(),
+            "--cluster",
+            "dapple-a",
+            "--planner",
+            "dp",
+        ],
+        &p.display().to_string(),
+    );
+}
+
+#[test]
+fn plan_onnx_models_with_the_analytic_model() {
+    for m in [
+        "mlp4.onnx",
+        "resnet18.onnx",
+        "inception_mini.onnx",
+        "gpt2_tiny.onnx",
+    ] {
+        let path = root().join("onnx-models").join(m).display().to_string();
+        for planner in ["straight", "dp"] {
+            let o = pipec(&[
+                "plan",
+                &path,
+                "--cluster",
+                "summit",
+                "--devices",
+                "4",
+                "--planner",
+                planner,
+                "--batch",
+                "16",
+                "--json",
+            ]);
+            assert!(o.status.success(), "{m} {planner}: {}", stderr(&o));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+            assert_eq!(v["batch"], 16);
+            assert!(
+                v["iteration_time_s"].as_f64().is_some_and(|t| t > 0.0),
+                "{m}"
+            );
+            let nodes: usize = v["stages"]
+                .as_array()
+                .map(|st| {
+                    st.iter()
+                        .map(|s| s["nodes"].as_array().map_or(0, Vec::len))
+                        .sum()
+                })
+                .unwrap_or(0);
+            assert!(nodes > 0, "{m}");
+        }
+    }
+}

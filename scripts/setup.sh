@@ -7,7 +7,7 @@
 #                                           # (torch etc., only for scripts/export_models.py)
 # Env: PYTHON (default python3) is the interpreter whose pip gets requirements-test.txt.
 #
-# Idempotent: apt is skipped when /usr/lib/llvm-22/bin/mlir-opt exists, pip skips what is
+# Idempotent: apt is skipped when all its packages are installed, pip skips what is
 # installed at the pinned version. Quiet on success (one line per step); on failure prints the
 # step's log tail and exits non-zero.
 set -euo pipefail
@@ -39,12 +39,23 @@ step() {  # step "description" cmd args...
   fi
 }
 
-APT_PKGS=(libmlir-22-dev mlir-22-tools llvm-22-dev libzstd-dev libz3-dev libxml2-dev zlib1g-dev)
-if [ -x /usr/lib/llvm-22/bin/mlir-opt ]; then
-  echo "[setup] apt: /usr/lib/llvm-22/bin/mlir-opt present, skipping"
+# libclang1-22 + libclang-common-22-dev: bindgen (mlir-sys, tblgen) loads libclang and its builtin
+# headers when building the `mlir` cargo feature (melior); g++ compiles tblgen's C++ shim;
+# libpolly-22-dev: `llvm-config --link-static --libnames` lists libPolly.a, which mlir-sys and
+# tblgen link.
+APT_PKGS=(libmlir-22-dev mlir-22-tools llvm-22-dev libzstd-dev libz3-dev libxml2-dev zlib1g-dev
+          libclang1-22 libclang-common-22-dev libpolly-22-dev g++)
+apt_missing() {  # prints the packages of APT_PKGS that dpkg does not have installed
+  local p
+  for p in "${APT_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || echo "$p"
+  done
+}
+if [ -z "$(apt_missing)" ]; then
+  echo "[setup] apt: all ${#APT_PKGS[@]} packages installed, skipping"
 else
   if [ "$(id -u)" -ne 0 ]; then
-    echo "[setup] ERROR: apt packages missing and not running as root: ${APT_PKGS[*]}" >&2
+    echo "[setup] ERROR: apt packages missing and not running as root: $(apt_missing | tr "\n" " ")" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive

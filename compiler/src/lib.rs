@@ -5,6 +5,8 @@ pub mod analysis;
 pub mod error;
 pub mod eval;
 pub mod ir;
+#[cfg(feature = "mlir")]
+pub mod mlir;
 pub mod onnx;
 pub mod passmgr;
 pub mod shape;

@@ -10,4 +10,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
-cargo test --workspace --quiet 2>&1 | tee /tmp/pipec-test.log
+cargo test --workspace --quiet
+echo "== MLIR in-process (feature 'mlir': melior on LLVM 22)"
+cargo clippy -p pipec-compiler --features mlir --all-targets --quiet -- -D warnings
+cargo test -p pipec-compiler --features mlir --quiet --test mlir_feature

@@ -122,3 +122,17 @@ fn shard_example_verifies() {
     assert!(text.contains("shard.all_reduce"), "{text}");
     verify_text(&text).unwrap();
 }
+
+/// pipec's printed IR of every bundled model, after the first passes' worth of shape inference,
+/// parses and verifies in MLIR itself (in-process, the same check as `mlir-opt
+/// --allow-unregistered-dialect`).
+#[test]
+fn printed_ir_of_bundled_models_verifies_in_mlir() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../onnx-models");
+    for name in ["mlp4", "inception_mini", "resnet18", "gpt2_tiny"] {
+        let mut m = pipec_compiler::onnx::import::load(&dir.join(format!("{name}.onnx"))).unwrap();
+        pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+        let text = pipec_compiler::text::print(&m);
+        verify_text(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}

@@ -22,6 +22,7 @@ struct Cli {
 enum Command {
     Inspect(cli::inspect::InspectArgs),
     Opt(cli::opt::OptArgs),
+    Grad(cli::grad::GradArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +30,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Opt(a) => cli::opt::run(a),
+        Command::Grad(a) => cli::grad::run(a),
     };
     match result {
         Ok(code) => code,

@@ -2,10 +2,13 @@
 //! guarantees, invalidates, statistics); [`registry`] lists them all for the CLI and the pass
 //! manager.
 
+pub mod autodiff;
 pub mod dce;
 pub mod fold_constants;
+pub mod loss;
 pub mod shape_infer;
 
+pub use autodiff::Autodiff;
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;
 pub use shape_infer::ShapeInfer;
@@ -20,6 +23,8 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         // Canonicalization.
         Box::new(FoldConstants),
         Box::new(Dce),
+        // Training.
+        Box::new(Autodiff::default()),
     ]
 }
 

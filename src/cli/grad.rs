@@ -35,6 +35,10 @@ pub struct GradArgs {
     /// Also write the training graph (forward + loss + backward) as ONNX here.
     #[arg(long, value_name = "FILE.onnx")]
     pub save_training_graph: Option<PathBuf>,
+    /// Keep the model's symbolic input dims (e.g. `batch`) in the training graph instead of
+    /// specialising them to the arrays given.
+    #[arg(long)]
+    pub keep_symbolic: bool,
 }
 
 /// Run the command.
@@ -83,7 +87,9 @@ pub fn run(a: GradArgs) -> Result<ExitCode> {
                 );
             }
         }
-        m.graph.values[v].ty.shape = Some(t.dims.iter().map(|d| Dim::Known(*d)).collect());
+        if !a.keep_symbolic {
+            m.graph.values[v].ty.shape = Some(t.dims.iter().map(|d| Dim::Known(*d)).collect());
+        }
         feeds.push((name, t.clone()));
     }
     pipec_compiler::shape::infer_shapes(&mut m).context("shape inference with the given inputs")?;

@@ -5,7 +5,8 @@
 //! - `sum`: `L = sum(y0)`.
 //! - `cross-entropy:LABEL`: softmax cross-entropy over the last axis of `y0` with integer class
 //!   labels from graph input `LABEL` (added as an int64 input of shape `y0.shape[:-1]` if the
-//!   model has no such input): `L = -sum(onehot(LABEL) * LogSoftmax(y0)) / numel(LABEL)`, the
+//!   model has no such input): `L = -sum(onehot(LABEL) * LogSoftmax(y0)) / numel(LABEL)`
+//!   (one-hot built as `Equal(LABEL[..., None], Range(0, C))`), the
 //!   mean over all label positions (PyTorch's `cross_entropy` with `reduction='mean'`).
 //!
 //! The loss is a 0-D tensor of `y0`'s element type, named `loss` (or `loss_N` if taken).
@@ -87,6 +88,8 @@ pub fn add_loss(m: &mut Module, kind: &LossKind) -> Result<Value> {
         (LossKind::Sum, _) => all(&mut b, y),
         (LossKind::CrossEntropy(_), Some(lab)) => {
             let ls = b.op1("LogSoftmax", &[y], vec![("axis", Attr::Int(-1))], dt);
+            // one-hot(labels) = Cast(Equal(labels[..., None], Range(0, C))) (no OneHot: ORT has
+            // no double kernel for it).
             let depth = match b
                 .g
                 .ty(y)
@@ -95,20 +98,21 @@ pub fn add_loss(m: &mut Module, kind: &LossKind) -> Result<Value> {
                 .and_then(|s| s.last())
                 .and_then(|d| d.known())
             {
-                Some(c) => b.ints(&[c]),
+                Some(c) => b.constant(DType::I64, &[], &[c as f64])?,
                 None => {
                     let s = b.op1("Shape", &[y], vec![], DType::I64);
                     let i = b.ints(&[-1]);
-                    b.op1("Gather", &[s, i], vec![], DType::I64)
+                    let c = b.op1("Gather", &[s, i], vec![], DType::I64);
+                    b.squeeze(c, &[0])
                 }
             };
-            let vals = b.constant(dt, &[2], &[0.0, 1.0])?;
-            let oh = b.op1(
-                "OneHot",
-                &[lab, depth, vals],
-                vec![("axis", Attr::Int(-1))],
-                dt,
-            );
+            let zero = b.constant(DType::I64, &[], &[0.0])?;
+            let one = b.constant(DType::I64, &[], &[1.0])?;
+            let classes = b.op1("Range", &[zero, depth, one], vec![], DType::I64);
+            let lab64 = b.cast(lab, DType::I64);
+            let lu = b.unsqueeze(lab64, &[-1]);
+            let eq = b.op1("Equal", &[lu, classes], vec![], DType::Bool);
+            let oh = b.cast(eq, dt);
             let p = b.mul(oh, ls);
             let s = all(&mut b, p);
             let n = b.op1("Size", &[lab], vec![], DType::I64);

@@ -6,11 +6,13 @@ pub mod autodiff;
 pub mod dce;
 pub mod fold_constants;
 pub mod loss;
+pub mod optimizer;
 pub mod shape_infer;
 
 pub use autodiff::Autodiff;
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;
+pub use optimizer::Optimizer;
 pub use shape_infer::ShapeInfer;
 
 use pipec_compiler::passmgr::Pass;
@@ -25,6 +27,7 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(Dce),
         // Training.
         Box::new(Autodiff::default()),
+        Box::new(Optimizer::default()),
     ]
 }
 

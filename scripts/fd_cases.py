@@ -83,6 +83,13 @@ def main():
     for i, (sa, sb) in enumerate([((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((3,), (2, 3, 4)), ((2, 3, 4), (4,)),
                                   ((2, 1, 3, 4), (5, 4, 2)), ((3,), (3,)), ((1, 2, 3), (4, 3, 2))]):
         case(f"matmul_{i}", [N("MatMul", ["a", "b"], ["y"])], {"a": sa, "b": sb})
+    # Einsum (ORT: float32 only for some equations, so float32).
+    case("einsum_bmm", [N("Einsum", ["a", "b"], ["y"], equation="bij,bjk->bik")], {"a": (2, 3, 4), "b": (2, 4, 5)},
+         dtype=F32)
+    case("einsum_sum_ell", [N("Einsum", ["a", "b"], ["y"], equation="...ij,jk->...k")],
+         {"a": (2, 3, 4), "b": (4, 5)}, dtype=F32)
+    case("einsum_implicit3", [N("Einsum", ["a", "b", "c"], ["y"], equation="ij,jk,kl")],
+         {"a": (2, 3), "b": (3, 4), "c": (4, 5)}, dtype=F32)
     # Gemm: every transA/transB, alpha/beta, C broadcast.
     for ta in (0, 1):
         for tb in (0, 1):

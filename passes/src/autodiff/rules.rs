@@ -784,6 +784,10 @@ pub fn grad(
             let g = dy!();
             super::norm::batch_norm_grads(b, &d, g, need, &mut out)?;
         }
+        "Einsum" => {
+            let g = dy!();
+            einsum_grads(b, &d, g, need, &mut out)?;
+        }
         "LayerNormalization" => {
             let g = dy!();
             super::norm::layer_norm_grads(b, &d, g, need, &mut out)?;
@@ -853,4 +857,125 @@ fn matmul_grads(
         gb = Some(if rb == 1 { b.squeeze(r, &[1]) } else { r });
     }
     Ok((ga, gb))
+}
+
+/// Gradients of `Einsum` (the terms' letters, `...` expanded to fresh letters using the operand
+/// ranks): `dX_i = Einsum(dY, X_j (j != i); "out, terms_j -> term_i")`. Letters of `term_i`
+/// that appear nowhere else were summed away in the forward; the result gets them back by
+/// `Unsqueeze` + `Expand` to `X_i`'s shape. Repeated letters within one term (diagonals) and
+/// broadcasting inside `...` are not supported (an error names the node).
+pub fn einsum_grads(
+    b: &mut Builder,
+    d: &OpData,
+    g: Value,
+    need: &[bool],
+    out: &mut [Option<Value>],
+) -> Result<()> {
+    let eq: String = d
+        .str_attr("equation")
+        .ok_or_else(|| err(d, "missing equation"))?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != d.inputs.len() {
+        return Err(err(d, "equation and operand count differ"));
+    }
+    let used: std::collections::HashSet<char> =
+        eq.chars().filter(|c| c.is_ascii_alphabetic()).collect();
+    let mut spare = ('a'..='z').chain('A'..='Z').filter(|c| !used.contains(c));
+    let mut ranks = Vec::new();
+    for i in 0..terms.len() {
+        let v = d.input(i).ok_or_else(|| err(d, "missing input"))?;
+        ranks.push(dims(b, d, v)?.len());
+    }
+    let ell_rank = terms
+        .iter()
+        .zip(&ranks)
+        .filter(|(t, _)| t.contains("..."))
+        .map(|(t, r)| r + 3 - t.len())
+        .max()
+        .unwrap_or(0);
+    let ell: String = (0..ell_rank)
+        .map(|_| spare.next().ok_or_else(|| err(d, "too many letters")))
+        .collect::<Result<_>>()?;
+    let expand = |t: &str, r: usize| -> String {
+        if t.contains("...") {
+            let k = r + 3 - t.len();
+            t.replace("...", &ell[ell.len() - k..])
+        } else {
+            t.to_string()
+        }
+    };
+    let terms: Vec<String> = terms
+        .iter()
+        .zip(&ranks)
+        .map(|(t, r)| expand(t, *r))
+        .collect();
+    let outt = match rhs {
+        Some(r) => r.replace("...", &ell),
+        None => {
+            let mut counts: std::collections::BTreeMap<char, usize> = Default::default();
+            for c in terms.iter().flat_map(|t| t.chars()) {
+                *counts.entry(c).or_default() += 1;
+            }
+            let single: String = counts
+                .iter()
+                .filter(|(c, n)| **n == 1 && !ell.contains(**c))
+                .map(|(c, _)| *c)
+                .collect();
+            format!("{ell}{single}")
+        }
+    };
+    for t in terms.iter().chain(std::iter::once(&outt)) {
+        let mut seen = std::collections::HashSet::new();
+        if !t.chars().all(|c| seen.insert(c)) {
+            return Err(err(
+                d,
+                "autodiff: Einsum with a repeated index in one term has no gradient rule",
+            ));
+        }
+    }
+    let dt = b.dt(g);
+    for i in 0..terms.len() {
+        if !need.get(i).copied().unwrap_or(false) {
+            continue;
+        }
+        let xi = d.input(i).ok_or_else(|| err(d, "missing input"))?;
+        let others: String = terms
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, t)| t.as_str())
+            .chain(std::iter::once(outt.as_str()))
+            .collect();
+        let kept: String = terms[i].chars().filter(|c| others.contains(*c)).collect();
+        let mut ops = vec![g];
+        let mut ts = vec![outt.clone()];
+        for (j, t) in terms.iter().enumerate() {
+            if j != i {
+                ops.push(d.input(j).ok_or_else(|| err(d, "missing input"))?);
+                ts.push(t.clone());
+            }
+        }
+        let e = format!("{}->{kept}", ts.join(","));
+        let r = b.op1("Einsum", &ops, vec![("equation", Attr::String(e))], dt);
+        out[i] = Some(if kept.len() == terms[i].len() {
+            r
+        } else {
+            let axes: Vec<i64> = terms[i]
+                .chars()
+                .enumerate()
+                .filter(|(_, c)| !others.contains(*c))
+                .map(|(k, _)| k as i64)
+                .collect();
+            let u = b.unsqueeze(r, &axes);
+            b.expand_like(u, xi)
+        });
+    }
+    Ok(())
 }

@@ -1,0 +1,110 @@
+//! The autodiff pass's bookkeeping on a dev model: outputs, names, annotations, options.
+
+use pipec_compiler::ir::{Attr, Module};
+use pipec_passes::autodiff::{differentiate, Autodiff};
+use pipec_passes::loss::LossKind;
+use std::path::PathBuf;
+
+fn load(name: &str) -> Module {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../onnx-models/{name}.onnx"));
+    let mut m = pipec_compiler::onnx::import::load(&p).unwrap();
+    pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+    m
+}
+
+#[test]
+fn outputs_names_and_annotations() {
+    let mut m = load("resnet18");
+    let t = differentiate(&mut m, &Autodiff::default()).unwrap();
+    pipec_compiler::verify::verify(&m).unwrap();
+    let g = &m.graph;
+    // loss first, then the model output, then one gradient per parameter (62 = all float
+    // initializers minus the 40 BN running stats).
+    assert_eq!(g.name(g.outputs[0]), "loss");
+    assert_eq!(g.ty(g.outputs[0]).rank(), Some(0));
+    assert_eq!(g.name(g.outputs[1]), "logits");
+    assert_eq!(t.grads.len(), 62);
+    assert_eq!(g.outputs.len(), 2 + 62);
+    for (p, gv) in &t.grads {
+        assert_eq!(g.name(*gv), format!("grad/{}", g.name(*p)));
+        assert_eq!(g.ty(*gv), g.ty(*p), "gradient type of {}", g.name(*p));
+        assert!(!g.name(*p).contains("running"));
+    }
+    // Every op has a phase; MaxPool got its indices and they are saved.
+    for &op in &g.order {
+        assert!(
+            g.ops[op].attrs.contains_key("pipec.phase"),
+            "{}",
+            g.ops[op].name
+        );
+    }
+    let mp = g
+        .order
+        .iter()
+        .find(|o| g.ops[**o].op_type == "MaxPool")
+        .unwrap();
+    assert_eq!(g.ops[*mp].outputs.len(), 2);
+    assert_eq!(
+        g.ops[*mp].attrs.get("pipec.saved"),
+        Some(&Attr::Ints(vec![0, 1])) // its result feeds a Conv (dW reads it), and the indices
+    );
+    match m.attrs.get("pipec.saved") {
+        Some(Attr::Strings(s)) => assert_eq!(s.len(), t.saved.len()),
+        other => panic!("pipec.saved: {other:?}"),
+    }
+}
+
+#[test]
+fn gradients_with_respect_to_inputs() {
+    let mut m = load("mlp4");
+    let t = differentiate(
+        &mut m,
+        &Autodiff::with_loss(Some(LossKind::Sum)).wrt_inputs(true),
+    )
+    .unwrap();
+    let g = &m.graph;
+    let (_, gi) = t.grads.iter().find(|(p, _)| g.name(*p) == "input").unwrap();
+    assert_eq!(g.name(*gi), "grad/input");
+    assert_eq!(g.ty(*gi), g.ty(g.inputs[0]));
+}
+
+#[test]
+fn integer_paths_are_cut_and_tied_weights_get_one_gradient() {
+    let mut m = load("gpt2_tiny");
+    let t = differentiate(&mut m, &Autodiff::default()).unwrap();
+    let g = &m.graph;
+    let wte: Vec<_> = t
+        .grads
+        .iter()
+        .filter(|(p, _)| g.name(*p) == "transformer.wte.weight")
+        .collect();
+    assert_eq!(wte.len(), 1);
+    // Cross-entropy adds the label input.
+    let mut m = load("gpt2_tiny");
+    differentiate(
+        &mut m,
+        &Autodiff::with_loss(Some("cross-entropy:labels".parse().unwrap())),
+    )
+    .unwrap();
+    let lab = m
+        .graph
+        .inputs
+        .iter()
+        .find(|v| m.graph.name(**v) == "labels")
+        .unwrap();
+    assert_eq!(
+        pipec_compiler::ir::fmt_type(m.graph.ty(*lab)),
+        "int64[batch,32]"
+    );
+    pipec_compiler::verify::verify(&m).unwrap();
+}
+
+#[test]
+fn old_opsets_are_refused() {
+    let mut m = load("mlp4");
+    m.opset_imports.insert(String::new(), 11);
+    let e = differentiate(&mut m, &Autodiff::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("opset >= 13"), "{e}");
+}

@@ -108,3 +108,69 @@ fn old_opsets_are_refused() {
         .to_string();
     assert!(e.contains("opset >= 13"), "{e}");
 }
+
+/// Training-mode Dropout: the forward op gets its mask result and `dX = dY * mask / (1 - r)`.
+/// (Random, so not a finite-difference case: checked as `grad * x == y` with the sum loss.)
+#[test]
+fn training_dropout_uses_the_saved_mask() {
+    use pipec_compiler::ir::{DType, Graph, OpData, TensorData, TensorType};
+    if !std::process::Command::new("python3")
+        .args(["-c", "import onnxruntime"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+    {
+        return;
+    }
+    let mut g = Graph::new("dropout");
+    let xs: Vec<f32> = (0..20).map(|i| 0.5 + i as f32 * 0.1).collect();
+    let x = g.add_initializer("x", TensorData::from_f32(vec![4, 5], &xs));
+    let r = g.add_initializer("r", TensorData::from_f32(vec![], &[0.3]));
+    let t = g.add_initializer(
+        "t",
+        TensorData::from_raw(DType::Bool, vec![], vec![1u8].into()).unwrap(),
+    );
+    let (_, outs) = g.add_op(
+        OpData {
+            name: "drop".into(),
+            op_type: "Dropout".into(),
+            inputs: vec![Some(x), Some(r), Some(t)],
+            attrs: [("seed".to_string(), Attr::Int(7))].into_iter().collect(),
+            ..Default::default()
+        },
+        vec![("y".into(), TensorType::unranked(DType::F32))],
+    );
+    g.outputs = vec![outs[0]];
+    let mut m = Module {
+        graph: g,
+        opset_imports: [(String::new(), 17)].into_iter().collect(),
+        ir_version: 8,
+        ..Default::default()
+    };
+    let tg = differentiate(&mut m, &Autodiff::with_loss(Some(LossKind::Sum))).unwrap();
+    pipec_compiler::verify::verify(&m).unwrap();
+    // The ratio is a float initializer but not differentiable: only x gets a gradient.
+    assert_eq!(tg.grads.len(), 1);
+    let res = pipec_runtime::run_graph(&m, &[]).unwrap();
+    let get = |k: &str| {
+        res.iter()
+            .find(|(n, _)| n == k)
+            .unwrap()
+            .1
+            .to_f64_vec()
+            .unwrap()
+    };
+    let (y, gx) = (get("y"), get("grad/x"));
+    let mut dropped = 0;
+    for i in 0..20 {
+        assert!(
+            (gx[i] * xs[i] as f64 - y[i]).abs() < 1e-5,
+            "{i}: {} vs {}",
+            gx[i],
+            y[i]
+        );
+        assert!(gx[i] == 0.0 || (gx[i] - 1.0 / 0.7).abs() < 1e-5);
+        dropped += (gx[i] == 0.0) as usize;
+    }
+    assert!(dropped > 0 && dropped < 20, "dropped {dropped} of 20");
+}

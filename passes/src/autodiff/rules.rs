@@ -130,37 +130,59 @@ pub fn grad(
     match d.op_type.as_str() {
         "Identity" => out[0] = Some(dy!()),
         "Dropout" => {
+            // Eval mode (training_mode absent or false) or ratio 0: identity. Training mode:
+            // dX = dY * mask / (1 - ratio) (inverted dropout); the forward op gets its optional
+            // mask result if it has none, and the mask is a saved value.
             let g = dy!();
-            let ratio = d
-                .input(1)
-                .and_then(|v| b.g.constant(v))
-                .and_then(|t| t.to_f64_vec())
-                .and_then(|v| v.first().copied())
-                .unwrap_or(0.5);
-            let training = d
-                .input(2)
-                .map(|v| {
+            let ratio_const = match d.input(1) {
+                None => Some(0.5),
+                Some(v) => {
+                    b.g.constant(v)
+                        .and_then(|t| t.to_f64_vec())
+                        .and_then(|v| v.first().copied())
+                }
+            };
+            let training = match d.input(2) {
+                None => Some(false),
+                Some(v) => {
                     b.g.constant(v)
                         .and_then(|t| t.to_i64_vec())
                         .map(|v| v.first().copied().unwrap_or(0) != 0)
-                })
-                .unwrap_or(Some(false));
-            match (training, d.outputs.get(1)) {
-                (Some(false), _) => out[0] = Some(g),
-                (_, _) if ratio == 0.0 => out[0] = Some(g),
-                (_, Some(mask)) => {
-                    // dX = dY * mask / (1 - ratio)  (inverted dropout).
-                    let m = b.cast(*mask, dt);
-                    let s = b.scalar(dt, 1.0 / (1.0 - ratio))?;
-                    let t = b.mul(g, m);
-                    out[0] = Some(b.mul(t, s));
                 }
-                _ => {
-                    return Err(err(
-                        &d,
-                        "autodiff: Dropout in training mode needs its mask result (add it)",
-                    ))
-                }
+            };
+            if training == Some(false) || ratio_const == Some(0.0) {
+                out[0] = Some(g);
+            } else {
+                let mask = match d.outputs.get(1) {
+                    Some(m) => *m,
+                    None => {
+                        let name = b.fresh(&format!("{}_mask", b.g.name(y)));
+                        let shape = b.g.ty(y).shape.clone();
+                        let v = b.g.values.push(pipec_compiler::ir::ValueData {
+                            name,
+                            ty: pipec_compiler::ir::TensorType {
+                                dtype: DType::Bool,
+                                shape,
+                            },
+                            def: pipec_compiler::ir::ValueDef::Result(op, 1),
+                        });
+                        b.g.ops[op].outputs.push(v);
+                        v
+                    }
+                };
+                let m = b.cast(mask, dt);
+                let t = b.mul(g, m);
+                let scale = match ratio_const {
+                    Some(r) => b.scalar(dt, 1.0 / (1.0 - r))?,
+                    None => {
+                        let r = d.input(1).ok_or_else(|| err(&d, "missing ratio"))?;
+                        let one = b.scalar(dt, 1.0)?;
+                        let r = b.cast(r, dt);
+                        let k = b.sub(one, r);
+                        b.un("Reciprocal", k)
+                    }
+                };
+                out[0] = Some(b.mul(t, scale));
             }
         }
         "Neg" => {

@@ -161,6 +161,9 @@ def main():
     case("reducemax", [N("ReduceMax", ["a"], ["y"], axes=[1], keepdims=0)], {"a": (2, 3, 4)})
     case("reducel2", [N("ReduceL2", ["a"], ["y"], axes=[1], keepdims=1)], {"a": (2, 3, 4)})
     case("reducelse", [N("ReduceLogSumExp", ["a"], ["y"], axes=[2], keepdims=0)], {"a": (2, 3, 4)})
+    case("reduceprod", [N("ReduceProd", ["a"], ["y"], axes=[1], keepdims=0)], {"a": (2, 3, 4)}, pos=("a",))
+    case("max_bcast", [N("Max", ["a", "b", "c"], ["y"])], {"a": (2, 3), "b": (3,), "c": (2, 1)})
+    case("min2", [N("Min", ["a", "b"], ["y"])], {"a": (3, 4), "b": (3, 4)})
     case("reducesumsq", [N("ReduceSumSquare", ["a"], ["y"], axes=[0], keepdims=0)], {"a": (2, 3, 4)})
     # Losses.
     case("mlp@sum", [N("Gemm", ["x", "w", "b"], ["h"], transB=1), N("Tanh", ["h"], ["y"])],

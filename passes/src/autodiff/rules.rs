@@ -23,7 +23,7 @@ pub fn diff_inputs(d: &OpData) -> Vec<bool> {
         "Reshape" | "Squeeze" | "Unsqueeze" | "Expand" | "Slice" | "Split" | "Gather"
         | "GatherElements" | "Dropout" | "MaxPool" | "Pad" | "ReduceSum" | "ReduceMean"
         | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL2" | "ReduceLogSumExp"
-        | "Clip" | "Tile" | "Cast" | "Flatten" => only(&[0]),
+        | "Clip" | "Tile" | "Cast" | "Flatten" | "ReduceProd" => only(&[0]),
         "BatchNormalization" => only(&[0, 1, 2]),
         "Where" => only(&[1, 2]),
         // Zero almost everywhere, or not numeric: no gradient flows.
@@ -269,6 +269,21 @@ pub fn grad(
                 if let (true, Some(v)) = (need_i(i), x(i)) {
                     let vd = dims(b, &d, v)?;
                     *slot = Some(b.unbroadcast(g, &yd, &vd)?);
+                }
+            }
+        }
+        "Max" | "Min" => {
+            // dX_i = unb(dY where X_i == Y): every operand equal to the extremum gets the
+            // gradient (ties are measure-zero for random data).
+            let g = dy!();
+            let yd = dims(b, &d, y)?;
+            let z = b.scalar(dt, 0.0)?;
+            for (i, slot) in out.iter_mut().enumerate() {
+                if let (true, Some(v)) = (need_i(i), x(i)) {
+                    let vd = dims(b, &d, v)?;
+                    let m = b.op1("Equal", &[v, y], vec![], DType::Bool);
+                    let w = b.op1("Where", &[m, g, z], vec![], dt);
+                    *slot = Some(b.unbroadcast(w, &yd, &vd)?);
                 }
             }
         }
@@ -655,7 +670,7 @@ pub fn grad(
             ));
         }
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL2"
-        | "ReduceLogSumExp" => {
+        | "ReduceLogSumExp" | "ReduceProd" => {
             let g = dy!();
             let xv = x(0).ok_or_else(|| err(&d, "missing input"))?;
             let xd = dims(b, &d, xv)?;
@@ -723,6 +738,11 @@ pub fn grad(
                 }
                 "ReduceL2" => {
                     let t = b.div(xv, yk);
+                    b.mul(ge, t)
+                }
+                "ReduceProd" => {
+                    // dX = dY * Y / X (inputs without zeros).
+                    let t = b.div(yk, xv);
                     b.mul(ge, t)
                 }
                 _ => {

@@ -174,3 +174,25 @@ fn training_dropout_uses_the_saved_mask() {
     }
     assert!(dropped > 0 && dropped < 20, "dropped {dropped} of 20");
 }
+
+#[test]
+fn pass_specs_with_options() {
+    use pipec_passes::lookup_spec;
+    let mut m = load("mlp4");
+    let p = lookup_spec("autodiff{loss=sum wrt-inputs=true}").unwrap();
+    let mut st = pipec_compiler::passmgr::Stats::default();
+    p.run(&mut m, &mut st).unwrap();
+    assert_eq!(st.get("params"), 9);
+    let o = lookup_spec("optimizer{type=adam lr=0.01 micro-batches=4}").unwrap();
+    o.run(&mut m, &mut st).unwrap();
+    assert!(m
+        .graph
+        .inputs
+        .iter()
+        .any(|v| m.graph.name(*v) == "grad_acc/net.0.weight"));
+    assert!(lookup_spec("autodiff{loss=hinge}").is_err());
+    assert!(lookup_spec("autodiff{bogus=1}").is_err());
+    assert!(lookup_spec("optimizer{type=sgd momentum=x}").is_err());
+    assert!(lookup_spec("dce{x=1}").is_err());
+    assert!(lookup_spec("dce").is_ok());
+}

@@ -133,6 +133,10 @@ def main():
     # Indexing, shape ops.
     case("gather_embed", [N("Gather", ["w", "i"], ["y"])], {"w": (10, 4)},
          ints={"i": np.array([[1, 3, 1], [9, -1, 0]], np.int64)})
+    case("gather_axis1_scalar", [N("Gather", ["w", "i"], ["y"], axis=1)], {"w": (2, 5, 3)},
+         ints={"i": np.array(0, np.int64)})
+    case("gather_axis2_2d", [N("Gather", ["w", "i"], ["y"], axis=2)], {"w": (2, 3, 4, 2)},
+         ints={"i": np.array([[3, 0], [3, -1], [1, 1]], np.int64)})
     case("gather_elements", [N("GatherElements", ["w", "i"], ["y"], axis=1)], {"w": (3, 4)},
          ints={"i": np.array([[0, 0, 3], [1, 2, 1], [3, 3, 3]], np.int64)})
     case("concat", [N("Concat", ["a", "b", "c"], ["y"], axis=1)], {"a": (2, 1, 3), "b": (2, 2, 3), "c": (2, 3, 3)})

@@ -614,17 +614,18 @@ pub fn grad(
             out[0] = Some(b.op1("Slice", &[g, s, e, a], vec![], dt));
         }
         "Gather" => {
-            // Embedding: dW = ScatterND(zeros, idx[..., None], dY, reduction=add) along axis 0.
+            // Along axis 0 (embeddings): dW = ScatterND(zeros, idx[..., None], dY, reduction=add).
+            // Along axis k: the same on W with axis k moved to the front (dY's index axes moved
+            // to the front likewise), then moved back.
             let g = dy!();
             let w = x(0).ok_or_else(|| err(&d, "missing input"))?;
             let idx = x(1).ok_or_else(|| err(&d, "missing input"))?;
             let wr = dims(b, &d, w)?;
-            let ax = norm_axis(d.int_attr("axis").unwrap_or(0), wr.len());
-            if ax != 0 {
-                return Err(err(
-                    &d,
-                    "autodiff: Gather along an axis other than 0 has no gradient rule",
-                ));
+            let r = wr.len();
+            let ri = dims(b, &d, idx)?.len();
+            let ax = norm_axis(d.int_attr("axis").unwrap_or(0), r) as usize;
+            if ax >= r {
+                return Err(err(&d, "axis out of range"));
             }
             if opset < 16 {
                 return Err(err(
@@ -633,7 +634,7 @@ pub fn grad(
                 ));
             }
             let mut ix = b.cast(idx, DType::I64);
-            if let Dim::Known(n0) = wr[0] {
+            if let Dim::Known(n0) = wr[ax] {
                 // Negative indices count from the end.
                 let z = b.scalar(DType::I64, 0.0)?;
                 let nn = b.scalar(DType::I64, n0 as f64)?;
@@ -643,12 +644,43 @@ pub fn grad(
             }
             let ix = b.unsqueeze(ix, &[-1]);
             let zeros = b.zeros_like(w)?;
-            out[0] = Some(b.op1(
-                "ScatterND",
-                &[zeros, ix, g],
-                vec![("reduction", Attr::String("add".into()))],
-                dt,
-            ));
+            if ax == 0 {
+                out[0] = Some(b.op1(
+                    "ScatterND",
+                    &[zeros, ix, g],
+                    vec![("reduction", Attr::String("add".into()))],
+                    dt,
+                ));
+            } else {
+                // W perm: [ax, 0..ax, ax+1..r]; dY perm: [ax..ax+ri, 0..ax, ax+ri..].
+                let wperm: Vec<i64> = std::iter::once(ax)
+                    .chain(0..ax)
+                    .chain(ax + 1..r)
+                    .map(|v| v as i64)
+                    .collect();
+                let gperm: Vec<i64> = (ax..ax + ri)
+                    .chain(0..ax)
+                    .chain(ax + ri..r - 1 + ri)
+                    .map(|v| v as i64)
+                    .collect();
+                let zt = b.transpose(zeros, &wperm);
+                let gt = if gperm.iter().enumerate().all(|(i, p)| i as i64 == *p) {
+                    g
+                } else {
+                    b.transpose(g, &gperm)
+                };
+                let sc = b.op1(
+                    "ScatterND",
+                    &[zt, ix, gt],
+                    vec![("reduction", Attr::String("add".into()))],
+                    dt,
+                );
+                let mut inv = vec![0i64; r];
+                for (i, p) in wperm.iter().enumerate() {
+                    inv[*p as usize] = i as i64;
+                }
+                out[0] = Some(b.transpose(sc, &inv));
+            }
         }
         "GatherElements" => {
             let g = dy!();

@@ -18,7 +18,7 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-rng = np.random.default_rng(1234)
+rng = np.random.default_rng(int(os.environ.get("PIPEC_FD_SEED", "1234")))
 CASES = []
 
 
@@ -169,6 +169,32 @@ def main():
     case("max_bcast", [N("Max", ["a", "b", "c"], ["y"])], {"a": (2, 3), "b": (3,), "c": (2, 1)})
     case("min2", [N("Min", ["a", "b"], ["y"])], {"a": (3, 4), "b": (3, 4)})
     case("reducesumsq", [N("ReduceSumSquare", ["a"], ["y"], axes=[0], keepdims=0)], {"a": (2, 3, 4)})
+    # Random shapes with random broadcasting (seed: $PIPEC_FD_SEED, default 1234).
+    def bshape(full):
+        """A shape that broadcasts to `full`: leading axes dropped, some axes set to 1."""
+        k = int(rng.integers(0, len(full) + 1))
+        return tuple(1 if rng.random() < 0.35 else d for d in full[len(full) - k:])
+    for i in range(12):
+        op = ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Where"][i % 7]
+        full = tuple(int(d) for d in rng.integers(1, 5, int(rng.integers(1, 5))))
+        sa, sb = bshape(full), bshape(full)
+        sa = full if rng.random() < 0.5 else sa  # one operand usually full-sized
+        pos = ("a", "b") if op in ("Div", "Pow") else ()
+        if op == "Where":
+            case(f"rand{i}_where", [N("Where", ["c", "a", "b"], ["y"])], {"a": sa, "b": sb},
+                 ints={"c": rng.random(bshape(full) or (1,)) > 0.5})
+        else:
+            case(f"rand{i}_{op.lower()}", [N(op, ["a", "b"], ["y"])], {"a": sa, "b": sb}, pos=pos)
+    for i in range(6):
+        m, k, n = (int(v) for v in rng.integers(1, 5, 3))
+        batch = tuple(int(d) for d in rng.integers(1, 4, int(rng.integers(0, 3))))
+        sa = bshape(batch) + (m, k)
+        sb = bshape(batch) + (k, n)
+        if i == 4:
+            sa = (k,)
+        if i == 5:
+            sb = (k,)
+        case(f"rand{i}_matmul", [N("MatMul", ["a", "b"], ["y"])], {"a": sa, "b": sb})
     # Losses.
     case("mlp@sum", [N("Gemm", ["x", "w", "b"], ["h"], transB=1), N("Tanh", ["h"], ["y"])],
          {"x": (4, 5), "w": (3, 5), "b": (3,)})

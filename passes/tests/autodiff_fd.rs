@@ -1,7 +1,7 @@
 //! Gradient checks of every autodiff rule against central finite differences.
 //!
-//! `scripts/fd_cases.py` writes small models (one op, or a few, on random shapes including
-//! broadcasting, 1-D MatMul operands, every Gemm transpose, grouped/dilated/strided Conv, ...),
+//! `scripts/fd_cases.py` writes small models (one op, or a few; fixed shapes covering the
+//! corner cases plus random shapes with random broadcasting, seeded by `$PIPEC_FD_SEED`; 1-D MatMul operands, every Gemm transpose, grouped/dilated/strided Conv, ...),
 //! this test differentiates each with the `autodiff` pass (mean-square loss unless the case name
 //! asks `@sum` or `@ce`), verifies and exports the training graph, and `scripts/fd_check.py` runs
 //! it in onnxruntime: float64 where ORT has double kernels (tolerance 1e-6), float32 otherwise

@@ -1,8 +1,8 @@
 //! Gradient checks of every autodiff rule against central finite differences.
 //!
-//! `scripts/fd_cases.py` writes small models (one op, or a few; fixed shapes covering the
-//! corner cases plus random shapes with random broadcasting, seeded by `$PIPEC_FD_SEED`; 1-D MatMul operands, every Gemm transpose, grouped/dilated/strided Conv, ...),
-//! this test differentiates each with the `autodiff` pass (mean-square loss unless the case name
+//! `scripts/fd_cases.py` writes small models (one op, or a few): fixed shapes covering the
+//! corner cases (1-D MatMul operands, every Gemm transpose, grouped/dilated/strided Conv, ...)
+//! plus random shapes with random broadcasting, seeded by `$PIPEC_FD_SEED`. This test differentiates each with the `autodiff` pass (mean-square loss unless the case name
 //! asks `@sum` or `@ce`), verifies and exports the training graph, and `scripts/fd_check.py` runs
 //! it in onnxruntime: float64 where ORT has double kernels (tolerance 1e-6), float32 otherwise
 //! (Conv, pools, Erf/Gelu, LayerNorm, training-mode BN; tolerance 3e-3). Needs python3 with onnx,

@@ -37,3 +37,20 @@ fn ir_after_import_and_each_pass() {
         }
     }
 }
+
+/// The training IR (forward + mean-square loss + backward) that `autodiff` makes of every dev
+/// model, batch left symbolic.
+#[test]
+fn training_ir_after_autodiff() {
+    for name in DEV_MODELS {
+        let path = model(&format!("{name}.onnx"));
+        let mut m = pipec_compiler::onnx::import::load(&path).unwrap();
+        pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+        let pm = PassManager::new(vec![pipec_passes::lookup("autodiff").unwrap()]);
+        pm.run(&mut m, &mut |_, _| {}).unwrap();
+        snapshot(
+            &format!("{name}.10-autodiff"),
+            &pipec_compiler::text::print(&m),
+        );
+    }
+}

@@ -2,16 +2,21 @@
 //! guarantees, invalidates, statistics); [`registry`] lists them all for the CLI and the pass
 //! manager.
 
+pub mod autodiff;
 pub mod cost;
 pub mod dce;
 pub mod fold_constants;
+pub mod loss;
+pub mod optimizer;
 pub mod plan;
 pub mod planners;
 pub mod shape_infer;
 pub mod sim;
 
+pub use autodiff::Autodiff;
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;
+pub use optimizer::Optimizer;
 pub use shape_infer::ShapeInfer;
 
 use pipec_compiler::passmgr::Pass;
@@ -24,10 +29,87 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         // Canonicalization.
         Box::new(FoldConstants),
         Box::new(Dce),
+        // Training.
+        Box::new(Autodiff::default()),
+        Box::new(Optimizer::default()),
     ]
 }
 
 /// The pass named `name` (its CLI name), if any.
 pub fn lookup(name: &str) -> Option<Box<dyn Pass>> {
     registry().into_iter().find(|p| p.name() == name)
+}
+
+/// A pass from a spec with MLIR-style options, `name` or `name{key=value key=value}`
+/// (space-separated, so the spec survives a comma-separated pipeline):
+/// - `autodiff{loss=mean-square|sum|cross-entropy:LABEL|none wrt-inputs=true|false}`
+///   (`none`: the first output already is the 0-D loss);
+/// - `optimizer{type=sgd|adam micro-batches=M lr=.. momentum=.. weight_decay=.. beta1=..
+///   beta2=.. eps=..}`;
+/// - every other pass takes no options.
+pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
+    use pipec_compiler::error::Error;
+    let (name, opts) = match spec.split_once('{') {
+        Some((n, rest)) => {
+            let inner = rest
+                .strip_suffix('}')
+                .ok_or_else(|| Error::Usage(format!("pass spec '{spec}': missing '}}'")))?;
+            (n.trim(), inner)
+        }
+        None => (spec.trim(), ""),
+    };
+    let mut kv = Vec::new();
+    for part in opts.split_whitespace() {
+        let (k, v) = part.split_once('=').ok_or_else(|| {
+            Error::Usage(format!("pass '{name}': option '{part}' is not KEY=VALUE"))
+        })?;
+        kv.push((k.to_string(), v.to_string()));
+    }
+    let bad = |k: &str| Error::Usage(format!("pass '{name}': unknown option '{k}'"));
+    let flag = |k: &str, v: &str| match v {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(Error::Usage(format!(
+            "pass '{name}': option '{k}' must be true or false"
+        ))),
+    };
+    match name {
+        "autodiff" => {
+            let mut a = Autodiff::default();
+            for (k, v) in &kv {
+                match k.as_str() {
+                    "loss" if v == "none" => a.loss = None,
+                    "loss" => a.loss = Some(v.parse()?),
+                    "wrt-inputs" => a.wrt_inputs = flag(k, v)?,
+                    _ => return Err(bad(k)),
+                }
+            }
+            Ok(Box::new(a))
+        }
+        "optimizer" => {
+            let mut kind = "sgd".to_string();
+            let mut micro = 1u32;
+            let mut hyper = Vec::new();
+            for (k, v) in &kv {
+                match k.as_str() {
+                    "type" => kind = v.clone(),
+                    "micro-batches" => {
+                        micro = v.parse().map_err(|_| {
+                            Error::Usage(format!("pass 'optimizer': micro-batches '{v}'"))
+                        })?
+                    }
+                    _ => hyper.push(format!("{k}={v}")),
+                }
+            }
+            let k: optimizer::OptimizerKind = format!("{kind}:{}", hyper.join(",")).parse()?;
+            Ok(Box::new(Optimizer::new(k, micro)))
+        }
+        _ => {
+            let p = lookup(name).ok_or_else(|| Error::Usage(format!("unknown pass '{name}'")))?;
+            match kv.first() {
+                Some((k, _)) => Err(bad(k)),
+                None => Ok(p),
+            }
+        }
+    }
 }

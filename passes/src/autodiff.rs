@@ -1,0 +1,365 @@
+//! `autodiff`: turns a forward (inference) graph into a training graph: forward, loss, backward
+//! (reverse-mode differentiation), all in standard ONNX ops of the default domain.
+//!
+//! - **Requires**: default-domain opset >= 13 (axes as inputs of `ReduceSum`/`Squeeze`/
+//!   `Unsqueeze`; MaxPool and Gather gradients use `ScatterND` with `reduction = add`, opset >= 16);
+//!   a topological `order`. Shape inference runs first (ranks of the forward values are needed;
+//!   Conv and pool gradients need static channel and spatial dims; the batch may be symbolic).
+//! - **Guarantees**: a loss op chain ([`crate::loss`], option `loss`) on the first output, then,
+//!   in reverse program order, the gradient rule of every op on a path from a parameter to the
+//!   loss ([`rules`], [`conv`], [`norm`]; each file cites its equations). Parameters are the
+//!   floating-point initializers (and, with `wrt_inputs`, the floating-point graph inputs) the
+//!   loss depends on through differentiable operands: integer values, `Shape`, comparisons,
+//!   casts to integers, Gather/Scatter indices, BatchNormalization running statistics are cut.
+//!   Gradients of a value used several times are summed (`Add`/`Sum`). Graph outputs become
+//!   `[loss, original outputs..., grad/<param>...]`, the gradient of parameter `P` named
+//!   `grad/P`, in initializer order. Result types are re-inferred; the module verifies.
+//! - **Annotations**: every op gets `pipec.phase` = `fwd` | `loss` | `bwd`; forward ops whose
+//!   results the backward reads get `pipec.saved` = indices of those results (the saved
+//!   activations; uses through `Shape`/`Size` only need metadata and are not counted). Module
+//!   attrs: `pipec.loss` (name of the loss value), `pipec.params` and `pipec.grads` (parallel
+//!   lists of names), `pipec.saved` (names of all saved forward values, graph inputs included).
+//!   MaxPool ops get their optional `Indices` result when the backward needs it.
+//! - **Fails** with the node name and op type when an op on a path from a parameter to the loss
+//!   has no gradient rule, or a rule's preconditions (static spatial dims, constant slice bounds,
+//!   ...) do not hold.
+//! - **Invalidates**: graph outputs, op results of MaxPool (one more), everything keyed by op.
+//! - **Statistics**: `params`, `forward-ops`, `backward-ops`, `saved-values`.
+//! - **Options**: [`Autodiff::with_loss`] (default `mean-square`), [`Autodiff::wrt_inputs`].
+
+pub mod builder;
+pub mod conv;
+pub mod norm;
+pub mod rules;
+
+use crate::loss::{add_loss, LossKind};
+use builder::Builder;
+use pipec_compiler::error::Error;
+use pipec_compiler::ir::{Attr, Module, Op, Value, ValueDef};
+use pipec_compiler::passmgr::{Pass, Stats};
+use pipec_compiler::Result;
+use std::collections::{HashMap, HashSet};
+
+/// The `autodiff` pass and its options.
+#[derive(Clone, Debug)]
+pub struct Autodiff {
+    /// The loss put on the first output; `None`: the first output already is a 0-D loss.
+    pub loss: Option<LossKind>,
+    /// Also differentiate with respect to floating-point graph inputs (`grad/<input>`).
+    pub wrt_inputs: bool,
+}
+
+impl Default for Autodiff {
+    fn default() -> Self {
+        Autodiff {
+            loss: Some(LossKind::MeanSquare),
+            wrt_inputs: false,
+        }
+    }
+}
+
+impl Autodiff {
+    /// With the given loss (`None`: use output 0 as the loss).
+    pub fn with_loss(loss: Option<LossKind>) -> Self {
+        Autodiff {
+            loss,
+            ..Default::default()
+        }
+    }
+    /// Also produce gradients for floating-point graph inputs.
+    pub fn wrt_inputs(mut self, yes: bool) -> Self {
+        self.wrt_inputs = yes;
+        self
+    }
+}
+
+/// What [`differentiate`] built.
+#[derive(Clone, Debug, Default)]
+pub struct TrainingGraph {
+    /// The 0-D loss value.
+    pub loss: Option<Value>,
+    /// `(parameter, its gradient)` in initializer order (then inputs).
+    pub grads: Vec<(Value, Value)>,
+    /// Forward values the backward reads.
+    pub saved: Vec<Value>,
+    /// Op counts.
+    pub forward_ops: usize,
+    pub backward_ops: usize,
+}
+
+impl Pass for Autodiff {
+    fn name(&self) -> &'static str {
+        "autodiff"
+    }
+    fn summary(&self) -> &'static str {
+        "adds a loss and the backward pass (reverse-mode gradients of the parameters) in standard ONNX ops"
+    }
+    fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
+        let t = differentiate(module, self)?;
+        stats.add("params", t.grads.len() as u64);
+        stats.add("forward-ops", t.forward_ops as u64);
+        stats.add("backward-ops", t.backward_ops as u64);
+        stats.add("saved-values", t.saved.len() as u64);
+        Ok(())
+    }
+}
+
+/// Build the training graph in place (see the module doc).
+pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
+    let opset = match m.opset() {
+        0 => 17,
+        v => v,
+    };
+    if opset < 13 {
+        return Err(Error::msg(format!(
+            "autodiff needs default-domain opset >= 13 (the model has {opset})"
+        )));
+    }
+    pipec_compiler::shape::infer_shapes(m)?;
+    let fwd_count = m.graph.order.len();
+    for &op in &m.graph.order {
+        m.graph.ops[op]
+            .attrs
+            .insert("pipec.phase".into(), Attr::String("fwd".into()));
+    }
+    let orig_outputs = m.graph.outputs.clone();
+    let loss = match &opts.loss {
+        Some(k) => {
+            let l = add_loss(m, k)?;
+            // The backward reads the ranks of the loss ops' values.
+            pipec_compiler::shape::infer_shapes(m)?;
+            l
+        }
+        None => {
+            let l = *orig_outputs
+                .first()
+                .ok_or_else(|| Error::msg("the model has no outputs"))?;
+            let t = m.graph.ty(l);
+            if !t.dtype.is_float() || t.rank() != Some(0) {
+                return Err(Error::named(
+                    m.graph.name(l),
+                    "with no loss option the first output must be a floating-point scalar",
+                ));
+            }
+            l
+        }
+    };
+    let label: Option<Value> = match &opts.loss {
+        Some(LossKind::CrossEntropy(n)) => m
+            .graph
+            .inputs
+            .iter()
+            .copied()
+            .find(|v| m.graph.name(*v) == n),
+        _ => None,
+    };
+    let order: Vec<Op> = m.graph.order.clone();
+    let g = &m.graph;
+
+    // Parameters.
+    let mut params: Vec<Value> = g
+        .initializers
+        .keys()
+        .copied()
+        .filter(|v| g.ty(*v).dtype.is_float())
+        .collect();
+    if opts.wrt_inputs {
+        params.extend(
+            g.inputs
+                .iter()
+                .copied()
+                .filter(|v| g.ty(*v).dtype.is_float() && Some(*v) != label),
+        );
+    }
+    // Values that depend on a parameter through differentiable operands.
+    let mut varied: HashSet<Value> = params.iter().copied().collect();
+    let mut diff: HashMap<Op, Vec<bool>> = HashMap::new();
+    for &op in &order {
+        let d = &g.ops[op];
+        let di = rules::diff_inputs(d);
+        let hit = d
+            .inputs
+            .iter()
+            .enumerate()
+            .any(|(i, v)| di[i] && v.is_some_and(|v| varied.contains(&v)));
+        if hit {
+            for &o in &d.outputs {
+                if g.ty(o).dtype.is_float() {
+                    varied.insert(o);
+                }
+            }
+        }
+        diff.insert(op, di);
+    }
+    // Values the loss depends on through differentiable operands.
+    let mut useful: HashSet<Value> = HashSet::from([loss]);
+    for &op in order.iter().rev() {
+        let d = &g.ops[op];
+        if d.outputs.iter().any(|o| useful.contains(o)) {
+            for (i, v) in d.inputs.iter().enumerate() {
+                if let (true, Some(v)) = (diff[&op][i], v) {
+                    useful.insert(*v);
+                }
+            }
+        }
+    }
+    let active = |v: Value| varied.contains(&v) && useful.contains(&v);
+
+    let mut b = Builder::new(&mut m.graph, "bwd");
+    let mut contrib: HashMap<Value, Vec<Value>> = HashMap::new();
+    let dt = b.dt(loss);
+    let seed = b.scalar(dt, 1.0)?;
+    contrib.insert(loss, vec![seed]);
+    let take = |b: &mut Builder, contrib: &mut HashMap<Value, Vec<Value>>, v: Value| {
+        contrib.remove(&v).map(|vs| b.sum(&vs))
+    };
+    for &op in order.iter().rev() {
+        let outs = b.g.ops[op].outputs.clone();
+        let mut dys = Vec::with_capacity(outs.len());
+        for &o in &outs {
+            dys.push(if active(o) {
+                take(&mut b, &mut contrib, o)
+            } else {
+                None
+            });
+        }
+        if dys.iter().all(Option::is_none) {
+            continue;
+        }
+        let d = &b.g.ops[op];
+        let need: Vec<bool> = d
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, v)| diff[&op][i] && v.is_some_and(active))
+            .collect();
+        if !need.iter().any(|x| *x) {
+            continue;
+        }
+        let (name, op_type, inputs) = (d.name.clone(), d.op_type.clone(), d.inputs.clone());
+        b.prefix = format!("{name}/grad");
+        let gs = rules::grad(&mut b, op, &dys, &need, opset)?.ok_or_else(|| {
+            Error::node(
+                &name,
+                &op_type,
+                format!(
+                    "autodiff: no gradient rule for op type '{op_type}' (it is on the path from a parameter to the loss)"
+                ),
+            )
+        })?;
+        for (i, needed) in need.iter().enumerate() {
+            if !needed {
+                continue;
+            }
+            let (Some(v), Some(gv)) = (inputs[i], gs.get(i).copied().flatten()) else {
+                return Err(Error::node(
+                    &name,
+                    &op_type,
+                    format!("autodiff: the gradient rule gave no gradient for operand {i}"),
+                ));
+            };
+            contrib.entry(v).or_default().push(gv);
+        }
+    }
+    // Gradients of the parameters, named `grad/<param>`.
+    b.prefix = String::new();
+    let made: HashSet<Value> = b
+        .made
+        .iter()
+        .flat_map(|o| b.g.ops[*o].outputs.clone())
+        .collect();
+    let mut renamed: HashSet<Value> = HashSet::new();
+    let mut grads = Vec::new();
+    for &p in &params {
+        let Some(gv) = take(&mut b, &mut contrib, p) else {
+            continue;
+        };
+        let want = format!("grad/{}", b.g.name(p));
+        let name = b.fresh(&want);
+        let gv = if made.contains(&gv)
+            && !renamed.contains(&gv)
+            && b.g
+                .producer(gv)
+                .is_some_and(|o| b.g.ops[o].op_type != "Constant")
+        {
+            b.g.values[gv].name = name;
+            gv
+        } else {
+            let dtp = b.dt(gv);
+            let v = b.op1("Identity", &[gv], vec![], dtp);
+            b.g.values[v].name = name;
+            v
+        };
+        renamed.insert(gv);
+        grads.push((p, gv));
+    }
+    let bwd_ops: HashSet<Op> = b.made.iter().copied().collect();
+    let backward_ops = b.made.len();
+    let g = &mut m.graph;
+    let mut outputs = vec![loss];
+    outputs.extend(orig_outputs.iter().copied().filter(|v| *v != loss));
+    outputs.extend(grads.iter().map(|(_, gv)| *gv));
+    g.outputs = outputs;
+
+    // Saved activations: forward values read by backward ops (not only through Shape/Size).
+    let mut saved_set: HashSet<Value> = HashSet::new();
+    let mut saved = Vec::new();
+    for &op in &g.order {
+        if !bwd_ops.contains(&op) {
+            continue;
+        }
+        let d = &g.ops[op];
+        if matches!(d.op_type.as_str(), "Shape" | "Size") {
+            continue;
+        }
+        for v in d.inputs.iter().flatten() {
+            let fwd = match g.values[*v].def {
+                ValueDef::Input(_) => true,
+                ValueDef::Initializer => false,
+                ValueDef::Result(p, _) => !bwd_ops.contains(&p) && g.ops[p].op_type != "Constant",
+            };
+            if fwd && saved_set.insert(*v) {
+                saved.push(*v);
+            }
+        }
+    }
+    let mut per_op: HashMap<Op, Vec<i64>> = HashMap::new();
+    for &v in &saved {
+        if let ValueDef::Result(p, k) = g.values[v].def {
+            per_op.entry(p).or_default().push(k as i64);
+        }
+    }
+    for (op, mut ks) in per_op {
+        ks.sort_unstable();
+        g.ops[op].attrs.insert("pipec.saved".into(), Attr::Ints(ks));
+    }
+    let names = |vs: &mut dyn Iterator<Item = Value>| -> Vec<String> {
+        vs.map(|v| g.name(v).to_string()).collect()
+    };
+    let attrs = vec![
+        ("pipec.loss", Attr::String(g.name(loss).to_string())),
+        (
+            "pipec.params",
+            Attr::Strings(names(&mut grads.iter().map(|x| x.0))),
+        ),
+        (
+            "pipec.grads",
+            Attr::Strings(names(&mut grads.iter().map(|x| x.1))),
+        ),
+        (
+            "pipec.saved",
+            Attr::Strings(names(&mut saved.iter().copied())),
+        ),
+    ];
+    for (k, v) in attrs {
+        m.attrs.insert(k.to_string(), v);
+    }
+    pipec_compiler::shape::infer_shapes(m)?;
+    Ok(TrainingGraph {
+        loss: Some(loss),
+        grads,
+        saved,
+        forward_ops: fwd_count,
+        backward_ops,
+    })
+}

@@ -156,3 +156,51 @@ fn fold_constants_and_dce_shrink_gpt2() {
         count(&after)
     );
 }
+
+#[test]
+fn training_pipeline_with_pass_options_round_trips() {
+    let dir = tempdir();
+    for name in ["mlp4", "gpt2_tiny"] {
+        let a = dir.path().join(format!("{name}.train.mlir"));
+        let b = dir.path().join(format!("{name}.train2.mlir"));
+        let src = model(&format!("{name}.onnx"));
+        pipec_ok(&[
+            "opt",
+            src.to_str().unwrap(),
+            "--passes",
+            "shape-infer,autodiff{loss=mean-square},optimizer{type=adam lr=0.001},dce",
+            "-o",
+            a.to_str().unwrap(),
+        ]);
+        pipec_ok(&["opt", a.to_str().unwrap(), "-o", b.to_str().unwrap()]);
+        assert!(
+            std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+            "{name}: training IR must round-trip"
+        );
+        let text = std::fs::read_to_string(&a).unwrap();
+        assert!(
+            text.contains("pipec.phase = \"bwd\""),
+            "{name}: backward ops are annotated"
+        );
+        if let Some(mlir_opt) = mlir_opt() {
+            let out = Command::new(mlir_opt)
+                .arg("--allow-unregistered-dialect")
+                .arg(&a)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let bad = pipec(&[
+        "opt",
+        model("mlp4.onnx").to_str().unwrap(),
+        "--passes",
+        "autodiff{loss=bogus}",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("unknown loss 'bogus'"));
+}

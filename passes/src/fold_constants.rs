@@ -21,6 +21,8 @@
 //!   default domain, random or stateful ops, non-constant operands and anything above
 //!   [`pipec_compiler::eval::MAX_ELEMENTS`] are left alone. Invalid constant operands (a Gather
 //!   index out of range) fail the pass with the node's name.
+//! - **Never folds through parameters**: floating-point initializers are trained, so ops reading
+//!   them stay (integer initializers and `Constant` ops are folded).
 //! - **Does not** remove the ops and initializers that folding leaves unused: run `dce` after.
 //! - **Invalidates**: op types of folded ops (analyses keyed by op type or operand lists).
 //! - **Statistics**: `folded-ops`, `canonicalized-constants`, `type-mismatches`.
@@ -116,7 +118,7 @@ fn evaluate(
     let inputs: Vec<Option<&TensorData>> = data
         .inputs
         .iter()
-        .map(|v| v.and_then(|v| g.constant(v)))
+        .map(|v| v.and_then(|v| operand_constant(g, v)))
         .collect();
     let types: Vec<Option<&TensorType>> = data.inputs.iter().map(|v| v.map(|v| g.ty(v))).collect();
     if let Some(r) = eval_op(data, &inputs, &types, opset)? {
@@ -154,6 +156,16 @@ fn from_tracked_values(g: &Graph, op: Op, tracked: &SymbolicValues) -> Option<Te
             TensorData::from_raw(DType::I32, dims, raw.into()).ok()
         }
         _ => None,
+    }
+}
+
+/// Constant data of an operand, for folding. Floating-point initializers are the model's
+/// parameters: pipec trains them, so they are variables, never folded into (an inference-style
+/// `Transpose(weight)` fold would bake the initial weights into the training graph).
+fn operand_constant(g: &Graph, v: pipec_compiler::ir::Value) -> Option<&TensorData> {
+    match g.initializers.get(&v) {
+        Some(t) if t.dtype.is_float() => None,
+        _ => g.constant(v),
     }
 }
 

@@ -350,3 +350,23 @@ fn registry_names_are_unique_and_looked_up() {
     assert!(lookup("no-such-pass").is_none());
     assert!(registry().iter().all(|p| !p.summary().is_empty()));
 }
+
+/// Parameters (floating-point initializers) are trained, so ops on them are never folded.
+#[test]
+fn float_initializers_are_not_folded() {
+    let mut g = Graph::new("t");
+    let w = g.add_initializer("w", TensorData::from_f32(vec![2], &[1.0, -2.0]));
+    let y = add(
+        &mut g,
+        "neg_w",
+        "Neg",
+        &[w],
+        &[],
+        TensorType::known(DType::F32, &[2]),
+    );
+    g.outputs.push(y);
+    let mut m = module(g);
+    let stats = run(&FoldConstants, &mut m);
+    assert_eq!(stats.get("folded-ops"), 0);
+    assert_eq!(live_ops(&m.graph), ["Neg"]);
+}

@@ -21,7 +21,8 @@ pub struct OptArgs {
     /// The input: `.onnx` or `.mlir`.
     #[arg(required_unless_present = "list_passes")]
     pub file: Option<PathBuf>,
-    /// Comma-separated pipeline, e.g. `shape-infer,fold-constants,dce`.
+    /// Comma-separated pipeline, e.g. `shape-infer,fold-constants,dce`. Options in MLIR style,
+    /// space-separated: `autodiff{loss=sum},optimizer{type=adam lr=0.001}`.
     #[arg(long, value_delimiter = ',')]
     pub passes: Vec<String>,
     /// Print the IR to stderr after every pass.
@@ -61,21 +62,27 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
         bail!("missing FILE (see `pipec opt --help`)");
     };
     let mut passes = Vec::new();
-    for name in a.passes.iter().filter(|n| !n.is_empty()) {
-        match pipec_passes::lookup(name) {
-            Some(p) => passes.push(p),
-            None => bail!(
+    for spec in a.passes.iter().filter(|n| !n.is_empty()) {
+        let name = spec.split('{').next().unwrap_or(spec);
+        if pipec_passes::lookup(name).is_none() {
+            bail!(
                 "--passes: unknown pass '{name}' (known: {})",
                 registry
                     .iter()
                     .map(|p| p.name())
                     .collect::<Vec<_>>()
                     .join(", ")
-            ),
+            );
         }
+        let pass = pipec_passes::lookup_spec(spec).map_err(|e| anyhow::anyhow!("--passes: {e}"))?;
+        passes.push(pass);
     }
     for name in &a.print_ir_after {
-        if !a.passes.iter().any(|p| p == name) {
+        if !a
+            .passes
+            .iter()
+            .any(|p| p.split('{').next() == Some(name.as_str()))
+        {
             bail!("--print-ir-after: pass '{name}' is not in the pipeline");
         }
     }

@@ -22,6 +22,7 @@
 //!    [`crate::sim::StageGraph::from_specs`] directly (about 1 µs per simulated task).
 
 pub mod dp;
+pub mod pipedream;
 pub mod straight;
 
 use crate::cost::{Cluster, CostGraph};
@@ -44,8 +45,9 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
     match name {
         "dp" => Ok(Box::new(dp::DataParallel)),
         "straight" => Ok(Box::new(straight::Straight)),
+        "pipedream" => Ok(Box::new(pipedream::PipeDream::default())),
         n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
-            "--planner {n}: not implemented yet (available: dp, straight)"
+            "--planner {n}: not implemented yet (available: dp, pipedream, straight)"
         ))),
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",

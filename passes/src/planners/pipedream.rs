@@ -232,14 +232,30 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        // Split off a last stage k+1 → j on m' workers.
+        // Split off a last stage k+1 → j on m' workers. Candidates that cannot beat the best so
+        // far are skipped by exact lower bounds (`max(prev, last) ≥ prev ≥ min_m'' A(k, m'')` and
+        // `last ≥ C(k+1 → j)/m` for non-negative ranges), so the result is the optimizer's.
         let last_j = s.saturating_sub(1);
+        // pmin[k·n + t] = min_{t' ≤ t} A(k, t') (∞ for none), kept up to t = m − 1.
+        let mut pmin = vec![f64::INFINITY; s * n];
+        for k in 0..s {
+            let v = a[k * n];
+            pmin[k * n] = if v.is_nan() { f64::INFINITY } else { v };
+        }
         for m in 1..n {
+            let mf = m as f64;
             for j in i + 1..s {
                 let mut best = a[j * n + m];
                 let mut arg = None;
-                for &k in self.lin.ancestors(j) {
+                let anc = self.lin.ancestors(j);
+                // A(i, k) is undefined for k < i: start at the first ancestor k ≥ i.
+                let from = anc.partition_point(|&k| (k as usize) < i);
+                for &k in &anc[from..] {
                     let k = k as usize;
+                    let lo = pmin[k * n + m - 1];
+                    if !best.is_nan() && lo >= best {
+                        continue;
+                    }
                     if i > 0 && self.lin.is_ancestor(k, i - 1) {
                         continue;
                     }
@@ -248,6 +264,9 @@ impl<'a> Solver<'a> {
                         continue;
                     }
                     let lpar = range(&self.par, k + 1, j);
+                    if !best.is_nan() && ctl >= 0.0 && lpar >= 0.0 && ctl / mf >= best {
+                        continue;
+                    }
                     let max_mp = if straight { 1 } else { m };
                     for mp in 1..=max_mp {
                         let prev = a[k * n + m - mp];
@@ -285,6 +304,11 @@ impl<'a> Solver<'a> {
                         used: mp as u16,
                     };
                 }
+            }
+            for k in 0..s {
+                let v = a[k * n + m];
+                let v = if v.is_nan() { f64::INFINITY } else { v };
+                pmin[k * n + m] = pmin[k * n + m - 1].min(v);
             }
         }
         a
@@ -398,15 +422,20 @@ impl Planner for PipeDream {
             excluded.iter_mut().for_each(|e| *e = false);
         }
         let lin = Linearization::for_graph(g, &excluded, self.options.max_states, time);
+        let t_lin = t0.elapsed().as_secs_f64();
         let levels = hierarchy(cluster);
         let mut solver = Solver::new(g, &lin, levels, &self.options, time);
         let objective = solver.solve();
+        let t_dp = t0.elapsed().as_secs_f64();
         if objective.is_nan() {
             return Err(Error::msg(
                 "pipedream: no feasible partition (memory constraint?)",
             ));
         }
         let leaves = solver.stages()?;
+        if std::env::var_os("PD_TIMING").is_some() {
+            eprintln!("states {} lin {t_lin:.4} dp {t_dp:.4} stages {:.4}", lin.len(), t0.elapsed().as_secs_f64());
+        }
         // Nodes: each stage takes the not yet placed nodes of its end state's down-set.
         let mut stage_of = vec![usize::MAX; g.len()];
         for (s, (_, b, _)) in leaves.iter().enumerate() {

@@ -136,6 +136,9 @@ pub struct Solver<'a> {
     /// `ct[l]` (l ≥ 1): level `l`'s compute-time table, `(S+1) × S`, row `i` = range starting
     /// after state `i − 1` (row 0: from the start), NaN where undefined.
     ct: Vec<Vec<f64>>,
+    /// `order[l][j]`: the ancestors `k` of state `j` with a defined `C_l(k+1 → j)`, by
+    /// increasing `C_l(k+1 → j)`.
+    order: Vec<Vec<Vec<u32>>>,
 }
 
 /// `(a, b)` range sums over prefix sums `p`: row `i`, column `j` as in the optimizer's tables.
@@ -168,6 +171,7 @@ impl<'a> Solver<'a> {
             par: lin.down_sums(|n| g.nodes[n].parameter_bytes),
             out_act: lin.antichain_sums(|n| g.nodes[n].activation_bytes),
             ct: Vec::new(),
+            order: Vec::new(),
         }
     }
 
@@ -232,94 +236,124 @@ impl<'a> Solver<'a> {
                 }
             }
         }
-        // Split off a last stage k+1 → j on m' workers. Candidates that cannot beat the best so
-        // far are skipped by exact lower bounds (`max(prev, last) ≥ prev ≥ min_m'' A(k, m'')` and
-        // `last ≥ C(k+1 → j)/m` for non-negative ranges), so the result is the optimizer's.
+        // Split off a last stage k+1 → j on m' workers. The optimizer loops m outside j; since
+        // every ancestor k of j comes before j, looping j outside m reads the same final entries
+        // A(k, ·) and gives the same minima, and lets the last-stage times T(k+1 → j, m') be
+        // computed once per (j, k). Candidates that cannot beat the best so far are skipped by
+        // exact lower bounds (`max(prev, last) ≥ prev ≥ min_t A(k, t)` and, as every stage k+1 → j
+        // has C ≥ 0 and weights ≥ 0, `last ≥ C/m' ≥ C/m`), so the result is the optimizer's.
         let last_j = s.saturating_sub(1);
-        // pmin[k·n + t] = min_{t' ≤ t} A(k, t') (∞ for none), kept up to t = m − 1.
+        // pmin[k·n + t] = min_{t' ≤ t} A(k, t') (∞ for none), for every finished row k.
         let mut pmin = vec![f64::INFINITY; s * n];
-        for k in 0..s {
-            let v = a[k * n];
-            pmin[k * n] = if v.is_nan() { f64::INFINITY } else { v };
+        let prefix_min = |a: &[f64], pmin: &mut [f64], k: usize| {
+            let mut lo = f64::INFINITY;
+            for t in 0..n {
+                let v = a[k * n + t];
+                if !v.is_nan() && v < lo {
+                    lo = v;
+                }
+                pmin[k * n + t] = lo;
+            }
+        };
+        for k in 0..=i.min(last_j) {
+            prefix_min(&a, &mut pmin, k);
         }
-        for m in 1..n {
-            let mf = m as f64;
-            for j in i + 1..s {
-                let mut best = a[j * n + m];
-                let mut arg = None;
-                let anc = self.lin.ancestors(j);
-                // A(i, k) is undefined for k < i: start at the first ancestor k ≥ i.
-                let from = anc.partition_point(|&k| (k as usize) < i);
-                for &k in &anc[from..] {
-                    let k = k as usize;
-                    let lo = pmin[k * n + m - 1];
-                    if !best.is_nan() && lo >= best {
+        let max_mp = if straight { 1 } else { n - 1 };
+        let mut last = vec![0.0f64; n];
+        for j in i + 1..s {
+            let mut best: Vec<f64> = a[j * n..(j + 1) * n].to_vec();
+            for &k in &self.order[l][j] {
+                let k = k as usize;
+                // A(i, k) is undefined for k < i.
+                if k < i {
+                    continue;
+                }
+                let ctl = self.ct(l, k + 1, j);
+                // Ancestors come by increasing C(k+1 → j): once no m can gain, none later can.
+                if (1..n).all(|m| !best[m].is_nan() && ctl / m as f64 >= best[m]) {
+                    break;
+                }
+                if i > 0 && self.lin.is_ancestor(k, i - 1) {
+                    continue;
+                }
+                let lpar = range(&self.par, k + 1, j);
+                let stage_bytes = range(&self.act, k + 1, j) + lpar;
+                for (mp, slot) in last.iter_mut().enumerate().take(max_mp + 1).skip(1) {
+                    let mpf = mp as f64;
+                    let mut t = (ctl + (4.0 * (mpf - 1.0) * lpar) / (bw * mpf)) / mpf;
+                    if let Some(r) = self.opts.activation_compression {
+                        t = t.max(2.0 * self.out_act[k] / (bw * mpf) / r);
+                        if j < last_j {
+                            t = t.max(2.0 * self.out_act[j] / (bw * mpf) / r);
+                        }
+                    }
+                    *slot = t;
+                }
+                for m in 1..n {
+                    let b = best[m];
+                    if !b.is_nan() && (pmin[k * n + m - 1] >= b || ctl / m as f64 >= b) {
                         continue;
                     }
-                    if i > 0 && self.lin.is_ancestor(k, i - 1) {
-                        continue;
-                    }
-                    let ctl = self.ct(l, k + 1, j);
-                    if ctl.is_nan() {
-                        continue;
-                    }
-                    let lpar = range(&self.par, k + 1, j);
-                    if !best.is_nan() && ctl >= 0.0 && lpar >= 0.0 && ctl / mf >= best {
-                        continue;
-                    }
-                    let max_mp = if straight { 1 } else { m };
-                    for mp in 1..=max_mp {
+                    let mut b = b;
+                    let mut arg = None;
+                    for (mp, &lt) in last.iter().enumerate().take(max_mp.min(m) + 1).skip(1) {
                         let prev = a[k * n + m - mp];
                         // NaN (infeasible) or no better than the best so far: max(prev, ·) ≥ best.
-                        if prev.is_nan() || prev >= best {
+                        if prev.is_nan() || prev >= b || lt >= b {
                             continue;
                         }
                         if let Some(limit) = mem {
-                            let stash = (range(&self.act, k + 1, j) + lpar)
-                                * (n - (m + 1)).div_ceil(mp) as f64;
-                            if stash > limit {
+                            if stage_bytes * (n - (m + 1)).div_ceil(mp) as f64 > limit {
                                 continue;
                             }
                         }
-                        let mpf = mp as f64;
-                        let last = (ctl + (4.0 * (mpf - 1.0) * lpar) / (bw * mpf)) / mpf;
-                        let mut t = prev.max(last);
-                        if let Some(r) = self.opts.activation_compression {
-                            t = t.max(2.0 * self.out_act[k] / (bw * mpf) / r);
-                            if j < last_j {
-                                t = t.max(2.0 * self.out_act[j] / (bw * mpf) / r);
-                            }
-                        }
-                        if best.is_nan() || best > t {
-                            best = t;
-                            arg = Some((k, m - mp, mp));
+                        b = prev.max(lt);
+                        arg = Some(mp);
+                    }
+                    if let Some(mp) = arg {
+                        best[m] = b;
+                        if let Some(args) = args.as_deref_mut() {
+                            args[j * n + m] = Arg {
+                                k: k as u32,
+                                prev_m: (m - mp) as u16,
+                                used: mp as u16,
+                            };
                         }
                     }
                 }
-                a[j * n + m] = best;
-                if let (Some(args), Some((k, pm, mp))) = (args.as_deref_mut(), arg) {
-                    args[j * n + m] = Arg {
-                        k: k as u32,
-                        prev_m: pm as u16,
-                        used: mp as u16,
-                    };
-                }
             }
-            for k in 0..s {
-                let v = a[k * n + m];
-                let v = if v.is_nan() { f64::INFINITY } else { v };
-                pmin[k * n + m] = pmin[k * n + m - 1].min(v);
-            }
+            a[j * n + 1..(j + 1) * n].copy_from_slice(&best[1..]);
+            prefix_min(&a, &mut pmin, j);
         }
         a
+    }
+
+    /// Sort every state's ancestors by the level-`l` time of the stage they would start.
+    fn sort_ancestors(&mut self, l: usize) {
+        let order = (0..self.s())
+            .map(|j| {
+                let mut v: Vec<(f64, u32)> = self
+                    .lin
+                    .ancestors(j)
+                    .iter()
+                    .map(|&k| (self.ct(l, k as usize + 1, j), k))
+                    .filter(|(c, _)| !c.is_nan())
+                    .collect();
+                v.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                v.into_iter().map(|(_, k)| k).collect()
+            })
+            .collect();
+        self.order.push(order);
     }
 
     /// Solve every level; returns the objective `A(0 → S−1, N_top)` (NaN when infeasible).
     pub fn solve(&mut self) -> f64 {
         let s = self.s();
         self.ct = vec![Vec::new()];
+        self.order.clear();
         let top = self.levels.len() - 1;
         for l in 0..top {
+            self.sort_ancestors(l);
             let n = self.levels[l].machines;
             let mut next = vec![f64::NAN; (s + 1) * s];
             for i in 0..=s {
@@ -330,6 +364,7 @@ impl<'a> Solver<'a> {
             }
             self.ct.push(next);
         }
+        self.sort_ancestors(top);
         let n = self.levels[top].machines;
         let a = self.row(top, 0, None);
         a[(s - 1) * n + n - 1]

@@ -457,20 +457,15 @@ impl Planner for PipeDream {
             excluded.iter_mut().for_each(|e| *e = false);
         }
         let lin = Linearization::for_graph(g, &excluded, self.options.max_states, time);
-        let t_lin = t0.elapsed().as_secs_f64();
         let levels = hierarchy(cluster);
         let mut solver = Solver::new(g, &lin, levels, &self.options, time);
         let objective = solver.solve();
-        let t_dp = t0.elapsed().as_secs_f64();
         if objective.is_nan() {
             return Err(Error::msg(
                 "pipedream: no feasible partition (memory constraint?)",
             ));
         }
         let leaves = solver.stages()?;
-        if std::env::var_os("PD_TIMING").is_some() {
-            eprintln!("states {} lin {t_lin:.4} dp {t_dp:.4} stages {:.4}", lin.len(), t0.elapsed().as_secs_f64());
-        }
         // Nodes: each stage takes the not yet placed nodes of its end state's down-set.
         let mut stage_of = vec![usize::MAX; g.len()];
         for (s, (_, b, _)) in leaves.iter().enumerate() {

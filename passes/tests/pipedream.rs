@@ -313,3 +313,77 @@ fn linearizations_of_the_real_profiles() {
     .expect("plan");
     check_plan(&plan, &g, &c);
 }
+
+/// A wide DAG (blocks of parallel branches, 2000+ nodes): its antichain DAG is far beyond any
+/// budget, so the planner plans on the coarsened topological chain, quickly and validly.
+#[test]
+fn wide_graphs_fall_back_to_a_coarsened_chain() {
+    use pipec_passes::cost::{CostEdge, CostNode, Work};
+    use pipec_passes::planners::pipedream::{dp_work, states_for_budget};
+    let (blocks, branches, depth) = (40, 5, 10);
+    let mut nodes = Vec::new();
+    let mut edges = Vec::new();
+    let node = |i: usize| CostNode {
+        name: format!("n{i}"),
+        op: "Layer".into(),
+        work: Work::Measured {
+            fwd_s: 1e-3 * (1.0 + (i % 7) as f64 / 7.0),
+            bwd_s: 2e-3,
+        },
+        activation_bytes: 1e6,
+        saved_bytes: 1e6,
+        parameter_bytes: 1e5 * (i % 3) as f64,
+        is_input: false,
+    };
+    nodes.push(node(0));
+    let mut join = 0;
+    for _ in 0..blocks {
+        let mut ends = Vec::new();
+        for _ in 0..branches {
+            let mut prev = join;
+            for _ in 0..depth {
+                let id = nodes.len();
+                nodes.push(node(id));
+                edges.push(CostEdge {
+                    src: prev,
+                    dst: id,
+                    bytes: 1e6,
+                });
+                prev = id;
+            }
+            ends.push(prev);
+        }
+        let id = nodes.len();
+        nodes.push(node(id));
+        for e in ends {
+            edges.push(CostEdge {
+                src: e,
+                dst: id,
+                bytes: 1e6,
+            });
+        }
+        join = id;
+    }
+    let g = CostGraph::new("wide", 64.0, nodes, edges, "wide").expect("graph");
+    assert!(g.len() > 2000);
+    let c = Cluster::from_inline("8@25000000000,2@3125000000", v100_16gb()).expect("cluster");
+    let levels = hierarchy(&c);
+    let budget = 2e7;
+    let cap = states_for_budget(&levels, budget);
+    assert!(dp_work(cap, &levels) <= budget && dp_work(cap + 1, &levels) > budget);
+    let ex = pipedream_exclusions(&g);
+    assert!(Linearization::antichain_dag(&g, &ex, cap).is_none());
+    let plan = PipeDream {
+        options: PipeDreamOptions {
+            max_work: budget,
+            ..Default::default()
+        },
+    }
+    .plan(&g, &c, &PlanOptions::new(64))
+    .expect("plan");
+    plan.verify(&g, &c).expect("verifies");
+    assert_eq!(plan.devices, 16);
+    let (f, b) = g.total_time(64.0, c.kind_of(0));
+    assert!(plan.objective_s >= (f + b) / 16.0 * (1.0 - 1e-12));
+    assert!(plan.search_time_s < 30.0);
+}

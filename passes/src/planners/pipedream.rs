@@ -59,6 +59,9 @@ pub struct PipeDreamOptions {
     pub activation_compression: Option<f64>,
     /// Most antichain states before falling back to a coarsened topological chain.
     pub max_states: usize,
+    /// Budget of DP steps ([`dp_work`]); fewer states are used when `max_states` would exceed it
+    /// (about 2 s on one core for the default).
+    pub max_work: f64,
 }
 
 impl Default for PipeDreamOptions {
@@ -68,6 +71,7 @@ impl Default for PipeDreamOptions {
             memory_limit_bytes: None,
             activation_compression: None,
             max_states: 4096,
+            max_work: 5e8,
         }
     }
 }
@@ -109,6 +113,34 @@ pub fn hierarchy(cluster: &Cluster) -> Vec<HierLevel> {
                 .fold(f64::INFINITY, f64::min),
         }]
     }
+}
+
+/// Rough count of inner DP steps for `s` states: every pair `k < j` times `N²/2` worker splits,
+/// for one row at the top level and `s + 1` rows at each lower level.
+pub fn dp_work(s: usize, levels: &[HierLevel]) -> f64 {
+    let s = s as f64;
+    levels
+        .iter()
+        .enumerate()
+        .map(|(l, lv)| {
+            let rows = if l + 1 == levels.len() { 1.0 } else { s / 3.0 };
+            rows * s * s / 2.0 * (lv.machines * lv.machines) as f64 / 2.0
+        })
+        .sum()
+}
+
+/// The most states whose [`dp_work`] fits in `budget` (at least 2).
+pub fn states_for_budget(levels: &[HierLevel], budget: f64) -> usize {
+    let (mut lo, mut hi) = (2usize, 1usize << 20);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if dp_work(mid, levels) <= budget {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// Back-pointer of a table entry: the last stage starts after state `k` on `used` workers, the
@@ -456,8 +488,13 @@ impl Planner for PipeDream {
         if excluded.iter().all(|&e| e) {
             excluded.iter_mut().for_each(|e| *e = false);
         }
-        let lin = Linearization::for_graph(g, &excluded, self.options.max_states, time);
         let levels = hierarchy(cluster);
+        // The antichain DAG when its DP fits the budget, else a coarser topological chain.
+        let cap = self
+            .options
+            .max_states
+            .min(states_for_budget(&levels, self.options.max_work));
+        let lin = Linearization::for_graph(g, &excluded, cap, time);
         let mut solver = Solver::new(g, &lin, levels, &self.options, time);
         let objective = solver.solve();
         if objective.is_nan() {

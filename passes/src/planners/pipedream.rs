@@ -7,7 +7,8 @@
 //! States are cuts of the model (antichains) in a topological order `0..S`; a stage is the set of
 //! layers between two comparable states `k → j`. With `m` workers of the level and bandwidth `B`:
 //!
-//! - `T(i → j, m) = (1/m) · max(Σ_{l=i..j} T_l, ..., W^m_{i→j})` in the paper; as implemented in
+//! - `T(i → j, m) = (1/m) · max(Σ_{l=i..j} T_l, Σ_{l=i..j} W_l^m)` in the paper, with
+//!   `W_l^m = 4(m−1)|w_l| / (B·m)` the ring all-reduce of layer `l`'s weights; as implemented in
 //!   PipeDream's optimizer the two terms are *added*:
 //!   `T(i → j, m) = (C(i→j) + 4·(m−1)·|w_{i→j}| / (B·m)) / m`, where `C` is the stage's
 //!   forward + backward time (the previous level's best time for the range on one whole
@@ -20,19 +21,23 @@
 //!   off by default: [`PipeDreamOptions::activation_compression`]).
 //!
 //! The hierarchical version solves the DP for every level, innermost first, and uses level `l`'s
-//! `A(i → j, N_l)` for every range `i → j` as the compute time of level `l+1` (paper §3.1,
-//! "The optimizer ... computes A for the lowest level first"). The objective is
+//! `A(i → j, N_l)` for every range `i → j` as the compute time of level `l+1` (the official
+//! code's hierarchical optimizer; the paper's §3.1 sketches it). The objective is
 //! `A(0 → S−1, N_top)` at the top level: the time of the slowest stage per profiled batch, the
 //! optimizer's "Time per stage in pipeline".
 //!
 //! Conventions kept from the optimizer, so the objective matches it: `Input*` sources are left
 //! out of the states and pinned to the first stage; `__getitem__` sinks are dropped (placed with
-//! their producer here); at levels above the first, rows `i → j` of the table are filled for
+//! their producer here); at every level below the top, rows `i → j` of the table are filled for
 //! every pair of state indices `i ≤ j` of the topological order (the optimizer does not restrict
 //! them to comparable states); memory is not constrained unless asked
 //! ([`PipeDreamOptions::memory_limit_bytes`], the optimizer's `--use_memory_constraint`, with its
 //! stash count `⌈(N − m)/m'⌉` of `(activations + weights)`); `straight_pipeline` forbids
 //! replication.
+//!
+//! Size: the DP costs about `S³/6 · N²/2` steps per lower level, so the number of states is capped
+//! by [`PipeDreamOptions::max_work`] ([`states_for_budget`]); a graph whose antichain DAG is
+//! larger is planned on its topological chain coarsened to that many positions.
 //!
 //! Execution: replicated stages take whole micro-batches round robin (1F1B-RR) in PipeDream; the
 //! shared simulator splits every micro-batch over a stage's replicas instead, which has the same

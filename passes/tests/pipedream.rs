@@ -387,3 +387,41 @@ fn wide_graphs_fall_back_to_a_coarsened_chain() {
     assert!(plan.objective_s >= (f + b) / 16.0 * (1.0 - 1e-12));
     assert!(plan.search_time_s < 30.0);
 }
+
+/// On one level the plan realises its objective: the slowest stage's
+/// `(C_s + 4(r−1)|w_s|/(B r)) / r` (the optimizer's stage time, `r` replicas) equals `objective_s`.
+#[test]
+fn single_level_plans_realise_their_objective() {
+    let opts = PipeDream::default();
+    for model in ["vgg16", "resnet50", "gnmt"] {
+        let g = profile(&format!("{model}.txt"));
+        let ex = pipedream_exclusions(&g);
+        for (spec, bw) in [("4@1250000000", 1.25e9), ("16@3125000000", 3.125e9)] {
+            let c = Cluster::from_inline(spec, v100_16gb()).expect("cluster");
+            let plan = opts.plan(&g, &c, &PlanOptions::new(64)).expect("plan");
+            let worst = plan
+                .stages
+                .iter()
+                .map(|st| {
+                    let (mut t, mut w) = (0.0, 0.0);
+                    for name in &st.nodes {
+                        let n = g.node_by_name(name).expect("node");
+                        if !ex[n] {
+                            let (f, b) = g.times(n, 64.0, c.kind_of(0));
+                            t += f + b;
+                            w += g.nodes[n].parameter_bytes;
+                        }
+                    }
+                    let r = st.replicas as f64;
+                    (t + 4.0 * (r - 1.0) * w / (bw * r)) / r
+                })
+                .fold(0.0, f64::max);
+            let err = (worst - plan.objective_s).abs() / plan.objective_s;
+            assert!(
+                err < 1e-9,
+                "{model} {spec}: {worst} vs {}",
+                plan.objective_s
+            );
+        }
+    }
+}

@@ -5,10 +5,13 @@
 pub mod cost;
 pub mod dce;
 pub mod fold_constants;
+pub mod partition_gpp;
 pub mod plan;
 pub mod planners;
+pub mod schedule_gpp;
 pub mod shape_infer;
 pub mod sim;
+pub mod sp_decompose;
 
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;

@@ -69,6 +69,9 @@ pub struct TNode {
     pub join: bool,
     /// For the last child `V` of a join node: the index of the join unit among its children.
     pub join_at: Option<usize>,
+    /// For a parallel node: a series of its units in depth-first order (a linearised chain),
+    /// whose plans the DP also considers for the whole node (SPP is a special case of GPP).
+    pub chain: Option<usize>,
 }
 
 /// The partitioner's view of the model: units (in DFS order), the tree over them, unit edges.
@@ -100,6 +103,7 @@ impl UnitGraph {
                         hi: i + 1,
                         join: false,
                         join_at: None,
+                        chain: None,
                     });
                     tree.len() - 1
                 })
@@ -114,6 +118,7 @@ impl UnitGraph {
                     hi: units.len(),
                     join: false,
                     join_at: None,
+                    chain: None,
                 });
                 tree.len() - 1
             }
@@ -138,11 +143,13 @@ impl UnitGraph {
                     hi: *next,
                     join: false,
                     join_at: None,
+                    chain: None,
                 });
                 out.len() - 1
             }
             let r = build(sp, sp.root, &mut next, &mut tree);
             attach_joins(&mut tree);
+            attach_chains(&mut tree);
             r
         };
         let mut unit_of = vec![usize::MAX; g.len()];
@@ -218,6 +225,7 @@ fn attach_joins(tree: &mut Vec<TNode>) {
                     hi,
                     join: false,
                     join_at: Some(q0),
+                    chain: None,
                 });
                 let v = tree.len() - 1;
                 let mut pkids = tree[p].children.clone();
@@ -230,12 +238,56 @@ fn attach_joins(tree: &mut Vec<TNode>) {
                     hi,
                     join: true,
                     join_at: None,
+                    chain: None,
                 });
                 let np = tree.len() - 1;
                 tree[t].children.splice(q..e, [np]);
             }
             q += 1;
         }
+    }
+}
+
+/// Give every parallel node a linearised alternative (see [`TNode::chain`]): fresh leaves for
+/// its units in depth-first order under one series node; for a join node, the join unit's
+/// position is carried over so the DP can count the other branches' depth.
+fn attach_chains(tree: &mut Vec<TNode>) {
+    for t in 0..tree.len() {
+        if tree[t].kind != SpKind::Parallel {
+            continue;
+        }
+        let (lo, hi) = (tree[t].lo, tree[t].hi);
+        let join_unit = if tree[t].join {
+            tree[t].children.last().and_then(|&v| {
+                let q = tree[v].join_at?;
+                Some(tree[*tree[v].children.get(q)?].lo)
+            })
+        } else {
+            None
+        };
+        let mut kids = Vec::with_capacity(hi - lo);
+        for u in lo..hi {
+            tree.push(TNode {
+                kind: SpKind::Leaf,
+                children: Vec::new(),
+                lo: u,
+                hi: u + 1,
+                join: false,
+                join_at: None,
+                chain: None,
+            });
+            kids.push(tree.len() - 1);
+        }
+        tree.push(TNode {
+            kind: SpKind::Series,
+            children: kids,
+            lo,
+            hi,
+            join: false,
+            join_at: join_unit.map(|u| u - lo),
+            chain: None,
+        });
+        tree[t].chain = Some(tree.len() - 1);
     }
 }
 
@@ -294,6 +346,8 @@ struct StageEval {
 
 #[derive(Clone, Copy, Debug)]
 enum Back {
+    /// The same plan as another state's entry (a parallel node solved as its chain).
+    Alias((usize, usize)),
     Single {
         lo: usize,
         hi: usize,
@@ -623,6 +677,20 @@ impl<'a> Search<'a> {
                     e.jo = u32::from(node.join);
                     push_pareto(&mut out, e);
                 }
+                if let (0, Some(c)) = (j, node.chain) {
+                    let (ct, cj) = self.whole(c);
+                    let cid = self.solve(ct, cj, d);
+                    let es = self.memo[cid].clone().unwrap_or_default();
+                    for (i, e) in es.iter().enumerate() {
+                        push_pareto(
+                            &mut out,
+                            Entry {
+                                back: Back::Alias((cid, i)),
+                                ..*e
+                            },
+                        );
+                    }
+                }
                 let (ct, cj) = self.whole(kids[j]);
                 for d1 in 1..d {
                     let a = self.solve(ct, cj, d1);
@@ -758,6 +826,7 @@ impl Search<'_> {
                 self.extract(a, out);
                 self.extract(b, out);
             }
+            Back::Alias(x) => self.extract(x, out),
         }
     }
 

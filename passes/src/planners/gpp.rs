@@ -13,6 +13,10 @@
 //!    ([`crate::schedule_gpp`], default `--schedule gpp`) and simulated; the fastest is returned
 //!    (the paper sweeps micro-batch sizes the same way, §7 "we sweep over micro-batch sizes").
 //!
+//! `gpp-seq` plans are simulated as the chain they are (stage `i+1` after stage `i`, see
+//! [`simulate_as_chain`]), so the comparison shows the cost of the linearisation's false
+//! dependencies as the paper measures it.
+//!
 //! Objective (`objective_s`): the bottleneck stage's time-per-sample × the batch (Eq. 1 in seconds
 //! per iteration).
 
@@ -20,7 +24,7 @@ use super::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::partition_gpp::{search, SearchParams, SearchResult, UnitGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};
-use crate::sim::ScheduleKind;
+use crate::sim::{simulate, ScheduleKind, StageEdge, StageGraph};
 use crate::sp_decompose::{assign_side_nodes, decompose, node_work, SpTree};
 use pipec_compiler::{Error, Result};
 use std::time::Instant;
@@ -121,6 +125,61 @@ impl Gpp {
             .map(|(nodes, devices)| StageSpec { nodes, devices })
             .collect()
     }
+}
+
+/// Re-simulate a sequential plan with the linearisation's false dependencies: stage `i + 1` waits
+/// for stage `i` (a zero-byte edge where the data has none), as SPP executes (GraphPipe §2: "each
+/// stage has at most one predecessor and one successor"). The plan keeps its data-derived
+/// `predecessors`; its times, depth, in-flight counts and memory are those of the chain.
+pub fn simulate_as_chain(
+    plan: &mut Plan,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    specs: &[StageSpec],
+    schedule: ScheduleKind,
+) -> Result<()> {
+    let sg = StageGraph::from_specs(g, cluster, specs, plan.micro_batch as f64, opts.optimizer);
+    let mut edges = sg.edges.clone();
+    for i in 1..specs.len() {
+        if !edges.iter().any(|e| e.src == i - 1 && e.dst == i) {
+            edges.push(StageEdge {
+                src: i - 1,
+                dst: i,
+                bytes: 0.0,
+            });
+        }
+    }
+    let sg = StageGraph::new(sg.stages, edges);
+    let sched = crate::sim::schedule::generate(&sg, schedule, plan.micro_batches as usize);
+    let res = simulate(&sg, &sched, cluster, opts.allreduce)?;
+    let t = res.iteration_time_s;
+    plan.iteration_time_s = t;
+    plan.throughput_samples_per_s = if t > 0.0 { plan.batch as f64 / t } else { 0.0 };
+    plan.bubble_fraction = res.bubble_fraction;
+    plan.pipeline_depth = sg.depth();
+    let mut oom = false;
+    for (s, st) in plan.stages.iter_mut().enumerate() {
+        st.in_flight = res.stage_in_flight[s];
+        let peak = st
+            .devices
+            .iter()
+            .map(|&d| res.devices[d].peak_memory_bytes)
+            .fold(0.0, f64::max);
+        oom |= st
+            .devices
+            .iter()
+            .any(|&d| res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64);
+        st.peak_memory_bytes = peak.round() as u64;
+    }
+    plan.peak_memory_bytes = plan
+        .stages
+        .iter()
+        .map(|s| s.peak_memory_bytes)
+        .max()
+        .unwrap_or(0);
+    plan.out_of_memory = oom;
+    Ok(())
 }
 
 /// Stage successor lists and bytes per stage pair (skeleton and side nodes already assigned).
@@ -295,17 +354,20 @@ impl Planner for Gpp {
         for (b, r) in results.iter().take(3) {
             let specs = Gpp::specs(g, cluster, &ug, r, *b);
             let objective = r.bottleneck_tps * opts.batch.max(1) as f64;
-            let plan = Plan::assemble(
+            let mut plan = Plan::assemble(
                 self.name(),
                 g,
                 cluster,
                 opts,
-                specs,
+                specs.clone(),
                 *b,
                 schedule,
                 objective,
                 0.0,
             )?;
+            if self.sequential {
+                simulate_as_chain(&mut plan, g, cluster, opts, &specs, schedule)?;
+            }
             let better = match &best {
                 None => true,
                 Some(p) => plan.iteration_time_s < p.iteration_time_s * (1.0 - 1e-9),

@@ -27,6 +27,10 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         // Canonicalization.
         Box::new(FoldConstants),
         Box::new(Dce),
+        // GraphPipe (issue 5).
+        Box::new(sp_decompose::SpDecompose),
+        Box::new(partition_gpp::PartitionGpp),
+        Box::new(schedule_gpp::ScheduleGpp),
     ]
 }
 

@@ -28,9 +28,10 @@
 //!   `TPS ≤ t_max`, `(δ, σ) = (1, cap − 1)` with `cap` the most micro-batches in flight that fit.
 //! - **Series split** (lines 33–40): the last segment `c_k..c_{j−1}` gets `d₂` devices and the
 //!   prefix `c_0..c_{k−1}` the other `d − d₂`; the segment is solved first and its `i_m` fixes the
-//!   prefix's `c_b`: `δ = δ₁ + δ₂`, `σ = min(σ₂, σ₁ − δ₂)`. A segment of one child is that
-//!   child's own DP state (any `d₂`); a segment of several children is a single stage with a
-//!   power-of-two replica count (the paper's set 𝒟).
+//!   prefix's `c_b`: `δ = δ₁ + δ₂`, `σ = min(σ₂, σ₁ − δ₂)`. A segment of one non-unit child
+//!   is that child's own DP state (any `d₂`); a segment of units is a single stage with a
+//!   power-of-two replica count (the paper's set 𝒟). (A whole subproblem as one stage — the base
+//!   case — takes all its `d` devices, any count.)
 //! - **Parallel split** (lines 41–47): the first child gets `d₁`, the remaining children `d − d₁`;
 //!   both see the same `c_b`, and the larger in-flight count wins: `δ = max`, `σ = min`.
 //!
@@ -46,6 +47,13 @@
 //! `t_r` starts at a feasible plan's bottleneck (the DP at `t = ∞` picks the shallowest plan that
 //! fits), `t_l = 0`, and halves until `t_r − t_l ≤ ε·t_r`.
 //!
+//! # IR pass
+//! [`PartitionGpp`] (`partition-gpp`) plans the module with the `gpp` planner (cluster, device
+//! count and batch from the module attributes `pipec.cluster` (default `summit`),
+//! `pipec.devices` (default 4), `pipec.batch` (default 32) and optional
+//! `pipec.micro_batch`), and annotates every op with `pipec.stage`, and the module with
+//! `pipec.micro_batch` and, per stage `i`, `pipec.stage{i}.devices`.
+//!
 //! The sequential mode runs the same DP on a one-level tree: the units linearised in the tree's
 //! depth-first order (a topological order), so only chains of stages are possible (SPP).
 
@@ -54,7 +62,6 @@ use crate::cost::memory::step_time;
 use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
 use crate::sp_decompose::{SpKind, SpTree};
 use pipec_compiler::{Error, Result};
-use std::collections::HashMap;
 
 /// A tree node over unit ranges.
 #[derive(Clone, Debug)]
@@ -390,11 +397,13 @@ pub struct Search<'a> {
     p: SearchParams,
     m: i64,
     /// `time[r][i]`: prefix sums of fwd+bwd seconds of units `0..i` at slice `b/r`.
-    time: HashMap<usize, Vec<f64>>,
+    time: Vec<Option<Vec<f64>>>,
     params: Vec<f64>,
     saved: Vec<f64>,
-    bnd: HashMap<(usize, usize), f64>,
-    evals: HashMap<(usize, usize, usize), StageEval>,
+    /// Boundary bytes per range `lo * (U + 1) + hi` (NaN: not computed).
+    bnd: Vec<f64>,
+    /// Stage evaluations per `(lo * (U + 1) + hi) * (D + 1) + r`.
+    evals: Vec<Option<StageEval>>,
     ar_devs: Vec<usize>,
     bw: f64,
     alpha: f64,
@@ -439,11 +448,11 @@ impl<'a> Search<'a> {
             cluster,
             m: (p.batch / p.micro_batch.max(1)) as i64,
             p,
-            time: HashMap::new(),
+            time: vec![None; d + 1],
             params,
             saved,
-            bnd: HashMap::new(),
-            evals: HashMap::new(),
+            bnd: vec![f64::NAN; (ug.units.len() + 1) * (ug.units.len() + 1)],
+            evals: vec![None; (ug.units.len() + 1) * (ug.units.len() + 1) * (d + 1)],
             ar_devs: devs,
             bw,
             alpha,
@@ -458,7 +467,7 @@ impl<'a> Search<'a> {
     fn times(&mut self, r: usize) -> &Vec<f64> {
         let (g, ug, kind) = (self.g, self.ug, self.cluster.kind_of(0));
         let slice = self.p.micro_batch as f64 / r as f64;
-        self.time.entry(r).or_insert_with(|| {
+        self.time[r].get_or_insert_with(|| {
             let mut v = Vec::with_capacity(ug.units.len() + 1);
             v.push(0.0);
             for u in &ug.units {
@@ -477,18 +486,22 @@ impl<'a> Search<'a> {
 
     fn boundary(&mut self, lo: usize, hi: usize) -> f64 {
         let ug = self.ug;
-        *self.bnd.entry((lo, hi)).or_insert_with(|| {
-            ug.edges
+        let i = lo * (ug.units.len() + 1) + hi;
+        if self.bnd[i].is_nan() {
+            self.bnd[i] = ug
+                .edges
                 .iter()
                 .filter(|(a, b, _)| ((lo..hi).contains(a)) != ((lo..hi).contains(b)))
                 .map(|e| e.2)
-                .sum()
-        })
+                .sum();
+        }
+        self.bnd[i]
     }
 
     fn eval(&mut self, lo: usize, hi: usize, r: usize) -> StageEval {
-        if let Some(e) = self.evals.get(&(lo, hi, r)) {
-            return *e;
+        let ei = (lo * (self.ug.units.len() + 1) + hi) * (self.p.devices + 1) + r;
+        if let Some(e) = self.evals[ei] {
+            return e;
         }
         let b = self.p.micro_batch as f64;
         let slice = b / r as f64;
@@ -530,7 +543,7 @@ impl<'a> Search<'a> {
             cap,
             static_bytes,
         };
-        self.evals.insert((lo, hi, r), e);
+        self.evals[ei] = Some(e);
         e
     }
 
@@ -611,7 +624,7 @@ impl<'a> Search<'a> {
                 if d >= 2 {
                     for k in (1..j).rev() {
                         let seg_lo = self.ug.tree[kids[k]].lo;
-                        if k == j - 1 {
+                        if k == j - 1 && self.ug.tree[kids[k]].kind != SpKind::Leaf {
                             let (ct, cj) = self.whole(kids[k]);
                             for d2 in 1..d {
                                 let s = self.solve(ct, cj, d2);
@@ -637,7 +650,7 @@ impl<'a> Search<'a> {
                                     continue;
                                 };
                                 let p = self.solve(t, k, d - r);
-                                let pre = self.memo[p].clone().unwrap_or_default();
+                                let pre = self.memo[p].as_deref().unwrap_or(&[]);
                                 for (pi, pe) in pre.iter().enumerate() {
                                     let sigma = se.sigma.min(pe.sigma.saturating_sub(1));
                                     if sigma >= 0 {
@@ -680,7 +693,7 @@ impl<'a> Search<'a> {
                 if let (0, Some(c)) = (j, node.chain) {
                     let (ct, cj) = self.whole(c);
                     let cid = self.solve(ct, cj, d);
-                    let es = self.memo[cid].clone().unwrap_or_default();
+                    let es = self.memo[cid].as_deref().unwrap_or(&[]);
                     for (i, e) in es.iter().enumerate() {
                         push_pareto(
                             &mut out,
@@ -699,8 +712,8 @@ impl<'a> Search<'a> {
                     }
                     let b = self.solve(t, j + 1, d - d1);
                     let (ea, eb) = (
-                        self.memo[a].clone().unwrap_or_default(),
-                        self.memo[b].clone().unwrap_or_default(),
+                        self.memo[a].as_deref().unwrap_or(&[]),
+                        self.memo[b].as_deref().unwrap_or(&[]),
                     );
                     // In a join node, child j feeds the join's stage (inside the last child).
                     for (ia, x) in ea.iter().enumerate() {
@@ -730,10 +743,10 @@ impl<'a> Search<'a> {
         id
     }
 
-    fn combine_series(&mut self, out: &mut Vec<Entry>, s: usize, p: usize, rule: JoinAt) {
+    fn combine_series(&self, out: &mut Vec<Entry>, s: usize, p: usize, rule: JoinAt) {
         let (es, ep) = (
-            self.memo[s].clone().unwrap_or_default(),
-            self.memo[p].clone().unwrap_or_default(),
+            self.memo[s].as_deref().unwrap_or(&[]),
+            self.memo[p].as_deref().unwrap_or(&[]),
         );
         for (is, x) in es.iter().enumerate() {
             for (ip, y) in ep.iter().enumerate() {
@@ -883,11 +896,18 @@ pub fn search(
     let mut runs = 0usize;
     // t_r: a feasible bottleneck (the whole model on every device if it fits, else the DP's
     // shallowest feasible plan at t = ∞).
+    // Start from the whole model as one stage's TPS and double until a plan fits (cheap: tight
+    // targets prune most of the DP); fall back to t = ∞ (memory permitting, any TPS).
     let whole = s.eval(0, ug.units.len(), s.p.devices);
     let mut best = None;
-    if whole.cap >= 1 {
+    let mut t = whole.tps;
+    for _ in 0..6 {
         runs += 1;
-        best = s.run(whole.tps);
+        best = s.run(t);
+        if best.is_some() {
+            break;
+        }
+        t *= 2.0;
     }
     if best.is_none() {
         runs += 1;
@@ -933,4 +953,115 @@ pub fn search(
         depth,
         dp_runs: runs,
     })
+}
+
+/// The `partition-gpp` IR pass (see the module doc).
+pub struct PartitionGpp;
+
+impl pipec_compiler::passmgr::Pass for PartitionGpp {
+    fn name(&self) -> &'static str {
+        "partition-gpp"
+    }
+    fn summary(&self) -> &'static str {
+        "GraphPipe stage partitioner (Algorithm 1): annotate ops with pipec.stage, stages with devices"
+    }
+    fn run(
+        &self,
+        module: &mut pipec_compiler::ir::Module,
+        stats: &mut pipec_compiler::passmgr::Stats,
+    ) -> Result<()> {
+        use crate::planners::Planner;
+        use pipec_compiler::ir::Attr;
+        let g = ir::cost_graph(module)?;
+        let cfg = ir::IrConfig::from_module(module, &g)?;
+        let mut opts = crate::plan::PlanOptions::new(cfg.batch);
+        opts.micro_batch = cfg.micro_batch;
+        let plan = crate::planners::gpp::Gpp::default().plan(&g, &cfg.cluster, &opts)?;
+        let specs = plan.specs(&g)?;
+        let order = module.graph.order.clone();
+        for (s, sp) in specs.iter().enumerate() {
+            for &n in &sp.nodes {
+                if let Some(&op) = order.get(n) {
+                    module.graph.ops[op]
+                        .attrs
+                        .insert("pipec.stage".into(), Attr::Int(s as i64));
+                }
+            }
+            module.attrs.insert(
+                format!("pipec.stage{s}.devices"),
+                Attr::Ints(sp.devices.iter().map(|&d| d as i64).collect()),
+            );
+        }
+        module.attrs.insert(
+            "pipec.micro_batch".into(),
+            Attr::Int(plan.micro_batch as i64),
+        );
+        module
+            .attrs
+            .insert("pipec.batch".into(), Attr::Int(plan.batch as i64));
+        module
+            .attrs
+            .insert("pipec.stages".into(), Attr::Int(specs.len() as i64));
+        stats.add("stages", specs.len() as u64);
+        stats.add("depth", plan.pipeline_depth as u64);
+        stats.add("micro-batch", plan.micro_batch);
+        Ok(())
+    }
+}
+
+/// Helpers shared by the GPP IR passes.
+pub mod ir {
+    use crate::cost::analytic::{from_module, AnalyticOptions};
+    use crate::cost::{Cluster, CostGraph};
+    use pipec_compiler::ir::{Attr, Module};
+    use pipec_compiler::{Error, Result};
+
+    /// The module's cost graph: node `i` is the op `module.graph.order[i]`.
+    pub fn cost_graph(module: &Module) -> Result<CostGraph> {
+        from_module(module, &AnalyticOptions::default(), &module.graph.name)
+    }
+
+    /// Planning inputs read from the module attributes (see [`super::PartitionGpp`]).
+    pub struct IrConfig {
+        pub cluster: Cluster,
+        pub batch: u64,
+        pub micro_batch: Option<u64>,
+    }
+
+    impl IrConfig {
+        pub fn from_module(m: &Module, _g: &CostGraph) -> Result<IrConfig> {
+            let name = m
+                .attrs
+                .get("pipec.cluster")
+                .and_then(Attr::as_str)
+                .unwrap_or("summit")
+                .to_string();
+            let devices = m
+                .attrs
+                .get("pipec.devices")
+                .and_then(Attr::as_int)
+                .unwrap_or(4);
+            if devices < 1 {
+                return Err(Error::Usage(format!(
+                    "pipec.devices = {devices}: must be >= 1"
+                )));
+            }
+            let cluster = Cluster::resolve(&name, None)?.take(devices as usize)?;
+            let batch = m
+                .attrs
+                .get("pipec.batch")
+                .and_then(Attr::as_int)
+                .map_or(32, |b| b.max(1) as u64);
+            let micro_batch = m
+                .attrs
+                .get("pipec.micro_batch")
+                .and_then(Attr::as_int)
+                .map(|b| b.max(0) as u64);
+            Ok(IrConfig {
+                cluster,
+                batch,
+                micro_batch,
+            })
+        }
+    }
 }

@@ -216,6 +216,100 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
     Ok(())
 }
 
+/// The `schedule-gpp` IR pass: reads `pipec.stage` (from `partition-gpp`), computes every stage's
+/// in-flight count with [`in_flight_samples`] in reverse topological order, writes
+/// `pipec.stage{i}.in_flight` (micro-batches), generates the GPP schedule and checks C1–C4.
+pub struct ScheduleGpp;
+
+impl pipec_compiler::passmgr::Pass for ScheduleGpp {
+    fn name(&self) -> &'static str {
+        "schedule-gpp"
+    }
+    fn summary(&self) -> &'static str {
+        "GraphPipe scheduler (Algorithm 2, ComputeInFlight): per-stage in-flight counts, C1-C4 check"
+    }
+    fn run(
+        &self,
+        module: &mut pipec_compiler::ir::Module,
+        stats: &mut pipec_compiler::passmgr::Stats,
+    ) -> Result<()> {
+        use crate::plan::{PlanOptions, StageSpec};
+        use crate::sim::StageGraph;
+        use pipec_compiler::ir::Attr;
+        let g = crate::partition_gpp::ir::cost_graph(module)?;
+        let cfg = crate::partition_gpp::ir::IrConfig::from_module(module, &g)?;
+        let missing = || Error::msg("schedule-gpp: run partition-gpp first (no pipec.stage)");
+        let ns = module
+            .attrs
+            .get("pipec.stages")
+            .and_then(Attr::as_int)
+            .ok_or_else(missing)? as usize;
+        let mb = module
+            .attrs
+            .get("pipec.micro_batch")
+            .and_then(Attr::as_int)
+            .ok_or_else(missing)?
+            .max(1) as u64;
+        let mut specs: Vec<StageSpec> = (0..ns)
+            .map(|s| {
+                let devices = module
+                    .attrs
+                    .get(&format!("pipec.stage{s}.devices"))
+                    .and_then(Attr::as_ints)
+                    .map(|v| v.iter().map(|&d| d.max(0) as usize).collect())
+                    .unwrap_or_default();
+                StageSpec {
+                    nodes: Vec::new(),
+                    devices,
+                }
+            })
+            .collect();
+        for (n, &op) in module.graph.order.iter().enumerate() {
+            let s = module.graph.ops[op]
+                .int_attr("pipec.stage")
+                .ok_or_else(missing)?;
+            let s = usize::try_from(s)
+                .ok()
+                .filter(|&s| s < ns)
+                .ok_or_else(|| Error::msg(format!("schedule-gpp: op {n} has stage {s} of {ns}")))?;
+            specs[s].nodes.push(n);
+        }
+        let mut opts = PlanOptions::new(cfg.batch);
+        opts.micro_batch = Some(mb);
+        let plan = Plan::assemble(
+            "gpp",
+            &g,
+            &cfg.cluster,
+            &opts,
+            specs.clone(),
+            mb,
+            ScheduleKind::Gpp,
+            0.0,
+            0.0,
+        )?;
+        let sg = StageGraph::from_specs(&g, &cfg.cluster, &specs, mb as f64, opts.optimizer);
+        let succ: Vec<Vec<usize>> = (0..ns)
+            .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
+            .collect();
+        let m = (cfg.batch / mb) as usize;
+        let samples = in_flight_samples(&succ, &vec![mb; ns], &vec![1; ns]);
+        let sched = crate::sim::schedule::generate(&sg, ScheduleKind::Gpp, m);
+        verify(&plan, &g, &cfg.cluster, &sched)?;
+        for (s, i) in samples.iter().enumerate() {
+            let k = ((*i / mb) as usize).clamp(1, m.max(1));
+            module
+                .attrs
+                .insert(format!("pipec.stage{s}.in_flight"), Attr::Int(k as i64));
+        }
+        stats.add("stages", ns as u64);
+        stats.add(
+            "max-in-flight",
+            samples.iter().max().copied().unwrap_or(0) / mb,
+        );
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -658,7 +658,31 @@ impl Pass for SpDecompose {
         "series-parallel decomposition (GraphPipe §5): annotate ops with pipec.sp_unit"
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
-        let _ = (module, stats);
+        let g = crate::partition_gpp::ir::cost_graph(module)?;
+        let cfg = crate::partition_gpp::ir::IrConfig::from_module(module, &g)?;
+        let sp = decompose(&g, cfg.cluster.kind_of(0));
+        check_tree(&g, &sp)
+            .map_err(|e| pipec_compiler::Error::msg(format!("sp-decompose: {e}")))?;
+        let mut unit = vec![-1i64; g.len()];
+        for (i, &l) in sp.leaves().iter().enumerate() {
+            for &n in &sp.tree[l].nodes {
+                unit[n] = i as i64;
+            }
+        }
+        let order = module.graph.order.clone();
+        for (n, &op) in order.iter().enumerate() {
+            module.graph.ops[op].attrs.insert(
+                "pipec.sp_unit".into(),
+                pipec_compiler::ir::Attr::Int(unit.get(n).copied().unwrap_or(-1)),
+            );
+        }
+        let (l, se, p, depth) = sp.shape();
+        stats.add("units", l as u64);
+        stats.add("series", se as u64);
+        stats.add("parallel", p as u64);
+        stats.add("tree-depth", depth as u64);
+        stats.add("side-ops", sp.side.len() as u64);
+        stats.add("forced-splits", sp.forced_splits as u64);
         Ok(())
     }
 }

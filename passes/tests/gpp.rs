@@ -331,25 +331,24 @@ fn dp_is_optimal_on_random_sp_graphs() {
             let e = allowed.entry((a, b)).or_insert(pow2);
             *e = *e && pow2;
         };
+        put(ug.tree[ug.root].lo, ug.tree[ug.root].hi, false);
         for t in &ug.tree {
-            put(t.lo, t.hi, false);
             let kids = &t.children;
             match t.kind {
                 SpKind::Series => {
                     for i in 0..kids.len() {
                         for j in i + 1..=kids.len() {
                             let (a, b) = (ug.tree[kids[i]].lo, ug.tree[kids[j - 1]].hi);
-                            if i == 0 || j == i + 1 {
-                                put(a, b, false);
-                            } else {
-                                put(a, b, true);
-                            }
+                            let sub = j == i + 1 && ug.tree[kids[i]].kind != SpKind::Leaf;
+                            put(a, b, !(i == 0 || sub));
                         }
                     }
                 }
                 SpKind::Parallel => {
-                    for i in 0..kids.len() {
-                        put(ug.tree[kids[i]].lo, t.hi, false);
+                    for (i, &k) in kids.iter().enumerate() {
+                        put(ug.tree[k].lo, t.hi, false);
+                        put(ug.tree[k].lo, ug.tree[k].hi, false);
+                        let _ = i;
                     }
                 }
                 SpKind::Leaf => {}

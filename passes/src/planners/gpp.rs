@@ -5,9 +5,10 @@
 //! Steps:
 //! 1. [`crate::sp_decompose::decompose`]: the SP tree of the forward graph (side computations
 //!    duplicated, synchronising edges added by cost), then [`SpTree::coarsen`] with
-//!    `θ = total work / (8·D)` so the DP sees about `8·D` units at most per chain.
+//!    `θ = total work / max(2·D, 32)` so the DP sees about `max(2·D, 32)` units.
 //! 2. For each candidate micro-batch size (powers of two dividing the batch with at most 512
-//!    micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`] (Algorithm 1).
+//!    micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`] (Algorithm 1) with a
+//!    coarse ε = 5·10⁻², on all cores; the two best by estimate are searched again at ε = 10⁻³.
 //! 3. The three candidates with the best estimated iteration time
 //!    `(M + depth − 1)·max per_mb + sync` are placed ([`place`]), assembled with the GPP schedule
 //!    ([`crate::schedule_gpp`], default `--schedule gpp`) and simulated; the fastest is returned
@@ -43,7 +44,7 @@ impl Default for Gpp {
         Gpp {
             sequential: false,
             eps: 1e-3,
-            units_per_device: 8.0,
+            units_per_device: 2.0,
         }
     }
 }
@@ -63,7 +64,7 @@ impl Gpp {
         let sp = decompose(g, kind);
         let w = node_work(g, kind);
         let total: f64 = w.iter().sum();
-        let theta = total / (self.units_per_device * cluster.len().max(1) as f64);
+        let theta = total / (self.units_per_device * cluster.len().max(1) as f64).max(32.0);
         let coarse = sp.coarsen(&w, theta);
         let ug = UnitGraph::new(g, &coarse, self.sequential);
         (sp, ug)
@@ -325,30 +326,81 @@ impl Planner for Gpp {
         let t0 = Instant::now();
         let cands = Gpp::candidates(opts)?;
         let (_, ug) = self.unit_graph(g, cluster);
-        let mut results: Vec<(u64, SearchResult)> = Vec::new();
-        let mut last_err = None;
-        for &b in &cands {
-            let p = SearchParams {
-                batch: opts.batch.max(1),
-                micro_batch: b,
-                devices: cluster.len(),
-                optimizer: opts.optimizer,
-                allreduce: opts.allreduce,
-                eps: self.eps,
-            };
-            match search(g, &ug, cluster, p) {
-                Ok(r) => results.push((b, r)),
-                Err(e) => {
-                    if last_err.is_none() {
-                        last_err = Some(e);
+        // Coarse search (ε = 1e-2) for every candidate micro-batch, in parallel; then the three
+        // best by estimated iteration time are refined at the planner's ε.
+        let run_all = |cands: &[u64], eps: f64| -> Vec<(u64, Result<SearchResult>)> {
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .max(1);
+            let chunk = cands.len().div_ceil(threads).max(1);
+            std::thread::scope(|sc| {
+                let handles: Vec<_> = cands
+                    .chunks(chunk)
+                    .map(|part| {
+                        let ug = &ug;
+                        sc.spawn(move || {
+                            part.iter()
+                                .map(|&b| {
+                                    let p = SearchParams {
+                                        batch: opts.batch.max(1),
+                                        micro_batch: b,
+                                        devices: cluster.len(),
+                                        optimizer: opts.optimizer,
+                                        allreduce: opts.allreduce,
+                                        eps,
+                                    };
+                                    (b, search(g, ug, cluster, p))
+                                })
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            })
+        };
+        let split = |all: Vec<(u64, Result<SearchResult>)>,
+                     last_err: &mut Option<Error>|
+         -> Vec<(u64, SearchResult)> {
+            let mut ok = Vec::new();
+            for (b, r) in all {
+                match r {
+                    Ok(r) => ok.push((b, r)),
+                    Err(e) => {
+                        if last_err.is_none() {
+                            *last_err = Some(e);
+                        }
                     }
                 }
+            }
+            ok.sort_by(|a, b| a.1.estimate_s.total_cmp(&b.1.estimate_s));
+            ok
+        };
+        let mut last_err = None;
+        let coarse_eps = self.eps.max(5e-2);
+        let mut results = split(run_all(&cands, coarse_eps), &mut last_err);
+        if coarse_eps > self.eps && !results.is_empty() {
+            let top: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
+            results = split(run_all(&top, self.eps), &mut last_err);
+        }
+        if std::env::var_os("PIPEC_GPP_DEBUG").is_some() {
+            for (b, r) in &results {
+                eprintln!(
+                    "gpp: b={b} units={} runs={} depth={} tps={:.3e} est={:.4} at {:.1} ms",
+                    ug.units.len(),
+                    r.dp_runs,
+                    r.depth,
+                    r.bottleneck_tps,
+                    r.estimate_s,
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
             }
         }
         if results.is_empty() {
             return Err(last_err.unwrap_or_else(|| Error::msg("gpp: no candidate micro-batch")));
         }
-        results.sort_by(|a, b| a.1.estimate_s.total_cmp(&b.1.estimate_s));
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
         let mut best: Option<Plan> = None;
         for (b, r) in results.iter().take(3) {

@@ -348,6 +348,7 @@ impl Planner for Gpp {
                                         optimizer: opts.optimizer,
                                         allreduce: opts.allreduce,
                                         eps,
+                                        relax: eps <= 1e-3,
                                     };
                                     (b, search(g, ug, cluster, p))
                                 })

@@ -38,8 +38,10 @@
 //! # Stage TPS (ESTIMATETPS)
 //! For a stage over node set `G` with `r` replicas at micro-batch `b` (each replica gets `b/r`
 //! samples): `per_mb = max(F + B, comm)`, where `F + B` is the summed forward and backward time of
-//! a slice and `comm = α + (in + out bytes of a slice)/β` (activations out and gradients in share
-//! the send channel) with `β, α` of the cluster level the device set spans;
+//! a slice and `comm = α + (in + out bytes of the micro-batch)/(β·ports)` (activations out and
+//! gradients in share the send channel) with `β, α` of the cluster level the device set spans and
+//! `ports` the replicas' own links (`r`) inside one node, or the nodes they span
+//! (`⌈r / node size⌉`) when the devices span nodes (the simulator's per-node port contention);
 //! `TPS = per_mb / b + (AllReduce(params, r) + step) / B`.
 //! Memory: [`crate::cost::memory::stage_memory`] with the stage's in-flight count.
 //!
@@ -412,6 +414,8 @@ pub struct Search<'a> {
     ar_devs: Vec<usize>,
     bw: f64,
     alpha: f64,
+    multi_node: bool,
+    node_size: usize,
     mem: f64,
     /// Memo: state index -> Pareto entries.
     memo: Vec<Option<Vec<Entry>>>,
@@ -436,6 +440,7 @@ impl<'a> Search<'a> {
             Some(l) => cluster.path_to_level(l),
             None => cluster.path_to_level(0),
         };
+        let multi_node = cluster.group_span_level(&devs).is_some_and(|l| l > 0);
         let mem = (0..cluster.len())
             .map(|d| cluster.kind_of(d).memory_bytes as f64)
             .fold(f64::INFINITY, f64::min);
@@ -461,6 +466,8 @@ impl<'a> Search<'a> {
             ar_devs: devs,
             bw,
             alpha,
+            multi_node,
+            node_size: cluster.levels.first().map_or(1, |l| l.size.max(1)),
             mem,
             memo: vec![None; total * (d + 1)],
             state_base,
@@ -516,8 +523,16 @@ impl<'a> Search<'a> {
         };
         let s = self.g.scale(slice);
         let bnd = self.boundary(lo, hi) * s;
+        // Between nodes, every transfer of a node's replicas shares the node's port: the stage's
+        // whole micro-batch crosses `ceil(r / node size)` ports; inside one node each replica has
+        // its own links.
+        let ports = if self.multi_node {
+            r.div_ceil(self.node_size) as f64
+        } else {
+            r as f64
+        };
         let comm = if bnd > 0.0 {
-            self.alpha + bnd / self.bw
+            self.alpha + bnd * r as f64 / ports / self.bw
         } else {
             0.0
         };

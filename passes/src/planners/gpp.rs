@@ -9,8 +9,10 @@
 //! 2. For each candidate micro-batch size (powers of two dividing the batch with at most 512
 //!    micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`] (Algorithm 1) with a
 //!    coarse ε = 5·10⁻², on all cores; the two best by estimate are searched again at ε = 10⁻³.
-//! 3. The three candidates with the best estimated iteration time
-//!    `(M + depth − 1)·max per_mb + sync` are placed ([`place`]), assembled with the GPP schedule
+//! 3. The two candidates with the best estimated iteration time
+//!    `(M + depth − 1)·max per_mb + sync`, plus (for `gpp`) the two best of the linearised DP
+//!    (SPP is a special case of GPP, §2; their stage DAG keeps only real dependencies), are placed
+//!    ([`place`]), assembled with the GPP schedule
 //!    ([`crate::schedule_gpp`], default `--schedule gpp`) and simulated; the fastest is returned
 //!    (the paper sweeps micro-batch sizes the same way, §7 "we sweep over micro-batch sizes").
 //!
@@ -183,16 +185,16 @@ pub fn simulate_as_chain(
     Ok(())
 }
 
+/// Bytes per (producer stage, consumer stage).
+type StageBytes = std::collections::BTreeMap<(usize, usize), f64>;
+
 /// Stage successor lists and bytes per stage pair (skeleton and side nodes already assigned).
 fn stage_edges(
     g: &CostGraph,
     stage_of: &[usize],
     ns: usize,
     batch: f64,
-) -> (
-    Vec<Vec<usize>>,
-    std::collections::BTreeMap<(usize, usize), f64>,
-) {
+) -> (Vec<Vec<usize>>, StageBytes) {
     let mut bytes: std::collections::BTreeMap<(usize, usize), f64> = Default::default();
     for (i, e) in g.edges.iter().enumerate() {
         let (a, b) = (stage_of[e.src], stage_of[e.dst]);
@@ -328,40 +330,40 @@ impl Planner for Gpp {
         let (_, ug) = self.unit_graph(g, cluster);
         // Coarse search (ε = 1e-2) for every candidate micro-batch, in parallel; then the three
         // best by estimated iteration time are refined at the planner's ε.
-        let run_all = |cands: &[u64], eps: f64| -> Vec<(u64, Result<SearchResult>)> {
-            let threads = std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .max(1);
-            let chunk = cands.len().div_ceil(threads).max(1);
-            std::thread::scope(|sc| {
-                let handles: Vec<_> = cands
-                    .chunks(chunk)
-                    .map(|part| {
-                        let ug = &ug;
-                        sc.spawn(move || {
-                            part.iter()
-                                .map(|&b| {
-                                    let p = SearchParams {
-                                        batch: opts.batch.max(1),
-                                        micro_batch: b,
-                                        devices: cluster.len(),
-                                        optimizer: opts.optimizer,
-                                        allreduce: opts.allreduce,
-                                        eps,
-                                        relax: eps <= 1e-3,
-                                    };
-                                    (b, search(g, ug, cluster, p))
-                                })
-                                .collect::<Vec<_>>()
+        let run_all =
+            |ug: &UnitGraph, cands: &[u64], eps: f64| -> Vec<(u64, Result<SearchResult>)> {
+                let threads = std::thread::available_parallelism()
+                    .map_or(1, |n| n.get())
+                    .max(1);
+                let chunk = cands.len().div_ceil(threads).max(1);
+                std::thread::scope(|sc| {
+                    let handles: Vec<_> = cands
+                        .chunks(chunk)
+                        .map(|part| {
+                            sc.spawn(move || {
+                                part.iter()
+                                    .map(|&b| {
+                                        let p = SearchParams {
+                                            batch: opts.batch.max(1),
+                                            micro_batch: b,
+                                            devices: cluster.len(),
+                                            optimizer: opts.optimizer,
+                                            allreduce: opts.allreduce,
+                                            eps,
+                                            relax: true,
+                                        };
+                                        (b, search(g, ug, cluster, p))
+                                    })
+                                    .collect::<Vec<_>>()
+                            })
                         })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().unwrap_or_default())
-                    .collect()
-            })
-        };
+                        .collect();
+                    handles
+                        .into_iter()
+                        .flat_map(|h| h.join().unwrap_or_default())
+                        .collect()
+                })
+            };
         let split = |all: Vec<(u64, Result<SearchResult>)>,
                      last_err: &mut Option<Error>|
          -> Vec<(u64, SearchResult)> {
@@ -381,11 +383,31 @@ impl Planner for Gpp {
         };
         let mut last_err = None;
         let coarse_eps = self.eps.max(5e-2);
-        let mut results = split(run_all(&cands, coarse_eps), &mut last_err);
-        if coarse_eps > self.eps && !results.is_empty() {
-            let top: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
-            results = split(run_all(&top, self.eps), &mut last_err);
+        let refine = |ug: &UnitGraph, last_err: &mut Option<Error>| {
+            let mut results = split(run_all(ug, &cands, coarse_eps), last_err);
+            if coarse_eps > self.eps && !results.is_empty() {
+                let top: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
+                results = split(run_all(ug, &top, self.eps), last_err);
+            }
+            results
+        };
+        let results = refine(&ug, &mut last_err);
+        // SPP is a special case of GPP (§2): the linearised DP's two best plans are candidates
+        // too (simulated on their real stage DAG, without the linearisation's false edges).
+        let seq_ug;
+        let mut pool: Vec<(&UnitGraph, u64, SearchResult)> = results
+            .into_iter()
+            .take(2)
+            .map(|(b, r)| (&ug, b, r))
+            .collect();
+        if !self.sequential {
+            seq_ug = Gpp::sequential().unit_graph(g, cluster).1;
+            for (b, r) in refine(&seq_ug, &mut last_err).into_iter().take(2) {
+                pool.push((&seq_ug, b, r));
+            }
         }
+        let results: Vec<(u64, SearchResult)> =
+            pool.iter().map(|(_, b, r)| (*b, r.clone())).collect();
         if std::env::var_os("PIPEC_GPP_DEBUG").is_some() {
             for (b, r) in &results {
                 eprintln!(
@@ -404,8 +426,8 @@ impl Planner for Gpp {
         }
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
         let mut best: Option<Plan> = None;
-        for (b, r) in results.iter().take(3) {
-            let specs = Gpp::specs(g, cluster, &ug, r, *b);
+        for (ug, b, r) in &pool {
+            let specs = Gpp::specs(g, cluster, ug, r, *b);
             let objective = r.bottleneck_tps * opts.batch.max(1) as f64;
             let mut plan = Plan::assemble(
                 self.name(),

@@ -383,15 +383,22 @@ impl Planner for Gpp {
         };
         let mut last_err = None;
         let coarse_eps = self.eps.max(5e-2);
-        let refine = |ug: &UnitGraph, last_err: &mut Option<Error>| {
-            let mut results = split(run_all(ug, &cands, coarse_eps), last_err);
+        let refine = |ug: &UnitGraph, cands: &[u64], last_err: &mut Option<Error>| {
+            let mut results = split(run_all(ug, cands, coarse_eps), last_err);
             if coarse_eps > self.eps && !results.is_empty() {
                 let top: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
                 results = split(run_all(ug, &top, self.eps), last_err);
             }
             results
         };
-        let results = refine(&ug, &mut last_err);
+        let results = refine(&ug, &cands, &mut last_err);
+        // The linearised DP runs on the micro-batch sizes the graph DP ranked best (and the
+        // extremes), not on every candidate: half the search time for the same pool in practice.
+        let mut seq_cands: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
+        seq_cands.extend(cands.first().copied());
+        seq_cands.extend(cands.last().copied());
+        seq_cands.sort_unstable();
+        seq_cands.dedup();
         // SPP is a special case of GPP (§2): the linearised DP's two best plans are candidates
         // too (simulated on their real stage DAG, without the linearisation's false edges).
         let seq_ug;
@@ -402,7 +409,10 @@ impl Planner for Gpp {
             .collect();
         if !self.sequential {
             seq_ug = Gpp::sequential().unit_graph(g, cluster).1;
-            for (b, r) in refine(&seq_ug, &mut last_err).into_iter().take(2) {
+            for (b, r) in refine(&seq_ug, &seq_cands, &mut last_err)
+                .into_iter()
+                .take(2)
+            {
                 pool.push((&seq_ug, b, r));
             }
         }

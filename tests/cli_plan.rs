@@ -314,3 +314,71 @@ fn plan_pipedream_matches_its_optimizer() {
         assert_eq!(v["planner"], "pipedream");
     }
 }
+
+/// GraphPipe: `--planner gpp` and `gpp-seq` on an ONNX model and a profile (a profile is a DAG
+/// too), and its errors.
+#[test]
+fn plan_gpp_and_gpp_seq() {
+    let inc = root()
+        .join("onnx-models/inception_mini.onnx")
+        .display()
+        .to_string();
+    let vgg = profile("vgg16.txt");
+    for (model, batch) in [(inc.as_str(), "32"), (vgg.as_str(), "64")] {
+        for planner in ["gpp", "gpp-seq"] {
+            let o = pipec(&[
+                "plan",
+                model,
+                "--cluster",
+                "summit",
+                "--devices",
+                "8",
+                "--planner",
+                planner,
+                "--batch",
+                batch,
+                "--json",
+            ]);
+            assert!(o.status.success(), "{planner}: {}", stderr(&o));
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+            assert_eq!(v["planner"], planner);
+            assert_eq!(v["devices"], 8);
+            let used: u64 = v["stages"]
+                .as_array()
+                .expect("stages")
+                .iter()
+                .map(|s| s["replicas"].as_u64().unwrap_or(0))
+                .sum();
+            assert_eq!(used, 8, "every device is used (C3)");
+            assert!(v["throughput_samples_per_s"].as_f64().unwrap_or(0.0) > 0.0);
+        }
+    }
+    bad(
+        &[
+            "plan",
+            &inc,
+            "--cluster",
+            "summit",
+            "--devices",
+            "64",
+            "--planner",
+            "gpp",
+        ],
+        "has only 32 devices",
+    );
+    bad(
+        &[
+            "plan",
+            &inc,
+            "--cluster",
+            "summit",
+            "--planner",
+            "gpp",
+            "--batch",
+            "10",
+            "--micro-batch",
+            "3",
+        ],
+        "--micro-batch 3",
+    );
+}

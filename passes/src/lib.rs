@@ -8,10 +8,13 @@ pub mod dce;
 pub mod fold_constants;
 pub mod loss;
 pub mod optimizer;
+pub mod partition_gpp;
 pub mod plan;
 pub mod planners;
+pub mod schedule_gpp;
 pub mod shape_infer;
 pub mod sim;
+pub mod sp_decompose;
 
 pub use autodiff::Autodiff;
 pub use dce::Dce;
@@ -32,6 +35,10 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         // Training.
         Box::new(Autodiff::default()),
         Box::new(Optimizer::default()),
+        // GraphPipe (issue 5).
+        Box::new(sp_decompose::SpDecompose),
+        Box::new(partition_gpp::PartitionGpp),
+        Box::new(schedule_gpp::ScheduleGpp),
     ]
 }
 

@@ -27,6 +27,7 @@
 //!    [`crate::sim::StageGraph::from_specs`] directly (about 1 µs per simulated task).
 
 pub mod dp;
+pub mod gpp;
 pub mod pipedream;
 pub mod straight;
 
@@ -43,7 +44,15 @@ pub trait Planner {
 }
 
 /// Every planner name the CLI accepts (the real planners land in later issues).
-pub const PLANNER_NAMES: &[&str] = &["gpp", "dapple", "pipedream", "bapipe", "dp", "straight"];
+pub const PLANNER_NAMES: &[&str] = &[
+    "gpp",
+    "dapple",
+    "pipedream",
+    "bapipe",
+    "dp",
+    "straight",
+    "gpp-seq",
+];
 
 /// The planner called `name`.
 pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
@@ -51,6 +60,8 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         "dp" => Ok(Box::new(dp::DataParallel)),
         "straight" => Ok(Box::new(straight::Straight)),
         "pipedream" => Ok(Box::new(pipedream::PipeDream::default())),
+        "gpp" => Ok(Box::new(gpp::Gpp::default())),
+        "gpp-seq" => Ok(Box::new(gpp::Gpp::sequential())),
         n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
             "--planner {n}: not implemented yet (available: dp, pipedream, straight)"
         ))),

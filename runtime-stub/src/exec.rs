@@ -119,9 +119,15 @@ pub fn bind_inputs<'a>(
         }
         out.push(t);
     }
-    let graph_inputs: std::collections::HashSet<&str> =
-        g.inputs.iter().map(|v| g.values[*v].name.as_str()).collect();
-    if let Some((n, _)) = inputs.iter().find(|(n, _)| !graph_inputs.contains(n.as_str())) {
+    let graph_inputs: std::collections::HashSet<&str> = g
+        .inputs
+        .iter()
+        .map(|v| g.values[*v].name.as_str())
+        .collect();
+    if let Some((n, _)) = inputs
+        .iter()
+        .find(|(n, _)| !graph_inputs.contains(n.as_str()))
+    {
         return Err(Error::input(n, "not an input of the graph"));
     }
     Ok((out, syms))

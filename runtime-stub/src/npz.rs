@@ -17,7 +17,10 @@ fn npz_err(path: &Path, msg: impl std::fmt::Display) -> Error {
 }
 
 /// Read one entry of an open npz, trying each supported dtype in turn.
-fn read_entry<R: Read + Seek>(z: &mut NpzReader<R>, name: &str) -> std::result::Result<Tensor, String> {
+fn read_entry<R: Read + Seek>(
+    z: &mut NpzReader<R>,
+    name: &str,
+) -> std::result::Result<Tensor, String> {
     let mut errs: Vec<String> = Vec::new();
     macro_rules! attempt {
         ($t:ty) => {

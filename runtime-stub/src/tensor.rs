@@ -169,9 +169,18 @@ impl Tensor {
                 Tensor::F32(arr(shape, v)?)
             }
             DType::I8 => Tensor::I32(arr(shape, raw.iter().map(|b| *b as i8 as i32).collect())?),
-            DType::I16 => Tensor::I32(arr(shape, le!(i16, 2).into_iter().map(i32::from).collect())?),
-            DType::U16 => Tensor::I32(arr(shape, le!(u16, 2).into_iter().map(i32::from).collect())?),
-            DType::U32 => Tensor::I64(arr(shape, le!(u32, 4).into_iter().map(i64::from).collect())?),
+            DType::I16 => Tensor::I32(arr(
+                shape,
+                le!(i16, 2).into_iter().map(i32::from).collect(),
+            )?),
+            DType::U16 => Tensor::I32(arr(
+                shape,
+                le!(u16, 2).into_iter().map(i32::from).collect(),
+            )?),
+            DType::U32 => Tensor::I64(arr(
+                shape,
+                le!(u32, 4).into_iter().map(i64::from).collect(),
+            )?),
             other => return Err(Error::Msg(format!("unsupported tensor dtype {other}"))),
         })
     }
@@ -301,7 +310,8 @@ mod tests {
 
     #[test]
     fn tensor_data_round_trip() {
-        let t = Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0, -2.0, 3.5, 4.0]).unwrap());
+        let t =
+            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0, -2.0, 3.5, 4.0]).unwrap());
         let d = t.to_tensor_data();
         assert_eq!(d.dims, vec![2, 2]);
         assert_eq!(Tensor::from_tensor_data(&d).unwrap(), t);

@@ -40,7 +40,11 @@ fn forward(name: &str, exec: &dyn Executor) {
             (t2 - t1).as_secs_f64(),
             (t3 - t2).as_secs_f64()
         );
-        assert!(d <= 1e-4 * mx, "{name} [{}]: output {n} differs: {d} (max |ref| {mx})", exec.name());
+        assert!(
+            d <= 1e-4 * mx,
+            "{name} [{}]: output {n} differs: {d} (max |ref| {mx})",
+            exec.name()
+        );
     }
 }
 
@@ -109,10 +113,22 @@ fn npz_round_trip_with_slash_names() {
     std::fs::create_dir_all(&dir).unwrap();
     let p = dir.join("t.npz");
     let entries = vec![
-        ("grad/conv1.weight".to_string(), Tensor::F32(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[2, 3]), 1.5))),
-        ("loss".to_string(), Tensor::F64(ndarray::arr0(0.25).into_dyn())),
-        ("input/input_ids".to_string(), Tensor::I64(ndarray::arr1(&[1i64, -2, 3]).into_dyn())),
-        ("mask".to_string(), Tensor::Bool(ndarray::arr1(&[true, false]).into_dyn())),
+        (
+            "grad/conv1.weight".to_string(),
+            Tensor::F32(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[2, 3]), 1.5)),
+        ),
+        (
+            "loss".to_string(),
+            Tensor::F64(ndarray::arr0(0.25).into_dyn()),
+        ),
+        (
+            "input/input_ids".to_string(),
+            Tensor::I64(ndarray::arr1(&[1i64, -2, 3]).into_dyn()),
+        ),
+        (
+            "mask".to_string(),
+            Tensor::Bool(ndarray::arr1(&[true, false]).into_dyn()),
+        ),
     ];
     npz::write(&p, &entries).unwrap();
     let back = npz::read(&p).unwrap();

@@ -48,18 +48,29 @@ fn reference_backend_f64() {
 }
 
 /// Cases tract 0.23 fails, in f32 (kept in sync with `tract_backend::KNOWN_GAPS`).
-const TRACT_F32_FAILS: &[&str] = &[];
+const TRACT_F32_FAILS: &[&str] = &["conv_transpose_output_shape", "batchnorm", "pad_constant"];
 /// Cases tract 0.23 fails, in f64.
-const TRACT_F64_FAILS: &[&str] = &[];
+const TRACT_F64_FAILS: &[&str] = &[
+    "erf",
+    "sigmoid",
+    "gemm_transb",
+    "conv_transpose_output_shape",
+    "batchnorm",
+    "pad_constant",
+];
 
 #[test]
 fn tract_backend_known_gaps() {
+    let mut changed = Vec::new();
     for (float, known) in [(DType::F32, TRACT_F32_FAILS), (DType::F64, TRACT_F64_FAILS)] {
         let fails = run_all(&Tract, float, 1e-5);
         report(&format!("tract {float}"), &fails);
         let names: Vec<&str> = fails.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, known, "tract {float}: the failing cases changed");
+        if names != known {
+            changed.push(format!("tract {float}: failing cases are now {names:?}"));
+        }
     }
+    assert!(changed.is_empty(), "{changed:?}");
 }
 
 #[test]

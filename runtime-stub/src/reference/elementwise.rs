@@ -95,8 +95,16 @@ pub(crate) fn broadcast_shape(a: &[usize], b: &[usize]) -> KResult<Vec<usize>> {
     let r = a.len().max(b.len());
     let mut out = vec![0; r];
     for i in 0..r {
-        let da = if i + a.len() >= r { a[i + a.len() - r] } else { 1 };
-        let db = if i + b.len() >= r { b[i + b.len() - r] } else { 1 };
+        let da = if i + a.len() >= r {
+            a[i + a.len() - r]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= r {
+            b[i + b.len() - r]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -267,15 +275,21 @@ fn where_(cond: &Tensor, x: &Tensor, y: &Tensor) -> KResult<Tensor> {
     };
     same_dtype(x, y)?;
     let s = broadcast_shape(cnd.shape(), &broadcast_shape(x.shape(), y.shape())?)?;
-    fn sel<T: Clone>(c: &ArrayD<bool>, x: &ArrayD<T>, y: &ArrayD<T>, s: &[usize]) -> KResult<ArrayD<T>> {
+    fn sel<T: Clone>(
+        c: &ArrayD<bool>,
+        x: &ArrayD<T>,
+        y: &ArrayD<T>,
+        s: &[usize],
+    ) -> KResult<ArrayD<T>> {
         let e = || "cannot broadcast".to_string();
         let cv = c.broadcast(IxDyn(s)).ok_or_else(e)?;
         let xv = x.broadcast(IxDyn(s)).ok_or_else(e)?;
         let yv = y.broadcast(IxDyn(s)).ok_or_else(e)?;
-        let o = Zip::from(&cv)
-            .and(&xv)
-            .and(&yv)
-            .map_collect(|c, a, b| if *c { a.clone() } else { b.clone() });
+        let o =
+            Zip::from(&cv)
+                .and(&xv)
+                .and(&yv)
+                .map_collect(|c, a, b| if *c { a.clone() } else { b.clone() });
         Ok(o.as_standard_layout().into_owned())
     }
     Ok(match (x, y) {
@@ -292,10 +306,18 @@ fn where_(cond: &Tensor, x: &Tensor, y: &Tensor) -> KResult<Tensor> {
 fn clip(c: &Ctx) -> KResult<Tensor> {
     let x = c.input(0)?;
     // Opset >= 11: min/max are optional inputs; before: attributes.
-    let lo = c.opt(1).map(|t| t.to_f64().iter().next().copied().unwrap_or(f64::MIN));
-    let hi = c.opt(2).map(|t| t.to_f64().iter().next().copied().unwrap_or(f64::MAX));
-    let lo = lo.or_else(|| c.op.float_attr("min").map(f64::from)).unwrap_or(f64::NEG_INFINITY);
-    let hi = hi.or_else(|| c.op.float_attr("max").map(f64::from)).unwrap_or(f64::INFINITY);
+    let lo = c
+        .opt(1)
+        .map(|t| t.to_f64().iter().next().copied().unwrap_or(f64::MIN));
+    let hi = c
+        .opt(2)
+        .map(|t| t.to_f64().iter().next().copied().unwrap_or(f64::MAX));
+    let lo = lo
+        .or_else(|| c.op.float_attr("min").map(f64::from))
+        .unwrap_or(f64::NEG_INFINITY);
+    let hi = hi
+        .or_else(|| c.op.float_attr("max").map(f64::from))
+        .unwrap_or(f64::INFINITY);
     Ok(match x {
         Tensor::F32(a) => Tensor::F32(a.mapv(|v| v.max(lo as f32).min(hi as f32))),
         Tensor::F64(a) => Tensor::F64(a.mapv(|v| v.max(lo).min(hi))),
@@ -354,7 +376,12 @@ fn reduce_num<T: Num>(a: &ArrayD<T>, axes: &[usize], keep: bool, r: Red) -> KRes
     Ok(x)
 }
 
-fn reduce_float<T: Fl + Num>(a: &ArrayD<T>, axes: &[usize], keep: bool, r: Red) -> KResult<ArrayD<T>> {
+fn reduce_float<T: Fl + Num>(
+    a: &ArrayD<T>,
+    axes: &[usize],
+    keep: bool,
+    r: Red,
+) -> KResult<ArrayD<T>> {
     let count: usize = {
         let mut s = axes.to_vec();
         s.sort_unstable();
@@ -397,8 +424,16 @@ fn reduce(c: &Ctx, r: Red) -> KResult<Tensor> {
     let x = c.input(0)?;
     let rank = x.shape().len();
     // Axes: an input since opset 13 for ReduceSum and opset 18 for the others; an attribute before.
-    let axes_in_input = if c.op.op_type == "ReduceSum" { c.opset >= 13 } else { c.opset >= 18 };
-    let axes = if axes_in_input { c.ints_input(1) } else { c.ints("axes") };
+    let axes_in_input = if c.op.op_type == "ReduceSum" {
+        c.opset >= 13
+    } else {
+        c.opset >= 18
+    };
+    let axes = if axes_in_input {
+        c.ints_input(1)
+    } else {
+        c.ints("axes")
+    };
     let axes: Vec<usize> = match axes {
         Some(a) if !a.is_empty() => a
             .iter()
@@ -438,7 +473,11 @@ fn arg_reduce(c: &Ctx, max: bool) -> KResult<Tensor> {
         }
         best as i64
     });
-    Ok(Tensor::I64(if keep { out.insert_axis(Axis(ax)) } else { out }))
+    Ok(Tensor::I64(if keep {
+        out.insert_axis(Axis(ax))
+    } else {
+        out
+    }))
 }
 
 fn cumsum<T: Num>(a: &ArrayD<T>, ax: usize, exclusive: bool, reverse: bool) -> ArrayD<T> {
@@ -540,23 +579,33 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
                 one(match (a, b) {
                     (Tensor::F32(a), Tensor::F32(b)) => Tensor::F32(zip2(a, b, |x, y| x % y)?),
                     (Tensor::F64(a), Tensor::F64(b)) => Tensor::F64(zip2(a, b, |x, y| x % y)?),
-                    (Tensor::I64(a), Tensor::I64(b)) => Tensor::I64(zip2(a, b, |x: i64, y: i64| {
-                        let m = x.checked_rem(y).unwrap_or(0);
-                        if !fmod && m != 0 && ((m < 0) != (y < 0)) {
-                            m + y
-                        } else {
-                            m
-                        }
-                    })?),
+                    (Tensor::I64(a), Tensor::I64(b)) => {
+                        Tensor::I64(zip2(a, b, |x: i64, y: i64| {
+                            let m = x.checked_rem(y).unwrap_or(0);
+                            if !fmod && m != 0 && ((m < 0) != (y < 0)) {
+                                m + y
+                            } else {
+                                m
+                            }
+                        })?)
+                    }
                     (a, _) => return Err(format!("Mod of {} is not supported", a.dtype())),
                 })
             }
             "Pow" => one(pow(c.input(0)?, c.input(1)?)?),
             "Max" => one(variadic(c, |a, b| {
-                Ok(bin_num!(a, b, |x, y| if x >= y || is_nan(&x) { x } else { y }))
+                Ok(bin_num!(a, b, |x, y| if x >= y || is_nan(&x) {
+                    x
+                } else {
+                    y
+                }))
             })?),
             "Min" => one(variadic(c, |a, b| {
-                Ok(bin_num!(a, b, |x, y| if x <= y || is_nan(&x) { x } else { y }))
+                Ok(bin_num!(a, b, |x, y| if x <= y || is_nan(&x) {
+                    x
+                } else {
+                    y
+                }))
             })?),
             "Sum" => one(variadic(c, |a, b| Ok(bin_num!(a, b, |x, y| x + y)))?),
             "Mean" => {
@@ -599,10 +648,17 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
             "Floor" => one(un_float!(c.input(0)?, |x| x.floor())),
             "Ceil" => one(un_float!(c.input(0)?, |x| x.ceil())),
             "Round" => one(un_float!(c.input(0)?, |x| x.round_ties_even())),
-            "Softplus" => one(un_float!(c.input(0)?, |x| if x > 20.0 { x } else { x.exp().ln_1p() })),
+            "Softplus" => one(un_float!(c.input(0)?, |x| if x > 20.0 {
+                x
+            } else {
+                x.exp().ln_1p()
+            })),
             "IsNaN" => one(Tensor::Bool(c.input(0)?.to_f64().mapv(|v| v.is_nan()))),
             "IsInf" => {
-                let (pos, neg) = (c.int("detect_positive", 1) != 0, c.int("detect_negative", 1) != 0);
+                let (pos, neg) = (
+                    c.int("detect_positive", 1) != 0,
+                    c.int("detect_negative", 1) != 0,
+                );
                 one(Tensor::Bool(c.input(0)?.to_f64().mapv(|v| {
                     (pos && v == f64::INFINITY) || (neg && v == f64::NEG_INFINITY)
                 })))
@@ -629,16 +685,23 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
                 let dt = DType::from_onnx(to as i32).ok_or_else(|| format!("bad 'to' {to}"))?;
                 one(c.input(0)?.cast(dt).map_err(|e| e.to_string())?)
             }
-            "CastLike" => one(c.input(0)?.cast(c.input(1)?.dtype()).map_err(|e| e.to_string())?),
+            "CastLike" => one(c
+                .input(0)?
+                .cast(c.input(1)?.dtype())
+                .map_err(|e| e.to_string())?),
             "Identity" => one(c.input(0)?.clone()),
             "Dropout" => {
                 // Inference (and ratio 0 / training_mode false): identity, mask all true.
                 let x = c.input(0)?;
                 if let Some(t) = c.opt(2) {
                     if t.to_i64_vec().first().copied().unwrap_or(0) != 0 {
-                        let ratio = c.opt(1).map(|r| r.to_f64().iter().copied().next().unwrap_or(0.5));
+                        let ratio = c
+                            .opt(1)
+                            .map(|r| r.to_f64().iter().copied().next().unwrap_or(0.5));
                         if ratio != Some(0.0) {
-                            return Err("training_mode=true with a nonzero ratio is not supported".into());
+                            return Err(
+                                "training_mode=true with a nonzero ratio is not supported".into()
+                            );
                         }
                     }
                 }
@@ -670,13 +733,66 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         }
     };
     const OPS: &[&str] = &[
-        "Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min", "Sum", "Mean", "Equal", "Less",
-        "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not", "Where", "Relu",
-        "Neg", "Abs", "Sign", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Tanh", "Sigmoid", "Sin",
-        "Cos", "Floor", "Ceil", "Round", "Softplus", "IsNaN", "IsInf", "LeakyRelu", "Elu",
-        "HardSigmoid", "Gelu", "Clip", "Cast", "CastLike", "Identity", "Dropout", "ReduceSum",
-        "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
-        "ReduceL2", "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum",
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Mod",
+        "Pow",
+        "Max",
+        "Min",
+        "Sum",
+        "Mean",
+        "Equal",
+        "Less",
+        "LessOrEqual",
+        "Greater",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+        "Not",
+        "Where",
+        "Relu",
+        "Neg",
+        "Abs",
+        "Sign",
+        "Exp",
+        "Log",
+        "Sqrt",
+        "Reciprocal",
+        "Erf",
+        "Tanh",
+        "Sigmoid",
+        "Sin",
+        "Cos",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Softplus",
+        "IsNaN",
+        "IsInf",
+        "LeakyRelu",
+        "Elu",
+        "HardSigmoid",
+        "Gelu",
+        "Clip",
+        "Cast",
+        "CastLike",
+        "Identity",
+        "Dropout",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSumExp",
+        "ArgMax",
+        "ArgMin",
+        "CumSum",
     ];
     if OPS.contains(&op) {
         Some(r())

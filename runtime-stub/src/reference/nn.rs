@@ -19,8 +19,17 @@ fn arr<T>(shape: &[usize], v: Vec<T>) -> KResult<ArrayD<T>> {
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())
 }
 
-fn same<'a, T>(x: &'a Tensor, get: impl Fn(&'a Tensor) -> Option<&'a ArrayD<T>>, what: &str) -> KResult<&'a ArrayD<T>> {
-    get(x).ok_or_else(|| format!("{what} must have the same float type as the input, got {}", x.dtype()))
+fn same<'a, T>(
+    x: &'a Tensor,
+    get: impl Fn(&'a Tensor) -> Option<&'a ArrayD<T>>,
+    what: &str,
+) -> KResult<&'a ArrayD<T>> {
+    get(x).ok_or_else(|| {
+        format!(
+            "{what} must have the same float type as the input, got {}",
+            x.dtype()
+        )
+    })
 }
 
 fn get_f32(t: &Tensor) -> Option<&ArrayD<f32>> {
@@ -46,13 +55,19 @@ macro_rules! float_kernel {
                 let rest: Vec<Option<&ArrayD<f32>>> = (1..$c.inputs.len())
                     .map(|i| $c.opt(i).map(|t| same(t, get_f32, "operand")).transpose())
                     .collect::<KResult<_>>()?;
-                $f($c, a, &rest)?.into_iter().map(Tensor::F32).collect::<Vec<_>>()
+                $f($c, a, &rest)?
+                    .into_iter()
+                    .map(Tensor::F32)
+                    .collect::<Vec<_>>()
             }
             Tensor::F64(a) => {
                 let rest: Vec<Option<&ArrayD<f64>>> = (1..$c.inputs.len())
                     .map(|i| $c.opt(i).map(|t| same(t, get_f64, "operand")).transpose())
                     .collect::<KResult<_>>()?;
-                $f($c, a, &rest)?.into_iter().map(Tensor::F64).collect::<Vec<_>>()
+                $f($c, a, &rest)?
+                    .into_iter()
+                    .map(Tensor::F64)
+                    .collect::<Vec<_>>()
             }
             other => return Err(format!("expects a float input, got {}", other.dtype())),
         }
@@ -76,13 +91,25 @@ pub(crate) fn matmul<T: Fl>(a: &ArrayD<T>, b: &ArrayD<T>) -> KResult<ArrayD<T>> 
     if ra == 0 || rb == 0 {
         return Err("MatMul operands must have rank >= 1".into());
     }
-    let a2 = if ra == 1 { a.view().insert_axis(Axis(0)) } else { a.view() };
-    let b2 = if rb == 1 { b.view().insert_axis(Axis(1)) } else { b.view() };
+    let a2 = if ra == 1 {
+        a.view().insert_axis(Axis(0))
+    } else {
+        a.view()
+    };
+    let b2 = if rb == 1 {
+        b.view().insert_axis(Axis(1))
+    } else {
+        b.view()
+    };
     let (sa, sb) = (a2.shape().to_vec(), b2.shape().to_vec());
     let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
     let (k2, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
     if k != k2 {
-        return Err(format!("MatMul shapes {:?} and {:?} do not match", a.shape(), b.shape()));
+        return Err(format!(
+            "MatMul shapes {:?} and {:?} do not match",
+            a.shape(),
+            b.shape()
+        ));
     }
     let batch = broadcast_shape(&sa[..sa.len() - 2], &sb[..sb.len() - 2])?;
     let nb: usize = batch.iter().product();
@@ -97,8 +124,12 @@ pub(crate) fn matmul<T: Fl>(a: &ArrayD<T>, b: &ArrayD<T>) -> KResult<ArrayD<T>> 
             .ok_or("cannot broadcast")?
             .as_standard_layout()
             .into_owned();
-        let av = av.into_shape_with_order((nb * m, k)).map_err(|e| e.to_string())?;
-        let bv = b2.into_dimensionality::<ndarray::Ix2>().map_err(|e| e.to_string())?;
+        let av = av
+            .into_shape_with_order((nb * m, k))
+            .map_err(|e| e.to_string())?;
+        let bv = b2
+            .into_dimensionality::<ndarray::Ix2>()
+            .map_err(|e| e.to_string())?;
         let mut o = Array2::<T>::zeros((nb * m, n));
         general_mat_mul(T::one(), &av, &bv, T::zero(), &mut o);
         o.into_dyn()
@@ -107,14 +138,32 @@ pub(crate) fn matmul<T: Fl>(a: &ArrayD<T>, b: &ArrayD<T>) -> KResult<ArrayD<T>> 
         fa.extend([m, k]);
         let mut fb = batch.clone();
         fb.extend([k, n]);
-        let av = a2.broadcast(IxDyn(&fa)).ok_or("cannot broadcast")?.as_standard_layout().into_owned();
-        let bv = b2.broadcast(IxDyn(&fb)).ok_or("cannot broadcast")?.as_standard_layout().into_owned();
-        let av: Array3<T> = av.into_shape_with_order((nb, m, k)).map_err(|e| e.to_string())?;
-        let bv: Array3<T> = bv.into_shape_with_order((nb, k, n)).map_err(|e| e.to_string())?;
+        let av = a2
+            .broadcast(IxDyn(&fa))
+            .ok_or("cannot broadcast")?
+            .as_standard_layout()
+            .into_owned();
+        let bv = b2
+            .broadcast(IxDyn(&fb))
+            .ok_or("cannot broadcast")?
+            .as_standard_layout()
+            .into_owned();
+        let av: Array3<T> = av
+            .into_shape_with_order((nb, m, k))
+            .map_err(|e| e.to_string())?;
+        let bv: Array3<T> = bv
+            .into_shape_with_order((nb, k, n))
+            .map_err(|e| e.to_string())?;
         let mut o = Array3::<T>::zeros((nb, m, n));
         for i in 0..nb {
             let mut oi = o.index_axis_mut(Axis(0), i);
-            general_mat_mul(T::one(), &av.index_axis(Axis(0), i), &bv.index_axis(Axis(0), i), T::zero(), &mut oi);
+            general_mat_mul(
+                T::one(),
+                &av.index_axis(Axis(0), i),
+                &bv.index_axis(Axis(0), i),
+                T::zero(),
+                &mut oi,
+            );
         }
         o.into_dyn()
     };
@@ -125,15 +174,30 @@ pub(crate) fn matmul<T: Fl>(a: &ArrayD<T>, b: &ArrayD<T>) -> KResult<ArrayD<T>> 
     if rb != 1 {
         final_shape.push(n);
     }
-    out.into_shape_with_order(IxDyn(&final_shape)).map_err(|e| e.to_string())
+    out.into_shape_with_order(IxDyn(&final_shape))
+        .map_err(|e| e.to_string())
 }
 
 fn gemm<T: Fl>(c: &Ctx, a: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
     let b = req(rest, 1)?;
-    let a = a.view().into_dimensionality::<ndarray::Ix2>().map_err(|_| "A must be 2-D".to_string())?;
-    let b = b.view().into_dimensionality::<ndarray::Ix2>().map_err(|_| "B must be 2-D".to_string())?;
-    let a = if c.int("transA", 0) != 0 { a.reversed_axes() } else { a };
-    let b = if c.int("transB", 0) != 0 { b.reversed_axes() } else { b };
+    let a = a
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .map_err(|_| "A must be 2-D".to_string())?;
+    let b = b
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .map_err(|_| "B must be 2-D".to_string())?;
+    let a = if c.int("transA", 0) != 0 {
+        a.reversed_axes()
+    } else {
+        a
+    };
+    let b = if c.int("transB", 0) != 0 {
+        b.reversed_axes()
+    } else {
+        b
+    };
     let (m, k) = a.dim();
     let (k2, n) = b.dim();
     if k != k2 {
@@ -144,7 +208,12 @@ fn gemm<T: Fl>(c: &Ctx, a: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<V
     let (mut o, beta) = match opt(rest, 2) {
         Some(cc) => (
             cc.broadcast(IxDyn(&[m, n]))
-                .ok_or_else(|| format!("C of shape {:?} does not broadcast to [{m}, {n}]", cc.shape()))?
+                .ok_or_else(|| {
+                    format!(
+                        "C of shape {:?} does not broadcast to [{m}, {n}]",
+                        cc.shape()
+                    )
+                })?
                 .into_dimensionality::<ndarray::Ix2>()
                 .map_err(|e| e.to_string())?
                 .to_owned(),
@@ -165,7 +234,11 @@ pub(crate) fn einsum<T: Fl>(eq: &str, ops: &[&ArrayD<T>]) -> KResult<ArrayD<T>> 
     };
     let terms: Vec<&str> = lhs.split(',').collect();
     if terms.len() != ops.len() {
-        return Err(format!("equation has {} operands but the node has {}", terms.len(), ops.len()));
+        return Err(format!(
+            "equation has {} operands but the node has {}",
+            terms.len(),
+            ops.len()
+        ));
     }
     // Ellipsis labels are private-use chars, right-aligned across operands.
     let ell = |i: usize| char::from_u32(0xE000 + i as u32).unwrap_or('?');
@@ -174,11 +247,21 @@ pub(crate) fn einsum<T: Fl>(eq: &str, ops: &[&ArrayD<T>]) -> KResult<ArrayD<T>> 
     for (t, a) in terms.iter().zip(ops) {
         let named = t.replace("...", "").chars().count();
         if a.ndim() < named {
-            return Err(format!("term '{t}' has more labels than the operand's rank {}", a.ndim()));
+            return Err(format!(
+                "term '{t}' has more labels than the operand's rank {}",
+                a.ndim()
+            ));
         }
-        let ne = if t.contains("...") { a.ndim() - named } else { 0 };
+        let ne = if t.contains("...") {
+            a.ndim() - named
+        } else {
+            0
+        };
         if !t.contains("...") && a.ndim() != named {
-            return Err(format!("term '{t}' does not match the operand's rank {}", a.ndim()));
+            return Err(format!(
+                "term '{t}' does not match the operand's rank {}",
+                a.ndim()
+            ));
         }
         max_ell = max_ell.max(ne);
         let (pre, post) = t.split_once("...").unwrap_or((t, ""));
@@ -211,7 +294,9 @@ pub(crate) fn einsum<T: Fl>(eq: &str, ops: &[&ArrayD<T>]) -> KResult<ArrayD<T>> 
             let mut o: Vec<char> = (0..max_ell).map(ell).collect();
             let mut once: Vec<char> = Vec::new();
             for ch in labels.iter().flatten() {
-                if ch.is_ascii_alphabetic() && labels.iter().flatten().filter(|c| *c == ch).count() == 1 {
+                if ch.is_ascii_alphabetic()
+                    && labels.iter().flatten().filter(|c| *c == ch).count() == 1
+                {
                     once.push(*ch);
                 }
             }
@@ -309,7 +394,10 @@ fn two(v: &[i64], lift: bool, fill: i64) -> KResult<[usize; 2]> {
     match (v.len(), lift) {
         (1, true) => Ok([g(fill)?, g(v[0])?]),
         (2, false) => Ok([g(v[0])?, g(v[1])?]),
-        _ => Err(format!("attribute has {} values; only 1-D and 2-D windows are supported", v.len())),
+        _ => Err(format!(
+            "attribute has {} values; only 1-D and 2-D windows are supported",
+            v.len()
+        )),
     }
 }
 
@@ -322,7 +410,10 @@ fn geometry(c: &Ctx, kernel: &[usize], input: &[usize], lift: bool, ceil: bool) 
     let d = two(&c.ints("dilations").unwrap_or(vec![1; nsp]), lift, 1)?;
     let pads = c.ints("pads").unwrap_or(vec![0; 2 * nsp]);
     if pads.len() != 2 * nsp {
-        return Err(format!("pads has {} values for {nsp} spatial dims", pads.len()));
+        return Err(format!(
+            "pads has {} values for {nsp} spatial dims",
+            pads.len()
+        ));
     }
     let mut pb = two(&pads[..nsp], lift, 0)?;
     let mut pe = two(&pads[nsp..], lift, 0)?;
@@ -362,9 +453,15 @@ fn out_size(inp: usize, g: &Geo, i: usize, ceil: bool) -> KResult<usize> {
     let span = (g.k[i] - 1) * g.d[i] + 1;
     let padded = inp + g.pb[i] + g.pe[i];
     if padded < span {
-        return Err(format!("window {span} is larger than the padded input {padded}"));
+        return Err(format!(
+            "window {span} is larger than the padded input {padded}"
+        ));
     }
-    let mut o = if ceil { (padded - span).div_ceil(g.s[i]) + 1 } else { (padded - span) / g.s[i] + 1 };
+    let mut o = if ceil {
+        (padded - span).div_ceil(g.s[i]) + 1
+    } else {
+        (padded - span) / g.s[i] + 1
+    };
     if ceil && (o - 1) * g.s[i] >= inp + g.pb[i] {
         o -= 1;
     }
@@ -376,7 +473,9 @@ fn as4(shape: &[usize]) -> KResult<([usize; 4], bool)> {
     match shape.len() {
         3 => Ok(([shape[0], shape[1], 1, shape[2]], true)),
         4 => Ok(([shape[0], shape[1], shape[2], shape[3]], false)),
-        r => Err(format!("only 1-D and 2-D spatial inputs are supported (rank {r})")),
+        r => Err(format!(
+            "only 1-D and 2-D spatial inputs are supported (rank {r})"
+        )),
     }
 }
 
@@ -384,13 +483,19 @@ fn conv<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<V
     let w = req(rest, 1)?;
     let ([n, ch, h, wd], lift) = as4(x.shape())?;
     if w.ndim() != x.ndim() {
-        return Err(format!("weight rank {} differs from input rank {}", w.ndim(), x.ndim()));
+        return Err(format!(
+            "weight rank {} differs from input rank {}",
+            w.ndim(),
+            x.ndim()
+        ));
     }
     let ws = w.shape();
     let (m, cg) = (ws[0], ws[1]);
     let group = c.int("group", 1).max(1) as usize;
     if cg * group != ch || m % group != 0 {
-        return Err(format!("weight {ws:?} does not fit {ch} input channels in {group} groups"));
+        return Err(format!(
+            "weight {ws:?} does not fit {ch} input channels in {group} groups"
+        ));
     }
     let g = geometry(c, &ws[2..], &x.shape()[2..], lift, false)?;
     let (oh, ow) = (out_size(h, &g, 0, false)?, out_size(wd, &g, 1, false)?);
@@ -419,25 +524,41 @@ fn conv<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<V
                             let src = base + iy as usize * wd;
                             for (ox, v) in dst.iter_mut().enumerate() {
                                 let ix = (ox * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
-                                *v = if ix < 0 || ix >= wd as isize { T::zero() } else { xs[src + ix as usize] };
+                                *v = if ix < 0 || ix >= wd as isize {
+                                    T::zero()
+                                } else {
+                                    xs[src + ix as usize]
+                                };
                             }
                         }
                     }
                 }
             }
-            let wg = ArrayView2::from_shape((mg, k), &wv[gi * mg * k..(gi + 1) * mg * k]).map_err(|e| e.to_string())?;
+            let wg = ArrayView2::from_shape((mg, k), &wv[gi * mg * k..(gi + 1) * mg * k])
+                .map_err(|e| e.to_string())?;
             let cv = ArrayView2::from_shape((k, p), &cols[..]).map_err(|e| e.to_string())?;
             let o0 = (b * m + gi * mg) * p;
-            let mut ov = ArrayViewMut2::from_shape((mg, p), &mut out[o0..o0 + mg * p]).map_err(|e| e.to_string())?;
+            let mut ov = ArrayViewMut2::from_shape((mg, p), &mut out[o0..o0 + mg * p])
+                .map_err(|e| e.to_string())?;
             general_mat_mul(T::one(), &wg, &cv, T::zero(), &mut ov);
         }
     }
     add_bias(&mut out, opt(rest, 2), n, m, p)?;
-    let shape: Vec<usize> = if lift { vec![n, m, ow] } else { vec![n, m, oh, ow] };
+    let shape: Vec<usize> = if lift {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
     Ok(vec![arr(&shape, out)?])
 }
 
-fn add_bias<T: Fl>(out: &mut [T], bias: Option<&ArrayD<T>>, n: usize, m: usize, p: usize) -> KResult<()> {
+fn add_bias<T: Fl>(
+    out: &mut [T],
+    bias: Option<&ArrayD<T>>,
+    n: usize,
+    m: usize,
+    p: usize,
+) -> KResult<()> {
     if let Some(bias) = bias {
         let bs = flat(bias);
         if bs.len() != m {
@@ -454,17 +575,27 @@ fn add_bias<T: Fl>(out: &mut [T], bias: Option<&ArrayD<T>>, n: usize, m: usize, 
     Ok(())
 }
 
-fn conv_transpose<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+fn conv_transpose<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
     let w = req(rest, 1)?;
     let ([n, ch, h, wd], lift) = as4(x.shape())?;
     if w.ndim() != x.ndim() {
-        return Err(format!("weight rank {} differs from input rank {}", w.ndim(), x.ndim()));
+        return Err(format!(
+            "weight rank {} differs from input rank {}",
+            w.ndim(),
+            x.ndim()
+        ));
     }
     let ws = w.shape();
     let group = c.int("group", 1).max(1) as usize;
     let (cw, mg) = (ws[0], ws[1]);
     if cw != ch || ch % group != 0 {
-        return Err(format!("weight {ws:?} does not fit {ch} input channels in {group} groups"));
+        return Err(format!(
+            "weight {ws:?} does not fit {ch} input channels in {group} groups"
+        ));
     }
     let cg = ch / group;
     let m = mg * group;
@@ -478,10 +609,16 @@ fn conv_transpose<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) ->
     let out_shape_attr = c.ints("output_shape");
     let target: Option<[usize; 2]> = match &out_shape_attr {
         Some(os) => {
-            let sp = if os.len() == nsp + 2 { &os[2..] } else { &os[..] };
+            let sp = if os.len() == nsp + 2 {
+                &os[2..]
+            } else {
+                &os[..]
+            };
             Some(two(sp, lift, 1)?)
         }
-        None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => Some([inp[0] * g.s[0], inp[1] * g.s[1]]),
+        None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => {
+            Some([inp[0] * g.s[0], inp[1] * g.s[1]])
+        }
         None => None,
     };
     if let Some(t) = target {
@@ -498,8 +635,12 @@ fn conv_transpose<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) ->
             }
         }
     }
-    let oh = full(0, &g).checked_sub(g.pb[0] + g.pe[0]).ok_or("pads larger than the output")?;
-    let ow = full(1, &g).checked_sub(g.pb[1] + g.pe[1]).ok_or("pads larger than the output")?;
+    let oh = full(0, &g)
+        .checked_sub(g.pb[0] + g.pe[0])
+        .ok_or("pads larger than the output")?;
+    let ow = full(1, &g)
+        .checked_sub(g.pb[1] + g.pe[1])
+        .ok_or("pads larger than the output")?;
     let (kh, kw) = (g.k[0], g.k[1]);
     let k = mg * kh * kw;
     let p = h * wd;
@@ -509,8 +650,13 @@ fn conv_transpose<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) ->
     let mut cols = Array2::<T>::zeros((k, p));
     for b in 0..n {
         for gi in 0..group {
-            let xg = ArrayView2::from_shape((cg, p), &xs[(b * ch + gi * cg) * p..(b * ch + (gi + 1) * cg) * p]).map_err(|e| e.to_string())?;
-            let wg = ArrayView2::from_shape((cg, k), &wv[gi * cg * k..(gi + 1) * cg * k]).map_err(|e| e.to_string())?;
+            let xg = ArrayView2::from_shape(
+                (cg, p),
+                &xs[(b * ch + gi * cg) * p..(b * ch + (gi + 1) * cg) * p],
+            )
+            .map_err(|e| e.to_string())?;
+            let wg = ArrayView2::from_shape((cg, k), &wv[gi * cg * k..(gi + 1) * cg * k])
+                .map_err(|e| e.to_string())?;
             general_mat_mul(T::one(), &wg.t(), &xg, T::zero(), &mut cols);
             let cs = cols.as_slice().ok_or("cols not contiguous")?;
             for mi in 0..mg {
@@ -528,7 +674,8 @@ fn conv_transpose<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) ->
                                 if ox < 0 || ox >= ow as isize {
                                     continue;
                                 }
-                                out[obase + oy as usize * ow + ox as usize] += cs[row + iy * wd + ix];
+                                out[obase + oy as usize * ow + ox as usize] +=
+                                    cs[row + iy * wd + ix];
                             }
                         }
                     }
@@ -537,7 +684,11 @@ fn conv_transpose<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) ->
         }
     }
     add_bias(&mut out, opt(rest, 2), n, m, oh * ow)?;
-    let shape: Vec<usize> = if lift { vec![n, m, ow] } else { vec![n, m, oh, ow] };
+    let shape: Vec<usize> = if lift {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
     Ok(vec![arr(&shape, out)?])
 }
 
@@ -575,7 +726,8 @@ fn pool<T: Fl>(c: &Ctx, x: &ArrayD<T>) -> KResult<(ArrayD<T>, ArrayD<i64>)> {
                         let ix = (ox * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
                         let inside = iy >= 0 && iy < h as isize && ix >= 0 && ix < wd as isize;
                         if !inside {
-                            let in_pad = iy < (h + g.pe[0]) as isize && ix < (wd + g.pe[1]) as isize;
+                            let in_pad =
+                                iy < (h + g.pe[0]) as isize && ix < (wd + g.pe[1]) as isize;
                             if include_pad && in_pad {
                                 cnt += 1;
                             }
@@ -599,17 +751,33 @@ fn pool<T: Fl>(c: &Ctx, x: &ArrayD<T>) -> KResult<(ArrayD<T>, ArrayD<i64>)> {
                     out[o] = best;
                     idx[o] = bi;
                 } else {
-                    out[o] = if cnt > 0 { sum / T::c(cnt as f64) } else { T::zero() };
+                    out[o] = if cnt > 0 {
+                        sum / T::c(cnt as f64)
+                    } else {
+                        T::zero()
+                    };
                 }
             }
         }
     }
-    let shape: Vec<usize> = if lift { vec![n, ch, ow] } else { vec![n, ch, oh, ow] };
-    let idx = if is_max { arr(&shape, idx)? } else { arr(&[0], idx)? };
+    let shape: Vec<usize> = if lift {
+        vec![n, ch, ow]
+    } else {
+        vec![n, ch, oh, ow]
+    };
+    let idx = if is_max {
+        arr(&shape, idx)?
+    } else {
+        arr(&[0], idx)?
+    };
     Ok((arr(&shape, out)?, idx))
 }
 
-fn global_pool<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+fn global_pool<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    _rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
     let is_max = c.op.op_type == "GlobalMaxPool";
     if x.ndim() < 2 {
         return Err("input must have rank >= 2".into());
@@ -621,7 +789,10 @@ fn global_pool<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> K
     for nc in 0..n * ch {
         let s = &xs[nc * inner..(nc + 1) * inner];
         out.push(if is_max {
-            s.iter().copied().fold(T::neg_infinity(), |a, b| if b > a || b.is_nan() { b } else { a })
+            s.iter().copied().fold(
+                T::neg_infinity(),
+                |a, b| if b > a || b.is_nan() { b } else { a },
+            )
         } else {
             s.iter().copied().fold(T::zero(), |a, b| a + b) / T::c(inner as f64)
         });
@@ -633,17 +804,31 @@ fn global_pool<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> K
 
 // ---------------------------------------------------------------- normalisation
 
-fn batch_norm<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+fn batch_norm<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
     if c.int("training_mode", 0) != 0 {
         return Err("training_mode=1 is not supported (inference BatchNormalization only)".into());
     }
-    let (scale, bias, mean, var) = (flat(req(rest, 1)?), flat(req(rest, 2)?), flat(req(rest, 3)?), flat(req(rest, 4)?));
+    let (scale, bias, mean, var) = (
+        flat(req(rest, 1)?),
+        flat(req(rest, 2)?),
+        flat(req(rest, 3)?),
+        flat(req(rest, 4)?),
+    );
     let eps = T::c(c.float("epsilon", 1e-5) as f64);
     if x.ndim() < 2 {
         return Err("input must have rank >= 2".into());
     }
     let (n, ch) = (x.shape()[0], x.shape()[1]);
-    for (nm, v) in [("scale", &scale), ("B", &bias), ("mean", &mean), ("var", &var)] {
+    for (nm, v) in [
+        ("scale", &scale),
+        ("B", &bias),
+        ("mean", &mean),
+        ("var", &var),
+    ] {
         if v.len() != ch {
             return Err(format!("{nm} has {} elements for {ch} channels", v.len()));
         }
@@ -662,7 +847,11 @@ fn batch_norm<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KRe
     Ok(vec![arr(x.shape(), out)?])
 }
 
-fn layer_norm<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+fn layer_norm<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
     let rank = x.ndim();
     let ax = norm_axis(c.int("axis", -1), rank)?;
     let eps = T::c(c.float("epsilon", 1e-5) as f64);
@@ -671,7 +860,12 @@ fn layer_norm<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KRe
     let outer: usize = x.shape()[..ax].iter().product();
     let bc = |a: &ArrayD<T>, what: &str| -> KResult<Vec<T>> {
         Ok(a.broadcast(IxDyn(norm_shape))
-            .ok_or_else(|| format!("{what} of shape {:?} does not broadcast to {norm_shape:?}", a.shape()))?
+            .ok_or_else(|| {
+                format!(
+                    "{what} of shape {:?} does not broadcast to {norm_shape:?}",
+                    a.shape()
+                )
+            })?
             .iter()
             .copied()
             .collect())
@@ -686,7 +880,11 @@ fn layer_norm<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KRe
     for o in 0..outer {
         let row = &xs[o * inner..(o + 1) * inner];
         let mean = row.iter().copied().fold(T::zero(), |a, b| a + b) / nf;
-        let var = row.iter().map(|v| (*v - mean) * (*v - mean)).fold(T::zero(), |a, b| a + b) / nf;
+        let var = row
+            .iter()
+            .map(|v| (*v - mean) * (*v - mean))
+            .fold(T::zero(), |a, b| a + b)
+            / nf;
         let inv = T::one() / (var + eps).sqrt();
         for (i, v) in row.iter().enumerate() {
             let mut r = (*v - mean) * inv * scale[i];
@@ -700,7 +898,11 @@ fn layer_norm<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KRe
     }
     let mut stat_shape = x.shape()[..ax].to_vec();
     stat_shape.extend(std::iter::repeat_n(1, rank - ax));
-    Ok(vec![arr(x.shape(), y)?, arr(&stat_shape, means)?, arr(&stat_shape, invs)?])
+    Ok(vec![
+        arr(x.shape(), y)?,
+        arr(&stat_shape, means)?,
+        arr(&stat_shape, invs)?,
+    ])
 }
 
 fn softmax<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
@@ -711,9 +913,15 @@ fn softmax<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> KResu
     }
     let lanes = |mut a: ArrayD<T>, ax: usize| -> ArrayD<T> {
         for mut lane in a.lanes_mut(Axis(ax)) {
-            let m = lane.iter().copied().fold(T::neg_infinity(), |a, b| if b > a { b } else { a });
+            let m = lane
+                .iter()
+                .copied()
+                .fold(T::neg_infinity(), |a, b| if b > a { b } else { a });
             let m = if m.is_finite() { m } else { T::zero() };
-            let s = lane.iter().map(|v| (*v - m).exp()).fold(T::zero(), |a, b| a + b);
+            let s = lane
+                .iter()
+                .map(|v| (*v - m).exp())
+                .fold(T::zero(), |a, b| a + b);
             if log {
                 let ls = s.ln();
                 lane.mapv_inplace(|v| v - m - ls);
@@ -736,7 +944,11 @@ fn softmax<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> KResu
     }
 }
 
-fn matmul_k<T: Fl>(_c: &Ctx, a: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+fn matmul_k<T: Fl>(
+    _c: &Ctx,
+    a: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
     Ok(vec![matmul(a, req(rest, 1)?)?])
 }
 
@@ -784,9 +996,19 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         })
     };
     const OPS: &[&str] = &[
-        "MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose", "MaxPool", "AveragePool",
-        "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "LayerNormalization",
-        "Softmax", "LogSoftmax",
+        "MatMul",
+        "Gemm",
+        "Einsum",
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "BatchNormalization",
+        "LayerNormalization",
+        "Softmax",
+        "LogSoftmax",
     ];
     if OPS.contains(&op) {
         Some(r())
@@ -794,4 +1016,3 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         None
     }
 }
-

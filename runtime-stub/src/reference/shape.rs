@@ -33,7 +33,11 @@ fn arr<T>(shape: &[usize], v: Vec<T>) -> KResult<ArrayD<T>> {
 fn reshape_to<T: Clone>(a: &ArrayD<T>, shape: &[usize]) -> KResult<ArrayD<T>> {
     let n: usize = shape.iter().product();
     if n != a.len() {
-        return Err(format!("cannot reshape {:?} ({} elements) to {shape:?}", a.shape(), a.len()));
+        return Err(format!(
+            "cannot reshape {:?} ({} elements) to {shape:?}",
+            a.shape(),
+            a.len()
+        ));
     }
     arr(shape, flat(a).into_owned())
 }
@@ -55,11 +59,12 @@ fn reshape(c: &Ctx) -> KResult<Tensor> {
     let mut infer = None;
     for (i, &d) in spec.iter().enumerate() {
         match d {
-            0 if !allowzero => shape.push(
-                *x.shape()
-                    .get(i)
-                    .ok_or_else(|| format!("0 at position {i} but the input has rank {}", x.shape().len()))?,
-            ),
+            0 if !allowzero => shape.push(*x.shape().get(i).ok_or_else(|| {
+                format!(
+                    "0 at position {i} but the input has rank {}",
+                    x.shape().len()
+                )
+            })?),
             -1 => {
                 if infer.replace(i).is_some() {
                     return Err("more than one -1 in the shape".into());
@@ -73,7 +78,10 @@ fn reshape(c: &Ctx) -> KResult<Tensor> {
     if let Some(i) = infer {
         let known: usize = shape.iter().product();
         if known == 0 || x.len() % known != 0 {
-            return Err(format!("cannot infer -1 reshaping {:?} to {spec:?}", x.shape()));
+            return Err(format!(
+                "cannot infer -1 reshaping {:?} to {spec:?}",
+                x.shape()
+            ));
         }
         shape[i] = x.len() / known;
     }
@@ -88,7 +96,11 @@ fn transpose(c: &Ctx) -> KResult<Tensor> {
         None => (0..r).rev().collect(),
     };
     let mut seen = vec![false; r];
-    if perm.len() != r || perm.iter().any(|p| *p >= r || std::mem::replace(&mut seen[*p], true)) {
+    if perm.len() != r
+        || perm
+            .iter()
+            .any(|p| *p >= r || std::mem::replace(&mut seen[*p], true))
+    {
         return Err(format!("perm {perm:?} is not a permutation of {r} axes"));
     }
     Ok(map_any!(x, a => a.view().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned()))
@@ -114,7 +126,10 @@ fn squeeze(c: &Ctx) -> KResult<Tensor> {
             return Err(format!("cannot squeeze axis {a} of size {}", x.shape()[a]));
         }
     }
-    let shape: Vec<usize> = (0..r).filter(|i| !axes.contains(i)).map(|i| x.shape()[i]).collect();
+    let shape: Vec<usize> = (0..r)
+        .filter(|i| !axes.contains(i))
+        .map(|i| x.shape()[i])
+        .collect();
     Ok(map_any!(x, a => reshape_to(a, &shape)?))
 }
 
@@ -122,7 +137,10 @@ fn unsqueeze(c: &Ctx) -> KResult<Tensor> {
     let x = c.input(0)?;
     let axes = axes_of(c, 1).ok_or("axes are required")?;
     let r = x.shape().len() + axes.len();
-    let mut ax: Vec<usize> = axes.iter().map(|&v| norm_axis(v, r)).collect::<KResult<_>>()?;
+    let mut ax: Vec<usize> = axes
+        .iter()
+        .map(|&v| norm_axis(v, r))
+        .collect::<KResult<_>>()?;
     ax.sort_unstable();
     let mut shape = Vec::with_capacity(r);
     let mut it = x.shape().iter();
@@ -144,10 +162,16 @@ fn flatten(c: &Ctx) -> KResult<Tensor> {
         ax += r;
     }
     if ax < 0 || ax > r {
-        return Err(format!("axis {} out of range for rank {r}", c.int("axis", 1)));
+        return Err(format!(
+            "axis {} out of range for rank {r}",
+            c.int("axis", 1)
+        ));
     }
     let ax = ax as usize;
-    let shape = [x.shape()[..ax].iter().product(), x.shape()[ax..].iter().product::<usize>()];
+    let shape = [
+        x.shape()[..ax].iter().product(),
+        x.shape()[ax..].iter().product::<usize>(),
+    ];
     Ok(map_any!(x, a => reshape_to(a, &shape)?))
 }
 
@@ -168,12 +192,24 @@ fn concat(c: &Ctx) -> KResult<Tensor> {
     let ax = norm_axis(c.int("axis", 0), first.shape().len())?;
     let cat = |e: ndarray::ShapeError| format!("operands do not fit: {e}");
     Ok(match first {
-        Tensor::F32(_) => Tensor::F32(ndarray::concatenate(Axis(ax), &same_variant!(ts, F32)).map_err(cat)?),
-        Tensor::F64(_) => Tensor::F64(ndarray::concatenate(Axis(ax), &same_variant!(ts, F64)).map_err(cat)?),
-        Tensor::I64(_) => Tensor::I64(ndarray::concatenate(Axis(ax), &same_variant!(ts, I64)).map_err(cat)?),
-        Tensor::I32(_) => Tensor::I32(ndarray::concatenate(Axis(ax), &same_variant!(ts, I32)).map_err(cat)?),
-        Tensor::U8(_) => Tensor::U8(ndarray::concatenate(Axis(ax), &same_variant!(ts, U8)).map_err(cat)?),
-        Tensor::Bool(_) => Tensor::Bool(ndarray::concatenate(Axis(ax), &same_variant!(ts, Bool)).map_err(cat)?),
+        Tensor::F32(_) => {
+            Tensor::F32(ndarray::concatenate(Axis(ax), &same_variant!(ts, F32)).map_err(cat)?)
+        }
+        Tensor::F64(_) => {
+            Tensor::F64(ndarray::concatenate(Axis(ax), &same_variant!(ts, F64)).map_err(cat)?)
+        }
+        Tensor::I64(_) => {
+            Tensor::I64(ndarray::concatenate(Axis(ax), &same_variant!(ts, I64)).map_err(cat)?)
+        }
+        Tensor::I32(_) => {
+            Tensor::I32(ndarray::concatenate(Axis(ax), &same_variant!(ts, I32)).map_err(cat)?)
+        }
+        Tensor::U8(_) => {
+            Tensor::U8(ndarray::concatenate(Axis(ax), &same_variant!(ts, U8)).map_err(cat)?)
+        }
+        Tensor::Bool(_) => {
+            Tensor::Bool(ndarray::concatenate(Axis(ax), &same_variant!(ts, Bool)).map_err(cat)?)
+        }
     })
 }
 
@@ -184,9 +220,14 @@ fn split(c: &Ctx) -> KResult<Vec<Tensor>> {
     let sizes: Vec<usize> = match c.ints_input(1).or_else(|| c.ints("split")) {
         Some(s) => usizes(&s, "split")?,
         None => {
-            let k = c.op.int_attr("num_outputs").map(|v| v.max(1) as usize).unwrap_or(c.n_outputs.max(1));
+            let k =
+                c.op.int_attr("num_outputs")
+                    .map(|v| v.max(1) as usize)
+                    .unwrap_or(c.n_outputs.max(1));
             let chunk = n.div_ceil(k);
-            (0..k).map(|i| chunk.min(n.saturating_sub(i * chunk))).collect()
+            (0..k)
+                .map(|i| chunk.min(n.saturating_sub(i * chunk)))
+                .collect()
         }
     };
     if sizes.iter().sum::<usize>() != n {
@@ -237,7 +278,10 @@ fn slice(c: &Ctx) -> KResult<Tensor> {
         let (s, e) = (fix(starts[i]), fix(ends[i]));
         let idx: Vec<usize> = if step > 0 {
             let (s, e) = (s.clamp(0, dim), e.clamp(0, dim));
-            (s..e.max(s)).step_by(step as usize).map(|v| v as usize).collect()
+            (s..e.max(s))
+                .step_by(step as usize)
+                .map(|v| v as usize)
+                .collect()
         } else {
             let (s, e) = (s.clamp(0, dim - 1), e.clamp(-1, dim - 1));
             let mut v = Vec::new();
@@ -267,7 +311,12 @@ fn index_vec(t: &Tensor, dim: usize) -> KResult<Vec<usize>> {
         .collect()
 }
 
-fn gather_t<T: Elem>(a: &ArrayD<T>, idx: &[usize], idx_shape: &[usize], ax: usize) -> KResult<ArrayD<T>> {
+fn gather_t<T: Elem>(
+    a: &ArrayD<T>,
+    idx: &[usize],
+    idx_shape: &[usize],
+    ax: usize,
+) -> KResult<ArrayD<T>> {
     let s = a.shape();
     let outer: usize = s[..ax].iter().product();
     let n = s[ax];
@@ -295,7 +344,12 @@ fn strides(shape: &[usize]) -> Vec<usize> {
 
 /// For GatherElements / ScatterElements: for each position of `idx_shape`, the flat offset in
 /// `data_shape` with the coordinate on `ax` replaced by the index.
-fn element_offsets(data_shape: &[usize], idx_shape: &[usize], idx: &Tensor, ax: usize) -> KResult<Vec<usize>> {
+fn element_offsets(
+    data_shape: &[usize],
+    idx_shape: &[usize],
+    idx: &Tensor,
+    ax: usize,
+) -> KResult<Vec<usize>> {
     if data_shape.len() != idx_shape.len() {
         return Err("indices must have the rank of the data".into());
     }
@@ -318,7 +372,9 @@ fn element_offsets(data_shape: &[usize], idx_shape: &[usize], idx: &Tensor, ax: 
                 off += j as usize * ds[k];
             } else {
                 if coord >= data_shape[k] {
-                    return Err(format!("indices shape {idx_shape:?} exceeds data shape {data_shape:?}"));
+                    return Err(format!(
+                        "indices shape {idx_shape:?} exceeds data shape {data_shape:?}"
+                    ));
                 }
                 off += coord * ds[k];
             }
@@ -328,7 +384,11 @@ fn element_offsets(data_shape: &[usize], idx_shape: &[usize], idx: &Tensor, ax: 
     Ok(out)
 }
 
-fn gather_elements_t<T: Elem>(a: &ArrayD<T>, offs: &[usize], shape: &[usize]) -> KResult<ArrayD<T>> {
+fn gather_elements_t<T: Elem>(
+    a: &ArrayD<T>,
+    offs: &[usize],
+    shape: &[usize],
+) -> KResult<ArrayD<T>> {
     let d = flat(a);
     arr(shape, offs.iter().map(|&o| d[o].clone()).collect())
 }
@@ -358,12 +418,29 @@ fn apply<T: Num>(dst: &mut T, v: T, r: Reduction) {
         Reduction::None => v,
         Reduction::Add => *dst + v,
         Reduction::Mul => *dst * v,
-        Reduction::Max => if v > *dst { v } else { *dst },
-        Reduction::Min => if v < *dst { v } else { *dst },
+        Reduction::Max => {
+            if v > *dst {
+                v
+            } else {
+                *dst
+            }
+        }
+        Reduction::Min => {
+            if v < *dst {
+                v
+            } else {
+                *dst
+            }
+        }
     };
 }
 
-fn scatter_elements_t<T: Num>(a: &ArrayD<T>, offs: &[usize], upd: &Tensor, r: Reduction) -> KResult<ArrayD<T>>
+fn scatter_elements_t<T: Num>(
+    a: &ArrayD<T>,
+    offs: &[usize],
+    upd: &Tensor,
+    r: Reduction,
+) -> KResult<ArrayD<T>>
 where
     T: Elem,
 {
@@ -399,12 +476,18 @@ fn cast_vec<S: Elem, T: Elem>(a: &ArrayD<S>) -> KResult<Vec<T>> {
 }
 
 /// GatherND / ScatterND geometry: (batch count, index tuples per batch, k, slice size, offsets).
-fn nd_offsets(data_shape: &[usize], idx: &Tensor, batch_dims: usize) -> KResult<(Vec<usize>, usize)> {
+fn nd_offsets(
+    data_shape: &[usize],
+    idx: &Tensor,
+    batch_dims: usize,
+) -> KResult<(Vec<usize>, usize)> {
     let is = idx.shape();
     let k = *is.last().ok_or("indices must have rank >= 1")?;
     let b = batch_dims;
     if b + k > data_shape.len() || b >= is.len() || is[..b] != data_shape[..b] {
-        return Err(format!("indices {is:?} do not fit data {data_shape:?} with batch_dims {b}"));
+        return Err(format!(
+            "indices {is:?} do not fit data {data_shape:?} with batch_dims {b}"
+        ));
     }
     let nb: usize = is[..b].iter().product();
     let per: usize = is[b..is.len() - 1].iter().product();
@@ -438,7 +521,12 @@ fn nd_offsets(data_shape: &[usize], idx: &Tensor, batch_dims: usize) -> KResult<
     Ok((offs, slice))
 }
 
-fn gather_nd_t<T: Elem>(a: &ArrayD<T>, offs: &[usize], slice: usize, shape: &[usize]) -> KResult<ArrayD<T>> {
+fn gather_nd_t<T: Elem>(
+    a: &ArrayD<T>,
+    offs: &[usize],
+    slice: usize,
+    shape: &[usize],
+) -> KResult<ArrayD<T>> {
     let d = flat(a);
     let mut out = Vec::with_capacity(offs.len() * slice);
     for &o in offs {
@@ -447,7 +535,13 @@ fn gather_nd_t<T: Elem>(a: &ArrayD<T>, offs: &[usize], slice: usize, shape: &[us
     arr(shape, out)
 }
 
-fn scatter_nd_t<T: Num + Elem>(a: &ArrayD<T>, offs: &[usize], slice: usize, upd: &Tensor, r: Reduction) -> KResult<ArrayD<T>> {
+fn scatter_nd_t<T: Num + Elem>(
+    a: &ArrayD<T>,
+    offs: &[usize],
+    slice: usize,
+    upd: &Tensor,
+    r: Reduction,
+) -> KResult<ArrayD<T>> {
     let u = upd_vec::<T>(upd, offs.len() * slice)?;
     let mut d = flat(a).into_owned();
     for (t, &o) in offs.iter().enumerate() {
@@ -460,12 +554,19 @@ fn scatter_nd_t<T: Num + Elem>(a: &ArrayD<T>, offs: &[usize], slice: usize, upd:
 
 fn expand_t<T: Elem>(a: &ArrayD<T>, shape: &[usize]) -> KResult<ArrayD<T>> {
     let s = broadcast_shape(a.shape(), shape)?;
-    Ok(a.broadcast(IxDyn(&s)).ok_or("cannot broadcast")?.as_standard_layout().into_owned())
+    Ok(a.broadcast(IxDyn(&s))
+        .ok_or("cannot broadcast")?
+        .as_standard_layout()
+        .into_owned())
 }
 
 fn tile_t<T: Elem>(a: &ArrayD<T>, reps: &[usize]) -> KResult<ArrayD<T>> {
     if reps.len() != a.ndim() {
-        return Err(format!("repeats has {} values for rank {}", reps.len(), a.ndim()));
+        return Err(format!(
+            "repeats has {} values for rank {}",
+            reps.len(),
+            a.ndim()
+        ));
     }
     let shape: Vec<usize> = a.shape().iter().zip(reps).map(|(d, r)| d * r).collect();
     let src = a.shape().to_vec();
@@ -492,16 +593,29 @@ fn pad_t<T: Elem>(a: &ArrayD<T>, maps: &[Vec<Option<usize>>], fill: T) -> ArrayD
 fn pad(c: &Ctx) -> KResult<Tensor> {
     let x = c.input(0)?;
     let r = x.shape().len();
-    let pads = if c.opset >= 11 { c.ints_input(1) } else { c.ints("pads") }.ok_or("pads are required")?;
+    let pads = if c.opset >= 11 {
+        c.ints_input(1)
+    } else {
+        c.ints("pads")
+    }
+    .ok_or("pads are required")?;
     let axes: Vec<usize> = match c.ints_input(3) {
         Some(a) => a.iter().map(|&v| norm_axis(v, r)).collect::<KResult<_>>()?,
         None => (0..r).collect(),
     };
     if pads.len() != 2 * axes.len() {
-        return Err(format!("pads has {} values for {} axes", pads.len(), axes.len()));
+        return Err(format!(
+            "pads has {} values for {} axes",
+            pads.len(),
+            axes.len()
+        ));
     }
     let mode = c.string("mode", "constant");
-    let mut maps: Vec<Vec<Option<usize>>> = x.shape().iter().map(|&n| (0..n).map(Some).collect()).collect();
+    let mut maps: Vec<Vec<Option<usize>>> = x
+        .shape()
+        .iter()
+        .map(|&n| (0..n).map(Some).collect())
+        .collect();
     for (j, &ax) in axes.iter().enumerate() {
         let n = x.shape()[ax] as i64;
         let (pb, pe) = (pads[j], pads[j + axes.len()]);
@@ -542,7 +656,8 @@ fn pad(c: &Ctx) -> KResult<Tensor> {
         ($t:ty) => {
             match fill_t {
                 Some(f) => <$t as Elem>::scalar(f).ok_or("bad constant_value")?,
-                None => <$t as Elem>::scalar(&Tensor::F32(ndarray::arr0(attr_fill).into_dyn())).unwrap_or_default(),
+                None => <$t as Elem>::scalar(&Tensor::F32(ndarray::arr0(attr_fill).into_dyn()))
+                    .unwrap_or_default(),
             }
         };
     }
@@ -558,7 +673,13 @@ fn pad(c: &Ctx) -> KResult<Tensor> {
 
 fn range(c: &Ctx) -> KResult<Tensor> {
     let (s, l, d) = (c.input(0)?, c.input(1)?, c.input(2)?);
-    let f = |t: &Tensor| t.to_f64().iter().next().copied().ok_or("empty operand".to_string());
+    let f = |t: &Tensor| {
+        t.to_f64()
+            .iter()
+            .next()
+            .copied()
+            .ok_or("empty operand".to_string())
+    };
     let (sf, lf, df) = (f(s)?, f(l)?, f(d)?);
     if df == 0.0 {
         return Err("delta is 0".into());
@@ -599,7 +720,12 @@ fn trilu_t<T: Elem>(a: &ArrayD<T>, upper: bool, k: i64) -> KResult<ArrayD<T>> {
     Ok(out)
 }
 
-fn one_hot_t<T: Elem>(idx: &Tensor, depth: usize, ax: usize, vals: &ArrayD<T>) -> KResult<ArrayD<T>> {
+fn one_hot_t<T: Elem>(
+    idx: &Tensor,
+    depth: usize,
+    ax: usize,
+    vals: &ArrayD<T>,
+) -> KResult<ArrayD<T>> {
     let v = flat(vals);
     if v.len() != 2 {
         return Err("values must have 2 elements".into());
@@ -663,7 +789,9 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
                 let v = s[b..e.max(b)].to_vec();
                 one(Tensor::I64(arr(&[v.len()], v)?))
             }
-            "Size" => one(Tensor::I64(ndarray::arr0(c.input(0)?.len() as i64).into_dyn())),
+            "Size" => one(Tensor::I64(
+                ndarray::arr0(c.input(0)?.len() as i64).into_dyn(),
+            )),
             "Reshape" => one(reshape(c)?),
             "Flatten" => one(flatten(c)?),
             "Transpose" => one(transpose(c)?),
@@ -748,7 +876,10 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
             }
             "Trilu" => {
                 let x = c.input(0)?;
-                let k = c.ints_input(1).and_then(|v| v.first().copied()).unwrap_or(0);
+                let k = c
+                    .ints_input(1)
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(0);
                 let upper = c.int("upper", 1) != 0;
                 one(map_any!(x, a => trilu_t(a, upper, k)?))
             }
@@ -765,9 +896,29 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         }
     };
     const OPS: &[&str] = &[
-        "Constant", "Shape", "Size", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
-        "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "ScatterElements",
-        "Scatter", "ScatterND", "Expand", "Tile", "Pad", "Range", "ConstantOfShape", "Trilu",
+        "Constant",
+        "Shape",
+        "Size",
+        "Reshape",
+        "Flatten",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Concat",
+        "Split",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "ScatterElements",
+        "Scatter",
+        "ScatterND",
+        "Expand",
+        "Tile",
+        "Pad",
+        "Range",
+        "ConstantOfShape",
+        "Trilu",
         "OneHot",
     ];
     if OPS.contains(&op) {

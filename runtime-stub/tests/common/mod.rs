@@ -61,24 +61,32 @@ pub fn build(case: &Case, float: DType) -> (Module, Vec<(String, Tensor)>) {
     for a in &case.inputs {
         match a {
             Arg::Float(name, shape, seed, pos) => {
-                let t = Tensor::F32(pattern(shape, *seed, *pos)).cast(float).unwrap();
+                let t = Tensor::F32(pattern(shape, *seed, *pos))
+                    .cast(float)
+                    .unwrap();
                 let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
                 operands.push(Some(g.add_input(*name, TensorType::known(float, &dims))));
                 feeds.push((name.to_string(), t));
             }
             Arg::IntConst(name, shape, vals) => {
                 let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
-                operands.push(Some(g.add_initializer(*name, TensorData::from_i64(dims, vals))));
+                operands.push(Some(
+                    g.add_initializer(*name, TensorData::from_i64(dims, vals)),
+                ));
             }
             Arg::IntInput(name, shape, vals) => {
                 let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
-                operands.push(Some(g.add_input(*name, TensorType::known(DType::I64, &dims))));
+                operands.push(Some(
+                    g.add_input(*name, TensorType::known(DType::I64, &dims)),
+                ));
                 let a = ArrayD::from_shape_vec(IxDyn(shape), vals.clone()).unwrap();
                 feeds.push((name.to_string(), Tensor::I64(a)));
             }
             Arg::Bool(name, shape, vals) => {
                 let dims: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
-                operands.push(Some(g.add_input(*name, TensorType::known(DType::Bool, &dims))));
+                operands.push(Some(
+                    g.add_input(*name, TensorType::known(DType::Bool, &dims)),
+                ));
                 let a = ArrayD::from_shape_vec(IxDyn(shape), vals.clone()).unwrap();
                 feeds.push((name.to_string(), Tensor::Bool(a)));
             }
@@ -108,7 +116,11 @@ pub fn build(case: &Case, float: DType) -> (Module, Vec<(String, Tensor)>) {
         name: "n0".into(),
         op_type: case.op.into(),
         inputs: operands,
-        attrs: case.attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+        attrs: case
+            .attrs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
         ..Default::default()
     };
     let (_, outs) = g.add_op(data, results);
@@ -125,13 +137,20 @@ pub fn build(case: &Case, float: DType) -> (Module, Vec<(String, Tensor)>) {
 /// Compare outputs with the expectation; `Err` describes the first mismatch.
 pub fn check(case: &Case, got: &[(String, Tensor)], rtol: f64) -> Result<(), String> {
     if got.len() != case.expect.len() {
-        return Err(format!("{} outputs, expected {}", got.len(), case.expect.len()));
+        return Err(format!(
+            "{} outputs, expected {}",
+            got.len(),
+            case.expect.len()
+        ));
     }
     for (k, (e, (_, t))) in case.expect.iter().zip(got).enumerate() {
         match e {
             Expect::Float(shape, want) => {
                 if t.shape() != shape.as_slice() {
-                    return Err(format!("output {k}: shape {:?}, expected {shape:?}", t.shape()));
+                    return Err(format!(
+                        "output {k}: shape {:?}, expected {shape:?}",
+                        t.shape()
+                    ));
                 }
                 let g = t.to_f64();
                 for (i, (a, b)) in g.iter().zip(want).enumerate() {
@@ -142,10 +161,16 @@ pub fn check(case: &Case, got: &[(String, Tensor)], rtol: f64) -> Result<(), Str
             }
             Expect::Int(shape, want) => {
                 if t.shape() != shape.as_slice() {
-                    return Err(format!("output {k}: shape {:?}, expected {shape:?}", t.shape()));
+                    return Err(format!(
+                        "output {k}: shape {:?}, expected {shape:?}",
+                        t.shape()
+                    ));
                 }
                 if &t.to_i64_vec() != want {
-                    return Err(format!("output {k}: {:?}, expected {want:?}", t.to_i64_vec()));
+                    return Err(format!(
+                        "output {k}: {:?}, expected {want:?}",
+                        t.to_i64_vec()
+                    ));
                 }
             }
         }

@@ -550,6 +550,8 @@ fn sigmoid<T: Fl>(x: T) -> T {
 }
 
 /// Elementwise and reduction ops; `None` if `op` is not one of them.
+// `x < y` on bools is what ONNX Less means; keep it uniform with the other dtypes.
+#[allow(clippy::bool_comparison)]
 pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
     let r = || -> KResult<Vec<Tensor>> {
         let one = |t: Tensor| Ok(vec![t]);

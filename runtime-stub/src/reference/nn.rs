@@ -354,7 +354,7 @@ pub(crate) fn einsum<T: Fl>(eq: &str, ops: &[&ArrayD<T>]) -> KResult<ArrayD<T>> 
             let mut p = T::one();
             for (d, st) in datas.iter().zip(&strides) {
                 let off: usize = idx.iter().zip(st).map(|(i, s)| i * s).sum();
-                p = p * d[off];
+                p *= d[off];
             }
             acc += p;
             // advance the contracted labels

@@ -435,15 +435,12 @@ fn apply<T: Num>(dst: &mut T, v: T, r: Reduction) {
     };
 }
 
-fn scatter_elements_t<T: Num>(
+fn scatter_elements_t<T: Num + Elem>(
     a: &ArrayD<T>,
     offs: &[usize],
     upd: &Tensor,
     r: Reduction,
-) -> KResult<ArrayD<T>>
-where
-    T: Elem,
-{
+) -> KResult<ArrayD<T>> {
     let u = upd_vec::<T>(upd, offs.len())?;
     let mut d = flat(a).into_owned();
     for (&o, v) in offs.iter().zip(u) {

@@ -132,3 +132,59 @@ pub fn bind_inputs<'a>(
     }
     Ok((out, syms))
 }
+
+/// A copy of the module computing in f64 instead of f32: f32 initializers, graph inputs and
+/// value types become f64, as do `Cast(to=FLOAT)`, f32 `Constant` values and the
+/// `ConstantOfShape` fill. Run it on the reference backend (tract lacks some f64 kernels) for
+/// finite-difference gradient checks; feed f64 tensors for the f32 inputs.
+pub fn to_f64(module: &Module) -> Result<Module> {
+    use pipec_compiler::ir::{Attr, DType};
+    let mut m = module.clone();
+    let g = &mut m.graph;
+    let widen = |t: &pipec_compiler::ir::TensorData| -> Result<pipec_compiler::ir::TensorData> {
+        if t.dtype == DType::F32 {
+            Ok(Tensor::from_tensor_data(t)?
+                .cast(DType::F64)?
+                .to_tensor_data())
+        } else {
+            Ok(t.clone())
+        }
+    };
+    for (v, t) in g.initializers.iter_mut() {
+        *t = widen(t).map_err(|e| Error::input(&g.values[*v].name, e.to_string()))?;
+    }
+    for (_, vd) in g.values.iter_mut() {
+        if vd.ty.dtype == DType::F32 {
+            vd.ty.dtype = DType::F64;
+        }
+    }
+    for &op in &g.order {
+        let d = &mut g.ops[op];
+        let (name, ty) = (d.name.clone(), d.op_type.clone());
+        match d.op_type.as_str() {
+            "Cast" if d.int_attr("to") == Some(DType::F32.onnx_code() as i64) => {
+                d.attrs
+                    .insert("to".into(), Attr::Int(DType::F64.onnx_code() as i64));
+            }
+            "Constant" | "ConstantOfShape" => {
+                if let Some(Attr::Tensor(t)) = d.attrs.get("value") {
+                    let w = widen(t).map_err(|e| Error::node(&name, &ty, e.to_string()))?;
+                    d.attrs.insert("value".into(), Attr::Tensor(w));
+                }
+                if let Some(f) = d.attrs.remove("value_float").and_then(|a| a.as_float()) {
+                    let t = Tensor::F64(ndarray::arr0(f as f64).into_dyn());
+                    d.attrs
+                        .insert("value".into(), Attr::Tensor(t.to_tensor_data()));
+                }
+                if let Some(Attr::Floats(v)) = d.attrs.remove("value_floats") {
+                    let a = ndarray::Array1::from_iter(v.iter().map(|x| *x as f64));
+                    let t = Tensor::F64(a.into_dyn());
+                    d.attrs
+                        .insert("value".into(), Attr::Tensor(t.to_tensor_data()));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(m)
+}

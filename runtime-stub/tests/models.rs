@@ -138,3 +138,38 @@ fn npz_round_trip_with_slash_names() {
     let e = npz::read(&dir.join("nope.npz")).unwrap_err().to_string();
     assert!(e.contains("nope.npz"), "{e}");
 }
+
+/// The f64 copy of a model (`exec::to_f64`) runs on the reference backend and matches the
+/// torch f32 reference.
+#[test]
+fn f64_forward_on_reference() {
+    let Some(dir) = common::models_dir() else {
+        return;
+    };
+    for name in ["mlp4", "inception_mini", "gpt2_tiny"] {
+        let m = pipec_compiler::onnx::import::load(&dir.join(format!("{name}.onnx"))).unwrap();
+        let m64 = pipec_runtime::exec::to_f64(&m).unwrap();
+        let refp = dir.join(format!("{name}.ref.npz"));
+        let inputs: Vec<(String, Tensor)> = npz::read_prefixed(&refp, "input/")
+            .unwrap()
+            .into_iter()
+            .map(|(n, t)| {
+                let t = if t.dtype() == pipec_compiler::ir::DType::F32 {
+                    t.cast(pipec_compiler::ir::DType::F64).unwrap()
+                } else {
+                    t
+                };
+                (n, t)
+            })
+            .collect();
+        let want = npz::read_prefixed(&refp, "output/").unwrap();
+        let got = Reference.prepare(&m64).unwrap().run(&inputs).unwrap();
+        assert_eq!(got[0].1.dtype(), pipec_compiler::ir::DType::F64);
+        let (d, mx) = max_abs_diff(&got[0].1, &want[0].1).unwrap();
+        eprintln!(
+            "{name} [reference, f64]: max abs diff {d:.3e} (rel {:.3e})",
+            d / mx
+        );
+        assert!(d <= 1e-4 * mx, "{name} f64: {d}");
+    }
+}

@@ -427,6 +427,9 @@ fn geometry(c: &Ctx, kernel: &[usize], input: &[usize], lift: bool, ceil: bool) 
             pe = [0, 0];
         }
         "SAME_UPPER" | "SAME_LOWER" => {
+            if s.contains(&0) || k.contains(&0) {
+                return Err("kernel and strides must be positive".into());
+            }
             for i in 0..2 {
                 let out = inp[i].div_ceil(s[i]);
                 let need = ((out.max(1) - 1) * s[i] + (k[i] - 1) * d[i] + 1).saturating_sub(inp[i]);
@@ -443,8 +446,8 @@ fn geometry(c: &Ctx, kernel: &[usize], input: &[usize], lift: bool, ceil: bool) 
         other => return Err(format!("auto_pad '{other}' is not supported")),
     }
     let _ = ceil;
-    if s.contains(&0) || d.contains(&0) {
-        return Err("strides and dilations must be positive".into());
+    if s.contains(&0) || d.contains(&0) || k.contains(&0) {
+        return Err("kernel, strides and dilations must be positive".into());
     }
     Ok(Geo { k, s, d, pb, pe })
 }
@@ -599,6 +602,9 @@ fn conv_transpose<T: Fl>(
     }
     let cg = ch / group;
     let m = mg * group;
+    if h == 0 || wd == 0 {
+        return Err("empty spatial input".into());
+    }
     let nsp = ws.len() - 2;
     // The explicit pads are used unless output_shape is given.
     let mut g = geometry(c, &ws[2..], &x.shape()[2..], lift, false)?;

@@ -276,7 +276,9 @@ fn slice(c: &Ctx) -> KResult<Tensor> {
         }
         let fix = |v: i64| if v < 0 { v.saturating_add(dim) } else { v };
         let (s, e) = (fix(starts[i]), fix(ends[i]));
-        let idx: Vec<usize> = if step > 0 {
+        let idx: Vec<usize> = if dim == 0 {
+            Vec::new()
+        } else if step > 0 {
             let (s, e) = (s.clamp(0, dim), e.clamp(0, dim));
             (s..e.max(s))
                 .step_by(step as usize)
@@ -682,7 +684,7 @@ fn range(c: &Ctx) -> KResult<Tensor> {
         return Err("delta is 0".into());
     }
     let n = ((lf - sf) / df).ceil().max(0.0) as usize;
-    if n > (1 << 31) {
+    if n > (1 << 28) {
         return Err(format!("range of {n} elements is too large"));
     }
     Ok(match s {

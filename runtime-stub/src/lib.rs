@@ -1,10 +1,17 @@
 //! pipec's runtime: loads a compiled program and runs it (issues 3 and 7).
 //!
-//! For now: [`npz`] (numpy array files) and [`run_graph`], a **temporary** single-device
-//! executor that delegates to onnxruntime through Python ([`ort_bridge`]) until the native CPU
-//! executor (branch `exec`) replaces it behind the same signature.
+//! This crate holds the **single-device executor** (issue 3, part 4): [`exec::Executor`] runs one
+//! IR function (a whole model, or later one stage's forward / backward / optimizer-step subgraph)
+//! on the CPU. See [`exec`] for the trait and the backends, [`tensor::Tensor`] for the host tensor
+//! type and [`npz`] for reading and writing `.npz` files.
 
+pub mod error;
+pub mod exec;
 pub mod npz;
-pub mod ort_bridge;
+pub mod reference;
+pub mod tensor;
+pub mod tract_backend;
 
-pub use ort_bridge::run_graph;
+pub use error::{Error, Result};
+pub use exec::{default_executor, executor_by_name, run_graph, Executor, Prepared};
+pub use tensor::Tensor;

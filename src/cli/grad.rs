@@ -3,8 +3,8 @@
 //!
 //! The model is imported, its graph inputs are specialised to the shapes of the arrays given,
 //! the `autodiff` pass builds the training graph (loss + backward), the verifier checks it, and
-//! `pipec_runtime::run_graph` executes it (for now a temporary onnxruntime bridge, see
-//! `runtime-stub/src/ort_bridge.rs`). OUT.npz gets `loss` (0-D), `output/<name>` for every graph
+//! `pipec_runtime::run_graph` executes it on the CPU with the default single-device executor
+//! (the reference interpreter, see `runtime-stub/EXECUTOR.md`). OUT.npz gets `loss` (0-D), `output/<name>` for every graph
 //! output of the model and `grad/<initializer>` for every floating-point initializer the loss
 //! depends on. Input arrays are looked up by input name, then as `input/<name>` (the layout of
 //! the reference files in `onnx-models/`).

@@ -1,0 +1,1024 @@
+//! Linear algebra, convolution, pooling and normalisation kernels (generic over f32/f64).
+
+use super::elementwise::{broadcast_shape, Fl};
+use super::{norm_axis, Ctx, KResult};
+use crate::tensor::Tensor;
+use ndarray::linalg::general_mat_mul;
+use ndarray::{Array2, Array3, ArrayD, ArrayView2, ArrayViewMut2, Axis, IxDyn};
+use std::borrow::Cow;
+
+/// The elements in row-major order (borrowed when already contiguous).
+pub(crate) fn flat<T: Clone>(a: &ArrayD<T>) -> Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().cloned().collect()),
+    }
+}
+
+fn arr<T>(shape: &[usize], v: Vec<T>) -> KResult<ArrayD<T>> {
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| e.to_string())
+}
+
+fn same<'a, T>(
+    x: &'a Tensor,
+    get: impl Fn(&'a Tensor) -> Option<&'a ArrayD<T>>,
+    what: &str,
+) -> KResult<&'a ArrayD<T>> {
+    get(x).ok_or_else(|| {
+        format!(
+            "{what} must have the same float type as the input, got {}",
+            x.dtype()
+        )
+    })
+}
+
+fn get_f32(t: &Tensor) -> Option<&ArrayD<f32>> {
+    match t {
+        Tensor::F32(a) => Some(a),
+        _ => None,
+    }
+}
+fn get_f64(t: &Tensor) -> Option<&ArrayD<f64>> {
+    match t {
+        Tensor::F64(a) => Some(a),
+        _ => None,
+    }
+}
+
+/// Dispatch a float kernel on the type of operand 0, fetching the other float operands with the
+/// same type. `$f` is called as `$f(x, &[Option<&ArrayD<T>>])` for the remaining operands.
+macro_rules! float_kernel {
+    ($c:expr, $f:ident) => {{
+        let x = $c.input(0)?;
+        match x {
+            Tensor::F32(a) => {
+                let rest: Vec<Option<&ArrayD<f32>>> = (1..$c.inputs.len())
+                    .map(|i| $c.opt(i).map(|t| same(t, get_f32, "operand")).transpose())
+                    .collect::<KResult<_>>()?;
+                $f($c, a, &rest)?
+                    .into_iter()
+                    .map(Tensor::F32)
+                    .collect::<Vec<_>>()
+            }
+            Tensor::F64(a) => {
+                let rest: Vec<Option<&ArrayD<f64>>> = (1..$c.inputs.len())
+                    .map(|i| $c.opt(i).map(|t| same(t, get_f64, "operand")).transpose())
+                    .collect::<KResult<_>>()?;
+                $f($c, a, &rest)?
+                    .into_iter()
+                    .map(Tensor::F64)
+                    .collect::<Vec<_>>()
+            }
+            other => return Err(format!("expects a float input, got {}", other.dtype())),
+        }
+    }};
+}
+
+fn req<'a, T>(rest: &[Option<&'a ArrayD<T>>], i: usize) -> KResult<&'a ArrayD<T>> {
+    rest.get(i - 1)
+        .copied()
+        .flatten()
+        .ok_or_else(|| format!("operand {i} is required"))
+}
+fn opt<'a, T>(rest: &[Option<&'a ArrayD<T>>], i: usize) -> Option<&'a ArrayD<T>> {
+    rest.get(i - 1).copied().flatten()
+}
+
+// ---------------------------------------------------------------- matmul, gemm, einsum
+
+pub(crate) fn matmul<T: Fl>(a: &ArrayD<T>, b: &ArrayD<T>) -> KResult<ArrayD<T>> {
+    let (ra, rb) = (a.ndim(), b.ndim());
+    if ra == 0 || rb == 0 {
+        return Err("MatMul operands must have rank >= 1".into());
+    }
+    let a2 = if ra == 1 {
+        a.view().insert_axis(Axis(0))
+    } else {
+        a.view()
+    };
+    let b2 = if rb == 1 {
+        b.view().insert_axis(Axis(1))
+    } else {
+        b.view()
+    };
+    let (sa, sb) = (a2.shape().to_vec(), b2.shape().to_vec());
+    let (m, k) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+    let (k2, n) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+    if k != k2 {
+        return Err(format!(
+            "MatMul shapes {:?} and {:?} do not match",
+            a.shape(),
+            b.shape()
+        ));
+    }
+    let batch = broadcast_shape(&sa[..sa.len() - 2], &sb[..sb.len() - 2])?;
+    let nb: usize = batch.iter().product();
+    let mut out_shape = batch.clone();
+    out_shape.extend([m, n]);
+    let out = if sb.len() == 2 {
+        // [.., m, k] x [k, n]: one GEMM over all rows.
+        let mut full = batch.clone();
+        full.extend([m, k]);
+        let av = a2
+            .broadcast(IxDyn(&full))
+            .ok_or("cannot broadcast")?
+            .as_standard_layout()
+            .into_owned();
+        let av = av
+            .into_shape_with_order((nb * m, k))
+            .map_err(|e| e.to_string())?;
+        let bv = b2
+            .into_dimensionality::<ndarray::Ix2>()
+            .map_err(|e| e.to_string())?;
+        let mut o = Array2::<T>::zeros((nb * m, n));
+        general_mat_mul(T::one(), &av, &bv, T::zero(), &mut o);
+        o.into_dyn()
+    } else {
+        let mut fa = batch.clone();
+        fa.extend([m, k]);
+        let mut fb = batch.clone();
+        fb.extend([k, n]);
+        let av = a2
+            .broadcast(IxDyn(&fa))
+            .ok_or("cannot broadcast")?
+            .as_standard_layout()
+            .into_owned();
+        let bv = b2
+            .broadcast(IxDyn(&fb))
+            .ok_or("cannot broadcast")?
+            .as_standard_layout()
+            .into_owned();
+        let av: Array3<T> = av
+            .into_shape_with_order((nb, m, k))
+            .map_err(|e| e.to_string())?;
+        let bv: Array3<T> = bv
+            .into_shape_with_order((nb, k, n))
+            .map_err(|e| e.to_string())?;
+        let mut o = Array3::<T>::zeros((nb, m, n));
+        for i in 0..nb {
+            let mut oi = o.index_axis_mut(Axis(0), i);
+            general_mat_mul(
+                T::one(),
+                &av.index_axis(Axis(0), i),
+                &bv.index_axis(Axis(0), i),
+                T::zero(),
+                &mut oi,
+            );
+        }
+        o.into_dyn()
+    };
+    let mut final_shape = batch;
+    if ra != 1 {
+        final_shape.push(m);
+    }
+    if rb != 1 {
+        final_shape.push(n);
+    }
+    out.into_shape_with_order(IxDyn(&final_shape))
+        .map_err(|e| e.to_string())
+}
+
+fn gemm<T: Fl>(c: &Ctx, a: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+    let b = req(rest, 1)?;
+    let a = a
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .map_err(|_| "A must be 2-D".to_string())?;
+    let b = b
+        .view()
+        .into_dimensionality::<ndarray::Ix2>()
+        .map_err(|_| "B must be 2-D".to_string())?;
+    let a = if c.int("transA", 0) != 0 {
+        a.reversed_axes()
+    } else {
+        a
+    };
+    let b = if c.int("transB", 0) != 0 {
+        b.reversed_axes()
+    } else {
+        b
+    };
+    let (m, k) = a.dim();
+    let (k2, n) = b.dim();
+    if k != k2 {
+        return Err(format!("Gemm inner dims differ: {k} and {k2}"));
+    }
+    let alpha = T::c(c.float("alpha", 1.0) as f64);
+    let beta = T::c(c.float("beta", 1.0) as f64);
+    let (mut o, beta) = match opt(rest, 2) {
+        Some(cc) => (
+            cc.broadcast(IxDyn(&[m, n]))
+                .ok_or_else(|| {
+                    format!(
+                        "C of shape {:?} does not broadcast to [{m}, {n}]",
+                        cc.shape()
+                    )
+                })?
+                .into_dimensionality::<ndarray::Ix2>()
+                .map_err(|e| e.to_string())?
+                .to_owned(),
+            beta,
+        ),
+        None => (Array2::zeros((m, n)), T::zero()),
+    };
+    general_mat_mul(alpha, &a, &b, beta, &mut o);
+    Ok(vec![o.into_dyn()])
+}
+
+/// General Einsum by direct summation over all index labels (with `...` and repeated labels).
+pub(crate) fn einsum<T: Fl>(eq: &str, ops: &[&ArrayD<T>]) -> KResult<ArrayD<T>> {
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != ops.len() {
+        return Err(format!(
+            "equation has {} operands but the node has {}",
+            terms.len(),
+            ops.len()
+        ));
+    }
+    // Ellipsis labels are private-use chars, right-aligned across operands.
+    let ell = |i: usize| char::from_u32(0xE000 + i as u32).unwrap_or('?');
+    let mut max_ell = 0usize;
+    let mut labels: Vec<Vec<char>> = Vec::new();
+    for (t, a) in terms.iter().zip(ops) {
+        let named = t.replace("...", "").chars().count();
+        if a.ndim() < named {
+            return Err(format!(
+                "term '{t}' has more labels than the operand's rank {}",
+                a.ndim()
+            ));
+        }
+        let ne = if t.contains("...") {
+            a.ndim() - named
+        } else {
+            0
+        };
+        if !t.contains("...") && a.ndim() != named {
+            return Err(format!(
+                "term '{t}' does not match the operand's rank {}",
+                a.ndim()
+            ));
+        }
+        max_ell = max_ell.max(ne);
+        let (pre, post) = t.split_once("...").unwrap_or((t, ""));
+        let mut l: Vec<char> = pre.chars().collect();
+        l.extend((0..ne).map(|i| ell(max_ell.max(ne) - ne + i)));
+        l.extend(post.chars());
+        labels.push(l);
+    }
+    // Re-align ellipsis labels to the largest ellipsis rank.
+    for (t, l) in terms.iter().zip(labels.iter_mut()) {
+        if let Some(p) = t.find("...") {
+            let pre = t[..p].chars().count();
+            let ne = l.len() - t.replace("...", "").chars().count();
+            for i in 0..ne {
+                l[pre + i] = ell(max_ell - ne + i);
+            }
+        }
+    }
+    let out: Vec<char> = match rhs {
+        Some(r) => {
+            let (pre, post) = r.split_once("...").unwrap_or((&r, ""));
+            let mut o: Vec<char> = pre.chars().collect();
+            if r.contains("...") {
+                o.extend((0..max_ell).map(ell));
+            }
+            o.extend(post.chars());
+            o
+        }
+        None => {
+            let mut o: Vec<char> = (0..max_ell).map(ell).collect();
+            let mut once: Vec<char> = Vec::new();
+            for ch in labels.iter().flatten() {
+                if ch.is_ascii_alphabetic()
+                    && labels.iter().flatten().filter(|c| *c == ch).count() == 1
+                {
+                    once.push(*ch);
+                }
+            }
+            once.sort_unstable();
+            o.extend(once);
+            o
+        }
+    };
+    let mut all: Vec<char> = out.clone();
+    for ch in labels.iter().flatten() {
+        if !all.contains(ch) {
+            all.push(*ch);
+        }
+    }
+    let mut size = vec![1usize; all.len()];
+    for (l, a) in labels.iter().zip(ops) {
+        for (ch, &d) in l.iter().zip(a.shape()) {
+            let i = all.iter().position(|c| c == ch).ok_or("bad label")?;
+            if d != 1 {
+                if size[i] != 1 && size[i] != d {
+                    return Err(format!("label '{ch}' has sizes {} and {d}", size[i]));
+                }
+                size[i] = d;
+            }
+        }
+    }
+    // Per operand, the stride of each label (0 where broadcast), summed over repeats.
+    let datas: Vec<Cow<[T]>> = ops.iter().map(|a| flat(a)).collect();
+    let mut strides: Vec<Vec<usize>> = Vec::new();
+    for (l, a) in labels.iter().zip(ops) {
+        let mut st = vec![0usize; all.len()];
+        let mut s = 1usize;
+        for (j, ch) in l.iter().enumerate().rev() {
+            let i = all.iter().position(|c| c == ch).ok_or("bad label")?;
+            if a.shape()[j] != 1 {
+                st[i] += s;
+            }
+            s *= a.shape()[j];
+        }
+        strides.push(st);
+    }
+    for ch in &out {
+        if !labels.iter().flatten().any(|c| c == ch) {
+            return Err(format!("output label '{ch}' is not in any input"));
+        }
+    }
+    let out_shape: Vec<usize> = size[..out.len()].to_vec();
+    let n_out: usize = out_shape.iter().product();
+    let n_in: usize = size[out.len()..].iter().product();
+    let mut res = vec![T::zero(); n_out];
+    let mut idx = vec![0usize; all.len()];
+    for r in res.iter_mut() {
+        let mut acc = T::zero();
+        for _ in 0..n_in {
+            let mut p = T::one();
+            for (d, st) in datas.iter().zip(&strides) {
+                let off: usize = idx.iter().zip(st).map(|(i, s)| i * s).sum();
+                p *= d[off];
+            }
+            acc += p;
+            // advance the contracted labels
+            for j in (out.len()..all.len()).rev() {
+                idx[j] += 1;
+                if idx[j] < size[j] {
+                    break;
+                }
+                idx[j] = 0;
+            }
+        }
+        *r = acc;
+        for j in (0..out.len()).rev() {
+            idx[j] += 1;
+            if idx[j] < size[j] {
+                break;
+            }
+            idx[j] = 0;
+        }
+    }
+    arr(&out_shape, res)
+}
+
+// ---------------------------------------------------------------- convolution and pooling
+
+/// Spatial geometry of a 2-D window op (1-D ops are lifted to 2-D with height 1).
+struct Geo {
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+    pb: [usize; 2],
+    pe: [usize; 2],
+}
+
+fn two(v: &[i64], lift: bool, fill: i64) -> KResult<[usize; 2]> {
+    let g = |x: i64| usize::try_from(x).map_err(|_| format!("negative value {x} in an attribute"));
+    match (v.len(), lift) {
+        (1, true) => Ok([g(fill)?, g(v[0])?]),
+        (2, false) => Ok([g(v[0])?, g(v[1])?]),
+        _ => Err(format!(
+            "attribute has {} values; only 1-D and 2-D windows are supported",
+            v.len()
+        )),
+    }
+}
+
+/// Geometry from the attributes; `kernel` is the spatial kernel shape, `input` the spatial input.
+fn geometry(c: &Ctx, kernel: &[usize], input: &[usize], lift: bool, ceil: bool) -> KResult<Geo> {
+    let nsp = kernel.len();
+    let kernel_i: Vec<i64> = kernel.iter().map(|k| *k as i64).collect();
+    let k = two(&kernel_i, lift, 1)?;
+    let s = two(&c.ints("strides").unwrap_or(vec![1; nsp]), lift, 1)?;
+    let d = two(&c.ints("dilations").unwrap_or(vec![1; nsp]), lift, 1)?;
+    let pads = c.ints("pads").unwrap_or(vec![0; 2 * nsp]);
+    if pads.len() != 2 * nsp {
+        return Err(format!(
+            "pads has {} values for {nsp} spatial dims",
+            pads.len()
+        ));
+    }
+    let mut pb = two(&pads[..nsp], lift, 0)?;
+    let mut pe = two(&pads[nsp..], lift, 0)?;
+    let inp: Vec<i64> = input.iter().map(|x| *x as i64).collect();
+    let inp = two(&inp, lift, 1)?;
+    let auto = c.string("auto_pad", "NOTSET");
+    match auto.as_str() {
+        "NOTSET" => {}
+        "VALID" => {
+            pb = [0, 0];
+            pe = [0, 0];
+        }
+        "SAME_UPPER" | "SAME_LOWER" => {
+            if s.contains(&0) || k.contains(&0) {
+                return Err("kernel and strides must be positive".into());
+            }
+            for i in 0..2 {
+                let out = inp[i].div_ceil(s[i]);
+                let need = ((out.max(1) - 1) * s[i] + (k[i] - 1) * d[i] + 1).saturating_sub(inp[i]);
+                let small = need / 2;
+                if auto == "SAME_UPPER" {
+                    pb[i] = small;
+                    pe[i] = need - small;
+                } else {
+                    pb[i] = need - small;
+                    pe[i] = small;
+                }
+            }
+        }
+        other => return Err(format!("auto_pad '{other}' is not supported")),
+    }
+    let _ = ceil;
+    if s.contains(&0) || d.contains(&0) || k.contains(&0) {
+        return Err("kernel, strides and dilations must be positive".into());
+    }
+    Ok(Geo { k, s, d, pb, pe })
+}
+
+fn out_size(inp: usize, g: &Geo, i: usize, ceil: bool) -> KResult<usize> {
+    let span = (g.k[i] - 1) * g.d[i] + 1;
+    let padded = inp + g.pb[i] + g.pe[i];
+    if padded < span {
+        return Err(format!(
+            "window {span} is larger than the padded input {padded}"
+        ));
+    }
+    let mut o = if ceil {
+        (padded - span).div_ceil(g.s[i]) + 1
+    } else {
+        (padded - span) / g.s[i] + 1
+    };
+    if ceil && (o - 1) * g.s[i] >= inp + g.pb[i] {
+        o -= 1;
+    }
+    Ok(o)
+}
+
+/// Input as 4-D [n, c, h, w]: 1-D spatial inputs get h = 1.
+fn as4(shape: &[usize]) -> KResult<([usize; 4], bool)> {
+    match shape.len() {
+        3 => Ok(([shape[0], shape[1], 1, shape[2]], true)),
+        4 => Ok(([shape[0], shape[1], shape[2], shape[3]], false)),
+        r => Err(format!(
+            "only 1-D and 2-D spatial inputs are supported (rank {r})"
+        )),
+    }
+}
+
+fn conv<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+    let w = req(rest, 1)?;
+    let ([n, ch, h, wd], lift) = as4(x.shape())?;
+    if w.ndim() != x.ndim() {
+        return Err(format!(
+            "weight rank {} differs from input rank {}",
+            w.ndim(),
+            x.ndim()
+        ));
+    }
+    let ws = w.shape();
+    let (m, cg) = (ws[0], ws[1]);
+    let group = c.int("group", 1).max(1) as usize;
+    if cg * group != ch || m % group != 0 {
+        return Err(format!(
+            "weight {ws:?} does not fit {ch} input channels in {group} groups"
+        ));
+    }
+    let g = geometry(c, &ws[2..], &x.shape()[2..], lift, false)?;
+    let (oh, ow) = (out_size(h, &g, 0, false)?, out_size(wd, &g, 1, false)?);
+    let (kh, kw) = (g.k[0], g.k[1]);
+    let mg = m / group;
+    let k = cg * kh * kw;
+    let p = oh * ow;
+    let xs = flat(x);
+    let wv = flat(w);
+    let mut out = vec![T::zero(); n * m * p];
+    let mut cols = vec![T::zero(); k * p];
+    for b in 0..n {
+        for gi in 0..group {
+            for ci in 0..cg {
+                let base = (b * ch + gi * cg + ci) * h * wd;
+                for ki in 0..kh {
+                    for kj in 0..kw {
+                        let row = ((ci * kh + ki) * kw + kj) * p;
+                        for oy in 0..oh {
+                            let iy = (oy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
+                            let dst = &mut cols[row + oy * ow..row + (oy + 1) * ow];
+                            if iy < 0 || iy >= h as isize {
+                                dst.fill(T::zero());
+                                continue;
+                            }
+                            let src = base + iy as usize * wd;
+                            for (ox, v) in dst.iter_mut().enumerate() {
+                                let ix = (ox * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
+                                *v = if ix < 0 || ix >= wd as isize {
+                                    T::zero()
+                                } else {
+                                    xs[src + ix as usize]
+                                };
+                            }
+                        }
+                    }
+                }
+            }
+            let wg = ArrayView2::from_shape((mg, k), &wv[gi * mg * k..(gi + 1) * mg * k])
+                .map_err(|e| e.to_string())?;
+            let cv = ArrayView2::from_shape((k, p), &cols[..]).map_err(|e| e.to_string())?;
+            let o0 = (b * m + gi * mg) * p;
+            let mut ov = ArrayViewMut2::from_shape((mg, p), &mut out[o0..o0 + mg * p])
+                .map_err(|e| e.to_string())?;
+            general_mat_mul(T::one(), &wg, &cv, T::zero(), &mut ov);
+        }
+    }
+    add_bias(&mut out, opt(rest, 2), n, m, p)?;
+    let shape: Vec<usize> = if lift {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
+    Ok(vec![arr(&shape, out)?])
+}
+
+fn add_bias<T: Fl>(
+    out: &mut [T],
+    bias: Option<&ArrayD<T>>,
+    n: usize,
+    m: usize,
+    p: usize,
+) -> KResult<()> {
+    if let Some(bias) = bias {
+        let bs = flat(bias);
+        if bs.len() != m {
+            return Err(format!("bias has {} elements for {m} channels", bs.len()));
+        }
+        for b in 0..n {
+            for (mi, bv) in bs.iter().enumerate() {
+                for v in &mut out[(b * m + mi) * p..(b * m + mi + 1) * p] {
+                    *v += *bv;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn conv_transpose<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
+    let w = req(rest, 1)?;
+    let ([n, ch, h, wd], lift) = as4(x.shape())?;
+    if w.ndim() != x.ndim() {
+        return Err(format!(
+            "weight rank {} differs from input rank {}",
+            w.ndim(),
+            x.ndim()
+        ));
+    }
+    let ws = w.shape();
+    let group = c.int("group", 1).max(1) as usize;
+    let (cw, mg) = (ws[0], ws[1]);
+    if cw != ch || ch % group != 0 {
+        return Err(format!(
+            "weight {ws:?} does not fit {ch} input channels in {group} groups"
+        ));
+    }
+    let cg = ch / group;
+    let m = mg * group;
+    if h == 0 || wd == 0 {
+        return Err("empty spatial input".into());
+    }
+    let nsp = ws.len() - 2;
+    // The explicit pads are used unless output_shape is given.
+    let mut g = geometry(c, &ws[2..], &x.shape()[2..], lift, false)?;
+    let op = two(&c.ints("output_padding").unwrap_or(vec![0; nsp]), lift, 0)?;
+    let inp = [h, wd];
+    let full = |i: usize, g: &Geo| g.s[i] * (inp[i] - 1) + op[i] + (g.k[i] - 1) * g.d[i] + 1;
+    let auto = c.string("auto_pad", "NOTSET");
+    let out_shape_attr = c.ints("output_shape");
+    let target: Option<[usize; 2]> = match &out_shape_attr {
+        Some(os) => {
+            let sp = if os.len() == nsp + 2 {
+                &os[2..]
+            } else {
+                &os[..]
+            };
+            Some(two(sp, lift, 1)?)
+        }
+        None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => {
+            Some([inp[0] * g.s[0], inp[1] * g.s[1]])
+        }
+        None => None,
+    };
+    if let Some(t) = target {
+        for i in 0..2 {
+            let total = full(i, &g)
+                .checked_sub(t[i])
+                .ok_or_else(|| format!("output_shape {t:?} is larger than the full output"))?;
+            if auto == "SAME_UPPER" {
+                g.pb[i] = total / 2;
+                g.pe[i] = total - total / 2;
+            } else {
+                g.pb[i] = total - total / 2;
+                g.pe[i] = total / 2;
+            }
+        }
+    }
+    let oh = full(0, &g)
+        .checked_sub(g.pb[0] + g.pe[0])
+        .ok_or("pads larger than the output")?;
+    let ow = full(1, &g)
+        .checked_sub(g.pb[1] + g.pe[1])
+        .ok_or("pads larger than the output")?;
+    let (kh, kw) = (g.k[0], g.k[1]);
+    let k = mg * kh * kw;
+    let p = h * wd;
+    let xs = flat(x);
+    let wv = flat(w);
+    let mut out = vec![T::zero(); n * m * oh * ow];
+    let mut cols = Array2::<T>::zeros((k, p));
+    for b in 0..n {
+        for gi in 0..group {
+            let xg = ArrayView2::from_shape(
+                (cg, p),
+                &xs[(b * ch + gi * cg) * p..(b * ch + (gi + 1) * cg) * p],
+            )
+            .map_err(|e| e.to_string())?;
+            let wg = ArrayView2::from_shape((cg, k), &wv[gi * cg * k..(gi + 1) * cg * k])
+                .map_err(|e| e.to_string())?;
+            general_mat_mul(T::one(), &wg.t(), &xg, T::zero(), &mut cols);
+            let cs = cols.as_slice().ok_or("cols not contiguous")?;
+            for mi in 0..mg {
+                let obase = (b * m + gi * mg + mi) * oh * ow;
+                for ki in 0..kh {
+                    for kj in 0..kw {
+                        let row = ((mi * kh + ki) * kw + kj) * p;
+                        for iy in 0..h {
+                            let oy = (iy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
+                            if oy < 0 || oy >= oh as isize {
+                                continue;
+                            }
+                            for ix in 0..wd {
+                                let ox = (ix * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
+                                if ox < 0 || ox >= ow as isize {
+                                    continue;
+                                }
+                                out[obase + oy as usize * ow + ox as usize] +=
+                                    cs[row + iy * wd + ix];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    add_bias(&mut out, opt(rest, 2), n, m, oh * ow)?;
+    let shape: Vec<usize> = if lift {
+        vec![n, m, ow]
+    } else {
+        vec![n, m, oh, ow]
+    };
+    Ok(vec![arr(&shape, out)?])
+}
+
+/// MaxPool / AveragePool; MaxPool also gives the flat (row-major, whole-tensor) argmax indices.
+fn pool<T: Fl>(c: &Ctx, x: &ArrayD<T>) -> KResult<(ArrayD<T>, ArrayD<i64>)> {
+    let is_max = c.op.op_type == "MaxPool";
+    let ([n, ch, h, wd], lift) = as4(x.shape())?;
+    let kernel: Vec<usize> = c
+        .ints("kernel_shape")
+        .ok_or("kernel_shape is required")?
+        .iter()
+        .map(|k| usize::try_from(*k).map_err(|_| "negative kernel_shape".to_string()))
+        .collect::<KResult<_>>()?;
+    if c.int("storage_order", 0) != 0 {
+        return Err("storage_order=1 is not supported".into());
+    }
+    let ceil = c.int("ceil_mode", 0) != 0;
+    let g = geometry(c, &kernel, &x.shape()[2..], lift, ceil)?;
+    let (oh, ow) = (out_size(h, &g, 0, ceil)?, out_size(wd, &g, 1, ceil)?);
+    let include_pad = c.int("count_include_pad", 0) != 0;
+    let xs = flat(x);
+    let mut out = vec![T::zero(); n * ch * oh * ow];
+    let mut idx = vec![0i64; if is_max { n * ch * oh * ow } else { 0 }];
+    for nc in 0..n * ch {
+        let base = nc * h * wd;
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = T::neg_infinity();
+                let mut bi = -1i64;
+                let mut sum = T::zero();
+                let mut cnt = 0usize;
+                for ki in 0..g.k[0] {
+                    let iy = (oy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
+                    for kj in 0..g.k[1] {
+                        let ix = (ox * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
+                        let inside = iy >= 0 && iy < h as isize && ix >= 0 && ix < wd as isize;
+                        if !inside {
+                            let in_pad =
+                                iy < (h + g.pe[0]) as isize && ix < (wd + g.pe[1]) as isize;
+                            if include_pad && in_pad {
+                                cnt += 1;
+                            }
+                            continue;
+                        }
+                        let off = base + iy as usize * wd + ix as usize;
+                        let v = xs[off];
+                        if is_max {
+                            if v > best || bi < 0 || v.is_nan() {
+                                best = v;
+                                bi = off as i64;
+                            }
+                        } else {
+                            sum += v;
+                            cnt += 1;
+                        }
+                    }
+                }
+                let o = (nc * oh + oy) * ow + ox;
+                if is_max {
+                    out[o] = best;
+                    idx[o] = bi;
+                } else {
+                    out[o] = if cnt > 0 {
+                        sum / T::c(cnt as f64)
+                    } else {
+                        T::zero()
+                    };
+                }
+            }
+        }
+    }
+    let shape: Vec<usize> = if lift {
+        vec![n, ch, ow]
+    } else {
+        vec![n, ch, oh, ow]
+    };
+    let idx = if is_max {
+        arr(&shape, idx)?
+    } else {
+        arr(&[0], idx)?
+    };
+    Ok((arr(&shape, out)?, idx))
+}
+
+fn global_pool<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    _rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
+    let is_max = c.op.op_type == "GlobalMaxPool";
+    if x.ndim() < 2 {
+        return Err("input must have rank >= 2".into());
+    }
+    let (n, ch) = (x.shape()[0], x.shape()[1]);
+    let inner: usize = x.shape()[2..].iter().product();
+    let xs = flat(x);
+    let mut out = Vec::with_capacity(n * ch);
+    for nc in 0..n * ch {
+        let s = &xs[nc * inner..(nc + 1) * inner];
+        out.push(if is_max {
+            s.iter().copied().fold(
+                T::neg_infinity(),
+                |a, b| if b > a || b.is_nan() { b } else { a },
+            )
+        } else {
+            s.iter().copied().fold(T::zero(), |a, b| a + b) / T::c(inner as f64)
+        });
+    }
+    let mut shape = vec![n, ch];
+    shape.extend(std::iter::repeat_n(1, x.ndim() - 2));
+    Ok(vec![arr(&shape, out)?])
+}
+
+// ---------------------------------------------------------------- normalisation
+
+fn batch_norm<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
+    if c.int("training_mode", 0) != 0 {
+        return Err("training_mode=1 is not supported (inference BatchNormalization only)".into());
+    }
+    let (scale, bias, mean, var) = (
+        flat(req(rest, 1)?),
+        flat(req(rest, 2)?),
+        flat(req(rest, 3)?),
+        flat(req(rest, 4)?),
+    );
+    let eps = T::c(c.float("epsilon", 1e-5) as f64);
+    if x.ndim() < 2 {
+        return Err("input must have rank >= 2".into());
+    }
+    let (n, ch) = (x.shape()[0], x.shape()[1]);
+    for (nm, v) in [
+        ("scale", &scale),
+        ("B", &bias),
+        ("mean", &mean),
+        ("var", &var),
+    ] {
+        if v.len() != ch {
+            return Err(format!("{nm} has {} elements for {ch} channels", v.len()));
+        }
+    }
+    let inner: usize = x.shape()[2..].iter().product();
+    let mut out = flat(x).into_owned();
+    for b in 0..n {
+        for ci in 0..ch {
+            let a = scale[ci] / (var[ci] + eps).sqrt();
+            let sh = bias[ci] - mean[ci] * a;
+            for v in &mut out[(b * ch + ci) * inner..(b * ch + ci + 1) * inner] {
+                *v = *v * a + sh;
+            }
+        }
+    }
+    Ok(vec![arr(x.shape(), out)?])
+}
+
+fn layer_norm<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
+    let rank = x.ndim();
+    let ax = norm_axis(c.int("axis", -1), rank)?;
+    let eps = T::c(c.float("epsilon", 1e-5) as f64);
+    let norm_shape = &x.shape()[ax..];
+    let inner: usize = norm_shape.iter().product();
+    let outer: usize = x.shape()[..ax].iter().product();
+    let bc = |a: &ArrayD<T>, what: &str| -> KResult<Vec<T>> {
+        Ok(a.broadcast(IxDyn(norm_shape))
+            .ok_or_else(|| {
+                format!(
+                    "{what} of shape {:?} does not broadcast to {norm_shape:?}",
+                    a.shape()
+                )
+            })?
+            .iter()
+            .copied()
+            .collect())
+    };
+    let scale = bc(req(rest, 1)?, "Scale")?;
+    let bias = opt(rest, 2).map(|b| bc(b, "B")).transpose()?;
+    let xs = flat(x);
+    let mut y = vec![T::zero(); outer * inner];
+    let mut means = Vec::with_capacity(outer);
+    let mut invs = Vec::with_capacity(outer);
+    let nf = T::c(inner as f64);
+    for o in 0..outer {
+        let row = &xs[o * inner..(o + 1) * inner];
+        let mean = row.iter().copied().fold(T::zero(), |a, b| a + b) / nf;
+        let var = row
+            .iter()
+            .map(|v| (*v - mean) * (*v - mean))
+            .fold(T::zero(), |a, b| a + b)
+            / nf;
+        let inv = T::one() / (var + eps).sqrt();
+        for (i, v) in row.iter().enumerate() {
+            let mut r = (*v - mean) * inv * scale[i];
+            if let Some(b) = &bias {
+                r += b[i];
+            }
+            y[o * inner + i] = r;
+        }
+        means.push(mean);
+        invs.push(inv);
+    }
+    let mut stat_shape = x.shape()[..ax].to_vec();
+    stat_shape.extend(std::iter::repeat_n(1, rank - ax));
+    Ok(vec![
+        arr(x.shape(), y)?,
+        arr(&stat_shape, means)?,
+        arr(&stat_shape, invs)?,
+    ])
+}
+
+fn softmax<T: Fl>(c: &Ctx, x: &ArrayD<T>, _rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+    let log = c.op.op_type == "LogSoftmax";
+    let rank = x.ndim();
+    if rank == 0 {
+        return Err("input must have rank >= 1".into());
+    }
+    let lanes = |mut a: ArrayD<T>, ax: usize| -> ArrayD<T> {
+        for mut lane in a.lanes_mut(Axis(ax)) {
+            let m = lane
+                .iter()
+                .copied()
+                .fold(T::neg_infinity(), |a, b| if b > a { b } else { a });
+            let m = if m.is_finite() { m } else { T::zero() };
+            let s = lane
+                .iter()
+                .map(|v| (*v - m).exp())
+                .fold(T::zero(), |a, b| a + b);
+            if log {
+                let ls = s.ln();
+                lane.mapv_inplace(|v| v - m - ls);
+            } else {
+                lane.mapv_inplace(|v| (v - m).exp() / s);
+            }
+        }
+        a
+    };
+    if c.opset >= 13 {
+        let ax = norm_axis(c.int("axis", -1), rank)?;
+        Ok(vec![lanes(x.as_standard_layout().into_owned(), ax)])
+    } else {
+        let ax = norm_axis(c.int("axis", 1), rank)?;
+        let outer: usize = x.shape()[..ax].iter().product();
+        let inner: usize = x.shape()[ax..].iter().product();
+        let a = arr(&[outer, inner], flat(x).into_owned())?;
+        let r = lanes(a, 1);
+        Ok(vec![arr(x.shape(), flat(&r).into_owned())?])
+    }
+}
+
+fn matmul_k<T: Fl>(
+    _c: &Ctx,
+    a: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
+    Ok(vec![matmul(a, req(rest, 1)?)?])
+}
+
+fn einsum_k<T: Fl>(c: &Ctx, a: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
+    let eq = c.op.str_attr("equation").ok_or("equation is required")?;
+    let mut ops = vec![a];
+    for (i, r) in rest.iter().enumerate() {
+        ops.push(r.ok_or_else(|| format!("operand {} is missing", i + 1))?);
+    }
+    Ok(vec![einsum(eq, &ops)?])
+}
+
+/// nn ops; `None` if `op` is not one of them.
+pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
+    let r = || -> KResult<Vec<Tensor>> {
+        Ok(match op {
+            "MatMul" => float_kernel!(c, matmul_k),
+            "Gemm" => float_kernel!(c, gemm),
+            "Einsum" => float_kernel!(c, einsum_k),
+            "Conv" => float_kernel!(c, conv),
+            "ConvTranspose" => float_kernel!(c, conv_transpose),
+            "MaxPool" | "AveragePool" => {
+                let (y, idx) = match c.input(0)? {
+                    Tensor::F32(a) => {
+                        let (y, i) = pool(c, a)?;
+                        (Tensor::F32(y), i)
+                    }
+                    Tensor::F64(a) => {
+                        let (y, i) = pool(c, a)?;
+                        (Tensor::F64(y), i)
+                    }
+                    other => return Err(format!("expects a float input, got {}", other.dtype())),
+                };
+                if c.n_outputs > 1 {
+                    vec![y, Tensor::I64(idx)]
+                } else {
+                    vec![y]
+                }
+            }
+            "GlobalAveragePool" | "GlobalMaxPool" => float_kernel!(c, global_pool),
+            "BatchNormalization" => float_kernel!(c, batch_norm),
+            "LayerNormalization" => float_kernel!(c, layer_norm),
+            "Softmax" | "LogSoftmax" => float_kernel!(c, softmax),
+            _ => return Err(String::new()),
+        })
+    };
+    const OPS: &[&str] = &[
+        "MatMul",
+        "Gemm",
+        "Einsum",
+        "Conv",
+        "ConvTranspose",
+        "MaxPool",
+        "AveragePool",
+        "GlobalAveragePool",
+        "GlobalMaxPool",
+        "BatchNormalization",
+        "LayerNormalization",
+        "Softmax",
+        "LogSoftmax",
+    ];
+    if OPS.contains(&op) {
+        Some(r())
+    } else {
+        None
+    }
+}

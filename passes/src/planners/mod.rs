@@ -21,6 +21,8 @@
 //!    To compare candidates by simulation inside a search, call [`crate::sim::simulate`] on a
 //!    [`crate::sim::StageGraph::from_specs`] directly (about 1 µs per simulated task).
 
+pub mod bapipe;
+pub mod dapple;
 pub mod dp;
 pub mod straight;
 
@@ -44,8 +46,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
     match name {
         "dp" => Ok(Box::new(dp::DataParallel)),
         "straight" => Ok(Box::new(straight::Straight)),
+        "dapple" => Ok(Box::new(dapple::Dapple)),
+        "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
-            "--planner {n}: not implemented yet (available: dp, straight)"
+            "--planner {n}: not implemented yet (available: dapple, bapipe, dp, straight)"
         ))),
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",

@@ -1,0 +1,644 @@
+//! `dapple`: DAPPLE's planner (Fan et al., PPoPP'21, §4; arXiv §IV): a synchronous pipeline of
+//! contiguous layer ranges, each stage replicated on a device set (stage-level data parallelism),
+//! found by a memoised search that minimises the pipeline latency `L` of Eq. 2.
+//!
+//! # Latency model (Eq. 1–3)
+//! A plan is a list of stages; between two compute stages sits a **communication stage** whose
+//! forward time is the activation transfer and whose backward time is the gradient transfer of one
+//! micro-batch (split/concat when the replica counts differ, [`redistribute_time`]), with no
+//! all-reduce. For stage `s`, `F_s`/`B_s` are the forward/backward seconds of one replica on its
+//! `micro_batch / |g_s|` slice and `AR_s = AR(P_s, g_s)` the all-reduce of its parameters over its
+//! replicas (0 for one replica). With `M` micro-batches and the pivot stage `Q`:
+//!
+//! ```text
+//! T_w = Σ_{s=0}^{Q} F_s                                              (warm-up)
+//! T_s = (M − 1)·(F_Q + B_Q)                                          (steady)
+//! T_e = max_{s} ( AR_s + { Σ_{a=s}^{Q} B_a  if s ≤ Q ; −Σ_{a=Q}^{s} B_a  if s > Q } )   (ending)
+//! L   = T_w + T_s + T_e                                              (Eq. 2)
+//! ```
+//!
+//! (PPoPP's boundary `s ≤ Q`; the arXiv `s < Q` would give the pivot a `−B_Q` term.) The pivot is
+//! found by Algorithm 1 (Eq. 3, [`pivot`]): start from the last stage and move `Q` to an earlier
+//! stage `s` whenever `(M−1)(F_s+B_s) > (M−1)(F_Q+B_Q) + Σ_{s<s'<Q}(F_{s'}+B_{s'})`.
+//! For one stage `L = M·(F+B) + AR`, the `dp` planner's objective.
+//!
+//! # Search (Eq. 4–5)
+//! `T_PL(j, g)`: the best latency with the layers before cut `j` planned on the device set `g` and
+//! the layers after it forming **one last stage replicated on every remaining device**. From the
+//! base state (`j = 0`, nothing planned: pure data parallelism) a state is extended by splitting
+//! its last stage at a later cut `j'` into a new stage `[j, j')` on `m'` devices, placed by each of
+//! the policies of §4.3 ([`place`]: Fresh-First, Append-First, Scatter-First on the hierarchical
+//! cluster), and the rest `[j', N)` on the remaining devices; Eq. 2 of the new plan gives
+//! `T_PL(j', g + g')`, and each state `(j', g + g')` memoises its best plan (the split points,
+//! replica counts and placements to backtrack). The answer is the best state over all (Eq. 4). The
+//! layer order is the cost graph's topological order ([`CostGraph::chain`]); graphs with more than
+//! [`MAX_CUTS`] positions are cut only at compute quantiles (the profiles have ≤ 96 layers and are
+//! searched exactly).
+//!
+//! # Memory
+//! A stage is feasible when one replica's parameters, gradients, optimizer state, communication
+//! buffers and `K_i` in-flight slices of saved activations fit its device
+//! ([`crate::cost::memory::stage_memory`]), with `K_i = min(S − i, M)` (policy A, the smallest
+//! warm-up). Adding stages only raises earlier stages' `K_i`, so an infeasible prefix is pruned.
+//! If no plan fits, the search is repeated without the memory check (the plan then reports
+//! `out_of_memory`).
+//!
+//! # Micro-batch and schedule
+//! Default micro-batch: the cost graph's reference (profile) batch when it divides the batch,
+//! else the largest giving `M ≥ 8`. Schedule: DAPPLE early backward with warm-up policy A
+//! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), whichever the simulator finds faster
+//! with the peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
+//!
+//! Devices: at most 128 (placements are bit masks). Stage times are costed on device 0's kind
+//! (DAPPLE targets homogeneous clusters).
+//!
+//! Objective: `L` of Eq. 2 for the chosen plan.
+
+use super::Planner;
+use crate::cost::comm::{allreduce_time, redistribute_time};
+use crate::cost::memory::stage_memory;
+use crate::cost::{Chain, Cluster, CostGraph};
+use crate::plan::{Plan, PlanOptions, StageSpec};
+use crate::sim::ScheduleKind;
+use pipec_compiler::{Error, Result};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Most cut positions the search considers (see the module doc).
+pub const MAX_CUTS: usize = 96;
+
+/// The `dapple` planner.
+pub struct Dapple;
+
+/// One stage of the latency model: compute (with its all-reduce) or communication (`ar = 0`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatStage {
+    /// Forward seconds of one micro-batch (slice) on one replica, or the activation transfer.
+    pub f: f64,
+    /// Backward seconds, or the gradient transfer.
+    pub b: f64,
+    /// All-reduce seconds of the stage's gradients over its replicas.
+    pub ar: f64,
+}
+
+/// The pivot stage `Q` of Algorithm 1 (PPoPP'21) / Eq. 3, for `m` micro-batches.
+pub fn pivot(st: &[LatStage], m: usize) -> usize {
+    if st.is_empty() {
+        return 0;
+    }
+    let mf = m.max(1) as f64 - 1.0;
+    let mut q = st.len() - 1;
+    // acc = Σ_{s < s' < Q} (F_{s'} + B_{s'}) for the current s.
+    let mut acc = 0.0;
+    for s in (0..st.len() - 1).rev() {
+        let l1 = mf * (st[s].f + st[s].b);
+        let l2 = mf * (st[q].f + st[q].b) + acc;
+        if l1 > l2 {
+            q = s;
+            acc = 0.0;
+        } else {
+            acc += st[s].f + st[s].b;
+        }
+    }
+    q
+}
+
+/// DAPPLE's latency `L = T_w + T_s + T_e` (Eq. 2) of a stage list for `m` micro-batches, and
+/// its pivot `Q`.
+pub fn latency(st: &[LatStage], m: usize) -> (f64, usize) {
+    if st.is_empty() {
+        return (0.0, 0);
+    }
+    let q = pivot(st, m);
+    let tw: f64 = st[..=q].iter().map(|s| s.f).sum();
+    let ts = (m.max(1) as f64 - 1.0) * (st[q].f + st[q].b);
+    let mut te = f64::NEG_INFINITY;
+    let mut acc = 0.0;
+    for s in (0..=q).rev() {
+        acc += st[s].b;
+        te = te.max(st[s].ar + acc);
+    }
+    let mut acc = st[q].b;
+    for x in &st[q + 1..] {
+        acc += x.b;
+        te = te.max(x.ar - acc);
+    }
+    (tw + ts + te, q)
+}
+
+/// Device placement policy of DAPPLE §4.3 (PPoPP Fig. 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Take devices from fresh (wholly free) nodes first: keeps the stage's all-reduce inside
+    /// nodes.
+    FreshFirst,
+    /// Take devices from nodes already in use first: less fragmentation.
+    AppendFirst,
+    /// Take devices evenly from every used node that has free devices (every node when all are
+    /// fresh): activations stay inside nodes, the all-reduce crosses them.
+    ScatterFirst,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [
+        Policy::FreshFirst,
+        Policy::AppendFirst,
+        Policy::ScatterFirst,
+    ];
+}
+
+/// `D(free, n)`: `n` devices from the free set `free` (bit `d` set = device `d` free) by `policy`,
+/// as a bit mask; `None` when fewer than `n` are free. Nodes are the cluster's level-0 groups.
+pub fn place(cluster: &Cluster, free: u128, n: usize, policy: Policy) -> Option<u128> {
+    if n == 0 || (free.count_ones() as usize) < n {
+        return None;
+    }
+    // Per node (in index order): its free devices, and whether some device of it is in use.
+    let mut nodes: Vec<(Vec<usize>, bool)> = Vec::new();
+    let mut node_ids: Vec<usize> = Vec::new();
+    for d in 0..cluster.len() {
+        let nd = cluster.node_of(d);
+        let k = match node_ids.iter().position(|&x| x == nd) {
+            Some(k) => k,
+            None => {
+                node_ids.push(nd);
+                nodes.push((Vec::new(), false));
+                nodes.len() - 1
+            }
+        };
+        if free >> d & 1 == 1 {
+            nodes[k].0.push(d);
+        } else {
+            nodes[k].1 = true;
+        }
+    }
+    let used: Vec<usize> = (0..nodes.len())
+        .filter(|&k| nodes[k].1 && !nodes[k].0.is_empty())
+        .collect();
+    let fresh: Vec<usize> = (0..nodes.len())
+        .filter(|&k| !nodes[k].1 && !nodes[k].0.is_empty())
+        .collect();
+    let mut mask = 0u128;
+    let take = |order: &[usize], mask: &mut u128, want: usize| {
+        let mut got = 0;
+        for &k in order {
+            for &d in &nodes[k].0 {
+                if got == want {
+                    return;
+                }
+                if *mask >> d & 1 == 0 {
+                    *mask |= 1u128 << d;
+                    got += 1;
+                }
+            }
+        }
+    };
+    match policy {
+        Policy::FreshFirst => {
+            let order: Vec<usize> = fresh.iter().chain(used.iter()).copied().collect();
+            take(&order, &mut mask, n);
+        }
+        Policy::AppendFirst => {
+            let order: Vec<usize> = used.iter().chain(fresh.iter()).copied().collect();
+            take(&order, &mut mask, n);
+        }
+        Policy::ScatterFirst => {
+            // Round-robin over the used nodes (all nodes when none is used), then the rest.
+            let groups: Vec<Vec<usize>> = if used.is_empty() {
+                vec![fresh.clone()]
+            } else {
+                vec![used.clone(), fresh.clone()]
+            };
+            let mut got = 0;
+            for grp in groups {
+                let mut idx = vec![0usize; grp.len()];
+                loop {
+                    let mut progressed = false;
+                    for (gi, &k) in grp.iter().enumerate() {
+                        if got == n {
+                            break;
+                        }
+                        if let Some(&d) = nodes[k].0.get(idx[gi]) {
+                            idx[gi] += 1;
+                            mask |= 1u128 << d;
+                            got += 1;
+                            progressed = true;
+                        }
+                    }
+                    if got == n || !progressed {
+                        break;
+                    }
+                }
+                if got == n {
+                    break;
+                }
+            }
+        }
+    }
+    (mask.count_ones() as usize == n).then_some(mask)
+}
+
+fn devices_of(mask: u128) -> Vec<usize> {
+    (0..128).filter(|&d| mask >> d & 1 == 1).collect()
+}
+
+/// One compute stage of a search state: chain positions `[start, end)` on the devices `mask`.
+#[derive(Clone, Debug)]
+struct PlannedStage {
+    start: usize,
+    end: usize,
+    mask: u128,
+}
+
+/// A memoised state: the planned prefix, its latency-model stages (compute and communication, the
+/// prefix only) and the latency of the whole plan with the rest as one stage.
+#[derive(Clone, Debug)]
+struct State {
+    stages: Vec<PlannedStage>,
+    lat: Vec<LatStage>,
+    latency: f64,
+    /// Whether the last (rest) stage fits too, i.e. this state is a complete feasible plan.
+    complete_ok: bool,
+}
+
+/// What the search found (for tests and the notes).
+#[derive(Clone, Debug)]
+pub struct Search {
+    /// `(first node position, end position, devices)` per stage, over [`CostGraph::topo_order`].
+    pub stages: Vec<(usize, usize, Vec<usize>)>,
+    /// Eq. 2 of the plan.
+    pub latency: f64,
+    /// Pivot stage among the latency-model stages (compute and communication, interleaved).
+    pub pivot: usize,
+    pub micro_batch: u64,
+    pub micro_batches: u64,
+    /// States memoised.
+    pub states: usize,
+    /// Whether the plan passed the memory check.
+    pub fits: bool,
+}
+
+struct Ctx<'a> {
+    cluster: &'a Cluster,
+    opts: &'a PlanOptions,
+    /// `chains[r]`: prefix sums at the slice `micro_batch / r` (index 0 unused).
+    chains: Vec<Chain>,
+    /// Whole-micro-batch chain (cut bytes for communication stages).
+    whole: Chain,
+    cuts: Vec<usize>,
+    m: usize,
+    mem_check: bool,
+    ar_cache: HashMap<(u128, u64), f64>,
+    dev_cache: HashMap<u128, std::rc::Rc<Vec<usize>>>,
+}
+
+impl Ctx<'_> {
+    fn ar(&mut self, mask: u128, bytes: f64) -> f64 {
+        if mask.count_ones() <= 1 || bytes <= 0.0 {
+            return 0.0;
+        }
+        let key = (mask, bytes.to_bits());
+        if let Some(&t) = self.ar_cache.get(&key) {
+            return t;
+        }
+        let t = allreduce_time(self.cluster, &devices_of(mask), bytes, self.opts.allreduce);
+        self.ar_cache.insert(key, t);
+        t
+    }
+
+    fn devs(&mut self, mask: u128) -> std::rc::Rc<Vec<usize>> {
+        self.dev_cache
+            .entry(mask)
+            .or_insert_with(|| std::rc::Rc::new(devices_of(mask)))
+            .clone()
+    }
+
+    fn compute_stage(&mut self, i: usize, j: usize, mask: u128) -> LatStage {
+        let r = mask.count_ones() as usize;
+        let ch = &self.chains[r];
+        let (f, b) = (ch.fwd[j] - ch.fwd[i], ch.bwd[j] - ch.bwd[i]);
+        let p = ch.parameter_bytes(i, j);
+        LatStage {
+            f,
+            b,
+            ar: self.ar(mask, p),
+        }
+    }
+
+    fn comm_stage(&mut self, at: usize, a: u128, b: u128) -> LatStage {
+        let bytes = self.whole.cut[at];
+        let da = self.devs(a);
+        let db = self.devs(b);
+        let t = redistribute_time(self.cluster, &da, &db, bytes);
+        LatStage { f: t, b: t, ar: 0.0 }
+    }
+
+    /// Memory check of stage `idx` of `n` compute stages (policy-A warm-up).
+    fn fits(&self, st: &PlannedStage, idx: usize, n: usize) -> bool {
+        if !self.mem_check {
+            return true;
+        }
+        let r = st.mask.count_ones() as usize;
+        let ch = &self.chains[r];
+        let k = ScheduleKind::DappleA.warmup(n - idx, self.m);
+        let mem = stage_memory(
+            ch.parameter_bytes(st.start, st.end),
+            ch.saved_bytes(st.start, st.end),
+            k,
+            ch.cut[st.start] + ch.cut[st.end],
+            self.opts.optimizer,
+        );
+        let cap = (0..self.cluster.len())
+            .filter(|&d| st.mask >> d & 1 == 1)
+            .map(|d| self.cluster.kind_of(d).memory_bytes)
+            .min()
+            .unwrap_or(0) as f64;
+        mem.total() <= cap
+    }
+}
+
+/// Run DAPPLE's search (see the module doc) at micro-batch `mb`.
+pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> Result<Search> {
+    let ndev = cluster.len();
+    if ndev > 128 {
+        return Err(Error::Usage(format!(
+            "dapple: at most 128 devices supported, cluster has {ndev}"
+        )));
+    }
+    if g.is_empty() {
+        return Err(Error::Usage("dapple: the graph has no node".into()));
+    }
+    let batch = opts.batch.max(1);
+    let m = (batch / mb.max(1)).max(1) as usize;
+    let kind = cluster.kind_of(0);
+    let mut chains = Vec::with_capacity(ndev + 1);
+    for r in 0..=ndev {
+        chains.push(g.chain(mb as f64 / r.max(1) as f64, kind));
+    }
+    let whole = g.chain(mb as f64, kind);
+    let n = whole.len();
+    let cuts = candidate_cuts(&whole);
+    let mut ctx = Ctx {
+        cluster,
+        opts,
+        chains,
+        whole,
+        cuts,
+        m,
+        mem_check: true,
+        ar_cache: HashMap::new(),
+        dev_cache: HashMap::new(),
+    };
+    let mut best = run_search(&mut ctx);
+    let mut fits = true;
+    if best.is_none() {
+        ctx.mem_check = false;
+        fits = false;
+        best = run_search(&mut ctx);
+    }
+    let (st, states) = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
+    let mut stages: Vec<(usize, usize, Vec<usize>)> = st
+        .stages
+        .iter()
+        .map(|s| (s.start, s.end, devices_of(s.mask)))
+        .collect();
+    let used: u128 = st.stages.iter().fold(0, |a, s| a | s.mask);
+    let all: u128 = if ndev == 128 {
+        u128::MAX
+    } else {
+        (1u128 << ndev) - 1
+    };
+    let last_start = st.stages.last().map_or(0, |s| s.end);
+    stages.push((last_start, n, devices_of(all & !used)));
+    // Re-evaluate Eq. 2 for the pivot of the full plan.
+    let mut lat = st.lat.clone();
+    let rest = all & !used;
+    if let Some(prev) = st.stages.last() {
+        lat.push(ctx.comm_stage(last_start, prev.mask, rest));
+    }
+    lat.push(ctx.compute_stage(last_start, n, rest));
+    let (latency, q) = latency(&lat, m);
+    Ok(Search {
+        stages,
+        latency,
+        pivot: q,
+        micro_batch: mb,
+        micro_batches: m as u64,
+        states,
+        fits,
+    })
+}
+
+/// Cut positions `0 = c_0 < c_1 < ... < c_k = n`: every position when `n ≤ MAX_CUTS`, else the
+/// compute quantiles.
+fn candidate_cuts(ch: &Chain) -> Vec<usize> {
+    let n = ch.len();
+    if n <= MAX_CUTS {
+        return (0..=n).collect();
+    }
+    let total = ch.compute(0, n).max(f64::MIN_POSITIVE);
+    let mut cuts = vec![0usize];
+    let mut p = 0usize;
+    for k in 1..MAX_CUTS {
+        let target = total * k as f64 / MAX_CUTS as f64;
+        while p < n && ch.compute(0, p) < target {
+            p += 1;
+        }
+        if p > *cuts.last().unwrap_or(&0) && p < n {
+            cuts.push(p);
+        }
+    }
+    cuts.push(n);
+    cuts
+}
+
+/// The memoised search; returns the best complete feasible state and the number of states.
+fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
+    let ndev = ctx.cluster.len();
+    let all: u128 = if ndev == 128 {
+        u128::MAX
+    } else {
+        (1u128 << ndev) - 1
+    };
+    let k = ctx.cuts.len() - 1;
+    let n = ctx.whole.len();
+    // states[c]: cut index c -> used mask -> best state.
+    let mut states: Vec<HashMap<u128, State>> = vec![HashMap::new(); k + 1];
+    // Base state: one stage on every device (pure data parallelism).
+    {
+        let last = ctx.compute_stage(0, n, all);
+        let (l, _) = latency(&[last], ctx.m);
+        let ok = ctx.fits(
+            &PlannedStage {
+                start: 0,
+                end: n,
+                mask: all,
+            },
+            0,
+            1,
+        );
+        states[0].insert(
+            0,
+            State {
+                stages: Vec::new(),
+                lat: Vec::new(),
+                latency: l,
+                complete_ok: ok,
+            },
+        );
+    }
+    let mut best: Option<State> = None;
+    let mut count = 0usize;
+    for c in 0..k {
+        let mut here: Vec<(u128, State)> = states[c].drain().collect();
+        here.sort_by_key(|(mask, _)| *mask);
+        count += here.len();
+        for (used, st) in here {
+            if st.complete_ok && best.as_ref().is_none_or(|b| st.latency < b.latency) {
+                best = Some(st.clone());
+            }
+            let free = all & !used;
+            let nfree = free.count_ones() as usize;
+            if nfree < 2 {
+                continue;
+            }
+            let i = ctx.cuts[c];
+            let nstages = st.stages.len() + 2;
+            // Earlier stages' feasibility depends only on the new stage count.
+            if !st
+                .stages
+                .iter()
+                .enumerate()
+                .all(|(x, s)| ctx.fits(s, x, nstages))
+            {
+                continue;
+            }
+            let mut lat = st.lat.clone();
+            let base_len = lat.len();
+            for mnew in 1..nfree {
+                let mut placed: Vec<u128> = Vec::with_capacity(3);
+                for pol in Policy::ALL {
+                    if let Some(gm) = place(ctx.cluster, free, mnew, pol) {
+                        if !placed.contains(&gm) {
+                            placed.push(gm);
+                        }
+                    }
+                }
+                for gm in placed {
+                    let rest = free & !gm;
+                    let into = st.stages.last().map(|prev| ctx.comm_stage(i, prev.mask, gm));
+                    for c2 in c + 1..k {
+                        let j = ctx.cuts[c2];
+                        let new_stage = PlannedStage {
+                            start: i,
+                            end: j,
+                            mask: gm,
+                        };
+                        if !ctx.fits(&new_stage, nstages - 2, nstages) {
+                            continue;
+                        }
+                        lat.truncate(base_len);
+                        if let Some(x) = into {
+                            lat.push(x);
+                        }
+                        lat.push(ctx.compute_stage(i, j, gm));
+                        let plen = lat.len();
+                        lat.push(ctx.comm_stage(j, gm, rest));
+                        lat.push(ctx.compute_stage(j, n, rest));
+                        let (l, _) = latency(&lat, ctx.m);
+                        let key = used | gm;
+                        let better = states[c2].get(&key).is_none_or(|old| l < old.latency);
+                        if better {
+                            let last_ok = ctx.fits(
+                                &PlannedStage {
+                                    start: j,
+                                    end: n,
+                                    mask: rest,
+                                },
+                                nstages - 1,
+                                nstages,
+                            );
+                            let mut stages = st.stages.clone();
+                            stages.push(new_stage);
+                            states[c2].insert(
+                                key,
+                                State {
+                                    stages,
+                                    lat: lat[..plen].to_vec(),
+                                    latency: l,
+                                    complete_ok: last_ok,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    best.map(|b| (b, count))
+}
+
+/// The default micro-batch (see the module doc).
+pub fn default_micro_batch(g: &CostGraph, opts: &PlanOptions) -> Result<u64> {
+    if opts.micro_batch.is_some() {
+        return opts.micro_batch_or(1);
+    }
+    let b = opts.batch.max(1);
+    let r = g.reference_batch.round() as u64;
+    if r >= 1 && r < b && b.is_multiple_of(r) {
+        return Ok(r);
+    }
+    opts.micro_batch_or(8)
+}
+
+impl Planner for Dapple {
+    fn name(&self) -> &'static str {
+        "dapple"
+    }
+
+    fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
+        let t0 = Instant::now();
+        let mb = default_micro_batch(g, opts)?;
+        let s = search(g, cluster, opts, mb)?;
+        let order = g.topo_order();
+        let specs: Vec<StageSpec> = s
+            .stages
+            .iter()
+            .map(|(i, j, devs)| StageSpec {
+                nodes: order[*i..*j].to_vec(),
+                devices: devs.clone(),
+            })
+            .collect();
+        let search_time = t0.elapsed().as_secs_f64();
+        let kinds: Vec<ScheduleKind> = match opts.schedule {
+            Some(k) => vec![k],
+            None => vec![ScheduleKind::DappleA, ScheduleKind::DappleB],
+        };
+        let mut best: Option<Plan> = None;
+        for k in kinds {
+            let p = Plan::assemble(
+                self.name(),
+                g,
+                cluster,
+                opts,
+                specs.clone(),
+                mb,
+                k,
+                s.latency,
+                search_time,
+            )?;
+            let better = match &best {
+                None => true,
+                Some(b) => {
+                    (b.out_of_memory && !p.out_of_memory)
+                        || (b.out_of_memory == p.out_of_memory
+                            && p.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
+                }
+            };
+            if better {
+                best = Some(p);
+            }
+        }
+        best.ok_or_else(|| Error::msg("dapple: no schedule"))
+    }
+}

@@ -55,9 +55,9 @@
 //! Objective: `L` of Eq. 2 for the chosen plan.
 
 use super::Planner;
-use crate::cost::comm::{allreduce_time, redistribute_time};
+use crate::cost::comm::allreduce_time;
 use crate::cost::memory::stage_memory;
-use crate::cost::{Chain, Cluster, CostGraph};
+use crate::cost::{AllReduceAlgo, Chain, Cluster, CostGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
@@ -288,29 +288,89 @@ struct Ctx<'a> {
     cuts: Vec<usize>,
     m: usize,
     mem_check: bool,
-    ar_cache: HashMap<(u128, u64), f64>,
-    dev_cache: HashMap<u128, std::rc::Rc<Vec<usize>>>,
+    ar_cache: HashMap<u128, (Affine, Affine)>,
+    comm_cache: HashMap<(u128, u128), std::rc::Rc<CommCost>>,
+}
+
+/// `t(bytes) = c + s·bytes` for `bytes > 0`, 0 otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+struct Affine {
+    c: f64,
+    s: f64,
+}
+
+impl Affine {
+    fn at(self, bytes: f64) -> f64 {
+        if bytes > 0.0 {
+            self.c + self.s * bytes
+        } else {
+            0.0
+        }
+    }
+    /// Fit an affine cost from two evaluations (the α-β costs are affine in the bytes).
+    fn fit(f: impl Fn(f64) -> f64) -> Affine {
+        let (x1, x2) = (1e6, 2e6);
+        let (y1, y2) = (f(x1), f(x2));
+        let s = (y2 - y1) / (x2 - x1);
+        Affine { c: y1 - s * x1, s }
+    }
+}
+
+/// Communication stage cost between two device sets: the max over the devices' affine costs
+/// (each device sends or receives its split/concat pieces one after another).
+#[derive(Clone, Debug)]
+struct CommCost(Vec<Affine>);
+
+impl CommCost {
+    fn at(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
+        self.0.iter().map(|a| a.at(bytes)).fold(0.0, f64::max)
+    }
 }
 
 impl Ctx<'_> {
+    /// All-reduce cost of the device set `mask` (ring and hierarchical lines, per `--allreduce`).
     fn ar(&mut self, mask: u128, bytes: f64) -> f64 {
         if mask.count_ones() <= 1 || bytes <= 0.0 {
             return 0.0;
         }
-        let key = (mask, bytes.to_bits());
-        if let Some(&t) = self.ar_cache.get(&key) {
-            return t;
-        }
-        let t = allreduce_time(self.cluster, &devices_of(mask), bytes, self.opts.allreduce);
-        self.ar_cache.insert(key, t);
-        t
+        let lines = self.ar_lines(mask);
+        self.ar_at(lines, bytes)
     }
 
-    fn devs(&mut self, mask: u128) -> std::rc::Rc<Vec<usize>> {
-        self.dev_cache
-            .entry(mask)
-            .or_insert_with(|| std::rc::Rc::new(devices_of(mask)))
-            .clone()
+    fn ar_at(&self, (ring, hier): (Affine, Affine), bytes: f64) -> f64 {
+        match self.opts.allreduce {
+            AllReduceAlgo::Ring => ring.at(bytes),
+            AllReduceAlgo::Hierarchical => hier.at(bytes),
+            AllReduceAlgo::Auto => ring.at(bytes).min(hier.at(bytes)),
+        }
+    }
+
+    /// The ring and hierarchical all-reduce lines of the device set `mask` (zero for one device).
+    fn ar_lines(&mut self, mask: u128) -> (Affine, Affine) {
+        if mask.count_ones() <= 1 {
+            return (Affine::default(), Affine::default());
+        }
+        let cluster = self.cluster;
+        *self.ar_cache.entry(mask).or_insert_with(|| {
+            let devs = devices_of(mask);
+            (
+                Affine::fit(|b| allreduce_time(cluster, &devs, b, AllReduceAlgo::Ring)),
+                Affine::fit(|b| allreduce_time(cluster, &devs, b, AllReduceAlgo::Hierarchical)),
+            )
+        })
+    }
+
+    /// [`Ctx::compute_stage`] with the all-reduce lines already looked up.
+    fn compute_stage_with(&self, i: usize, j: usize, r: usize, lines: (Affine, Affine)) -> LatStage {
+        let ch = &self.chains[r];
+        LatStage {
+            f: ch.fwd[j] - ch.fwd[i],
+            b: ch.bwd[j] - ch.bwd[i],
+            ar: self.ar_at(lines, ch.parameter_bytes(i, j)),
+        }
     }
 
     fn compute_stage(&mut self, i: usize, j: usize, mask: u128) -> LatStage {
@@ -325,11 +385,31 @@ impl Ctx<'_> {
         }
     }
 
+    /// The cost of moving one tensor from stage devices `a` to `b` ([`crate::cost::comm::redistribute_time`]).
+    fn comm_cost(&mut self, a: u128, b: u128) -> std::rc::Rc<CommCost> {
+        let cluster = self.cluster;
+        self.comm_cache
+            .entry((a, b))
+            .or_insert_with(|| {
+                let (da, db) = (devices_of(a), devices_of(b));
+                let mut per_dev: Vec<Affine> = vec![Affine::default(); da.len() + db.len()];
+                for (i, j, frac) in crate::cost::comm::redistribute(da.len(), db.len(), 1.0) {
+                    let lat = cluster.path(da[i], db[j]).map_or((f64::INFINITY, 0.0), |p| p);
+                    let (bw, alpha) = lat;
+                    for k in [i, da.len() + j] {
+                        if bw.is_finite() {
+                            per_dev[k].c += alpha;
+                            per_dev[k].s += frac / bw;
+                        }
+                    }
+                }
+                std::rc::Rc::new(CommCost(per_dev))
+            })
+            .clone()
+    }
+
     fn comm_stage(&mut self, at: usize, a: u128, b: u128) -> LatStage {
-        let bytes = self.whole.cut[at];
-        let da = self.devs(a);
-        let db = self.devs(b);
-        let t = redistribute_time(self.cluster, &da, &db, bytes);
+        let t = self.comm_cost(a, b).at(self.whole.cut[at]);
         LatStage { f: t, b: t, ar: 0.0 }
     }
 
@@ -387,7 +467,7 @@ pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> 
         m,
         mem_check: true,
         ar_cache: HashMap::new(),
-        dev_cache: HashMap::new(),
+        comm_cache: HashMap::new(),
     };
     let mut best = run_search(&mut ctx);
     let mut fits = true;
@@ -527,6 +607,9 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
                 for gm in placed {
                     let rest = free & !gm;
                     let into = st.stages.last().map(|prev| ctx.comm_stage(i, prev.mask, gm));
+                    let out = ctx.comm_cost(gm, rest);
+                    let (r_new, l_new) = (gm.count_ones() as usize, ctx.ar_lines(gm));
+                    let (r_rest, l_rest) = (rest.count_ones() as usize, ctx.ar_lines(rest));
                     for c2 in c + 1..k {
                         let j = ctx.cuts[c2];
                         let new_stage = PlannedStage {
@@ -541,10 +624,11 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
                         if let Some(x) = into {
                             lat.push(x);
                         }
-                        lat.push(ctx.compute_stage(i, j, gm));
+                        lat.push(ctx.compute_stage_with(i, j, r_new, l_new));
                         let plen = lat.len();
-                        lat.push(ctx.comm_stage(j, gm, rest));
-                        lat.push(ctx.compute_stage(j, n, rest));
+                        let t = out.at(ctx.whole.cut[j]);
+                        lat.push(LatStage { f: t, b: t, ar: 0.0 });
+                        lat.push(ctx.compute_stage_with(j, n, r_rest, l_rest));
                         let (l, _) = latency(&lat, ctx.m);
                         let key = used | gm;
                         let better = states[c2].get(&key).is_none_or(|old| l < old.latency);

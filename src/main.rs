@@ -23,6 +23,7 @@ enum Command {
     Inspect(cli::inspect::InspectArgs),
     Opt(cli::opt::OptArgs),
     Plan(cli::plan::PlanArgs),
+    Compare(cli::compare::CompareArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +32,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Opt(a) => cli::opt::run(a),
         Command::Plan(a) => cli::plan::run(a),
+        Command::Compare(a) => cli::compare::run(a),
     };
     match result {
         Ok(code) => code,

@@ -182,6 +182,7 @@ fn inter_layer(ch: &Chains, k: usize, allowed: &[bool], ideal: f64) -> Vec<usize
                 // Take the closer of p and the previous cut.
                 if let Some(&q) = ci.checked_sub(2).and_then(|x| cuts.get(x)) {
                     if q > start
+                        && ch.chains[s].compute(start, q) > 0.0
                         && (ideal - ch.chains[s].compute(start, q))
                             < (ch.chains[s].compute(start, p) - ideal)
                     {

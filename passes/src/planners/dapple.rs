@@ -509,6 +509,42 @@ pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> 
     })
 }
 
+/// Eq. 2 for a given plan: `stages` as `(start, end, devices)` over the topological order, at
+/// micro-batch `mb`. Returns `L` and the pivot (over compute and communication stages).
+pub fn evaluate(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    mb: u64,
+    stages: &[(usize, usize, Vec<usize>)],
+) -> (f64, usize) {
+    let kind = cluster.kind_of(0);
+    let m = (opts.batch.max(1) / mb.max(1)).max(1) as usize;
+    let whole = g.chain(mb as f64, kind);
+    let mut lat = Vec::new();
+    for (x, (i, j, devs)) in stages.iter().enumerate() {
+        let r = devs.len().max(1);
+        let ch = g.chain(mb as f64 / r as f64, kind);
+        if x > 0 {
+            let prev = &stages[x - 1].2;
+            let t = crate::cost::comm::redistribute_time(cluster, prev, devs, whole.cut[*i]);
+            lat.push(LatStage { f: t, b: t, ar: 0.0 });
+        }
+        let p = ch.parameter_bytes(*i, *j);
+        let ar = if devs.len() > 1 {
+            allreduce_time(cluster, devs, p, opts.allreduce)
+        } else {
+            0.0
+        };
+        lat.push(LatStage {
+            f: ch.fwd[*j] - ch.fwd[*i],
+            b: ch.bwd[*j] - ch.bwd[*i],
+            ar,
+        });
+    }
+    latency(&lat, m)
+}
+
 /// Cut positions `0 = c_0 < c_1 < ... < c_k = n`: every position when `n ≤ MAX_CUTS`, else the
 /// compute quantiles.
 fn candidate_cuts(ch: &Chain) -> Vec<usize> {

@@ -62,7 +62,13 @@ fn compare_json_is_a_list_of_plans() {
     let list = v.as_array().expect("a list");
     assert!(list.len() >= 4, "{v}");
     for p in list {
-        for f in ["planner", "stages", "iteration_time_s", "search_time_s", "objective_s"] {
+        for f in [
+            "planner",
+            "stages",
+            "iteration_time_s",
+            "search_time_s",
+            "objective_s",
+        ] {
             assert!(p.get(f).is_some(), "missing {f}");
         }
     }

@@ -88,8 +88,14 @@ fn balanced_beats_even_split_on_heterogeneous_chain() {
     let g = counted_chain(40, 10.0, 1e5, 1e6);
     let c = hetero();
     let opts = PlanOptions::new(64);
-    let ba = by_name("bapipe").expect("bapipe").plan(&g, &c, &opts).expect("plan");
-    let st = by_name("straight").expect("straight").plan(&g, &c, &opts).expect("plan");
+    let ba = by_name("bapipe")
+        .expect("bapipe")
+        .plan(&g, &c, &opts)
+        .expect("plan");
+    let st = by_name("straight")
+        .expect("straight")
+        .plan(&g, &c, &opts)
+        .expect("plan");
     ba.verify(&g, &c).expect("verifies");
     assert!(
         ba.iteration_time_s < 0.95 * st.iteration_time_s,
@@ -153,7 +159,10 @@ fn sno_so_choice_flips_with_bandwidth() {
     let opts = PlanOptions::new(256);
     let pick = |bw: &str| {
         let c = Cluster::resolve(&format!("4@{bw}"), None).expect("cluster");
-        let p = by_name("bapipe").expect("bapipe").plan(&g, &c, &opts).expect("plan");
+        let p = by_name("bapipe")
+            .expect("bapipe")
+            .plan(&g, &c, &opts)
+            .expect("plan");
         p.verify(&g, &c).expect("verifies");
         p.schedule
     };

@@ -153,7 +153,10 @@ fn memory_forces_a_pipeline() {
     // 10 GB of parameters: DP (16 GB V100s, SGD: weights + gradients = 20 GB) cannot fit.
     let layers = vec![(1.0, 2.0, 1e6, 1e9); 10];
     let g = chain(&layers);
-    let c = Cluster::preset("dapple-a").expect("preset").take(8).expect("8");
+    let c = Cluster::preset("dapple-a")
+        .expect("preset")
+        .take(8)
+        .expect("8");
     let opts = PlanOptions::new(256);
     let plan = by_name("dapple")
         .expect("dapple")
@@ -183,7 +186,14 @@ fn plans_on_the_dapple_profiles_verify() {
             assert!(!plan.out_of_memory, "{name} {preset}");
             assert!(["dapple-a", "dapple-b"].contains(&plan.schedule.as_str()));
             // The plan is no worse than DP under the planner's own objective.
-            let dp = dapple::evaluate(&g, &c, &opts, plan.micro_batch, &[(0, g.len(), (0..16).collect())]).0;
+            let dp = dapple::evaluate(
+                &g,
+                &c,
+                &opts,
+                plan.micro_batch,
+                &[(0, g.len(), (0..16).collect())],
+            )
+            .0;
             assert!(plan.objective_s <= dp * (1.0 + 1e-9), "{name} {preset}");
         }
     }

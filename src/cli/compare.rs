@@ -87,7 +87,11 @@ fn table(rows: &[Row]) -> String {
                     speedup,
                     p.peak_memory_bytes as f64 / 1e9,
                     p.search_time_s * 1e3,
-                    if p.out_of_memory { "  (out of memory)" } else { "" }
+                    if p.out_of_memory {
+                        "  (out of memory)"
+                    } else {
+                        ""
+                    }
                 ));
             }
             Err(e) => s.push_str(&format!("{:<10} error: {e}\n", r.name)),

@@ -273,16 +273,18 @@ fn one(n: &Node, out: &TensorType) -> Option<Vec<Dim>> {
         // Integer Mod: the sign follows the divisor (Python's `%`), or the dividend with `fmod=1`.
         "Mod" => {
             let fmod = n.int_attr("fmod", 0).unwrap_or(0) != 0;
-            zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| match (a, b) {
-                (Dim::Known(x), Dim::Known(y)) => {
-                    let r = x.checked_rem(*y)?;
-                    Some(Dim::Known(if !fmod && r != 0 && (r < 0) != (*y < 0) {
-                        r + y
-                    } else {
-                        r
-                    }))
+            zip(&operand(n, 0, out)?, &operand(n, 1, out)?, |a, b| {
+                match (a, b) {
+                    (Dim::Known(x), Dim::Known(y)) => {
+                        let r = x.checked_rem(*y)?;
+                        Some(Dim::Known(if !fmod && r != 0 && (r < 0) != (*y < 0) {
+                            r + y
+                        } else {
+                            r
+                        }))
+                    }
+                    _ => None,
                 }
-                _ => None,
             })
         }
         "Neg" => n.value(0)?.iter().map(neg).collect(),

@@ -269,11 +269,7 @@ pub fn balance(g: &CostGraph, ch: &Chains, k: usize) -> Balance {
     let mut threshold = None;
     if comp.iter().zip(&comm).any(|(c, m)| m > c) {
         // Coarse network: cut only where the crossing activation is below a_th = T·β.
-        let bw = ch
-            .links
-            .iter()
-            .map(|l| l.0)
-            .fold(f64::INFINITY, f64::min);
+        let bw = ch.links.iter().map(|l| l.0).fold(f64::INFINITY, f64::min);
         let a_th = ideal * bw;
         let allowed: Vec<bool> = (0..=n)
             .map(|p| p == 0 || p == n || ch.chains[0].cut[p] <= a_th)
@@ -442,7 +438,11 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
         let ch = Chains::new(g, cluster, k, mb as f64);
         let bal = balance(g, &ch, k);
         for &kind in &kinds {
-            let factor = if kind == ScheduleKind::OneFOneBSo { 2 } else { 1 };
+            let factor = if kind == ScheduleKind::OneFOneBSo {
+                2
+            } else {
+                1
+            };
             let Some(bounds) = fit_memory(cluster, &ch, &bal.bounds, factor, m, opts) else {
                 continue;
             };

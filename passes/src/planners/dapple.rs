@@ -364,7 +364,13 @@ impl Ctx<'_> {
     }
 
     /// [`Ctx::compute_stage`] with the all-reduce lines already looked up.
-    fn compute_stage_with(&self, i: usize, j: usize, r: usize, lines: (Affine, Affine)) -> LatStage {
+    fn compute_stage_with(
+        &self,
+        i: usize,
+        j: usize,
+        r: usize,
+        lines: (Affine, Affine),
+    ) -> LatStage {
         let ch = &self.chains[r];
         LatStage {
             f: ch.fwd[j] - ch.fwd[i],
@@ -394,7 +400,9 @@ impl Ctx<'_> {
                 let (da, db) = (devices_of(a), devices_of(b));
                 let mut per_dev: Vec<Affine> = vec![Affine::default(); da.len() + db.len()];
                 for (i, j, frac) in crate::cost::comm::redistribute(da.len(), db.len(), 1.0) {
-                    let lat = cluster.path(da[i], db[j]).map_or((f64::INFINITY, 0.0), |p| p);
+                    let lat = cluster
+                        .path(da[i], db[j])
+                        .map_or((f64::INFINITY, 0.0), |p| p);
                     let (bw, alpha) = lat;
                     for k in [i, da.len() + j] {
                         if bw.is_finite() {
@@ -410,7 +418,11 @@ impl Ctx<'_> {
 
     fn comm_stage(&mut self, at: usize, a: u128, b: u128) -> LatStage {
         let t = self.comm_cost(a, b).at(self.whole.cut[at]);
-        LatStage { f: t, b: t, ar: 0.0 }
+        LatStage {
+            f: t,
+            b: t,
+            ar: 0.0,
+        }
     }
 
     /// Memory check of stage `idx` of `n` compute stages (policy-A warm-up).
@@ -528,7 +540,11 @@ pub fn evaluate(
         if x > 0 {
             let prev = &stages[x - 1].2;
             let t = crate::cost::comm::redistribute_time(cluster, prev, devs, whole.cut[*i]);
-            lat.push(LatStage { f: t, b: t, ar: 0.0 });
+            lat.push(LatStage {
+                f: t,
+                b: t,
+                ar: 0.0,
+            });
         }
         let p = ch.parameter_bytes(*i, *j);
         let ar = if devs.len() > 1 {
@@ -642,7 +658,10 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
                 }
                 for gm in placed {
                     let rest = free & !gm;
-                    let into = st.stages.last().map(|prev| ctx.comm_stage(i, prev.mask, gm));
+                    let into = st
+                        .stages
+                        .last()
+                        .map(|prev| ctx.comm_stage(i, prev.mask, gm));
                     let out = ctx.comm_cost(gm, rest);
                     let (r_new, l_new) = (gm.count_ones() as usize, ctx.ar_lines(gm));
                     let (r_rest, l_rest) = (rest.count_ones() as usize, ctx.ar_lines(rest));
@@ -663,7 +682,11 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
                         lat.push(ctx.compute_stage_with(i, j, r_new, l_new));
                         let plen = lat.len();
                         let t = out.at(ctx.whole.cut[j]);
-                        lat.push(LatStage { f: t, b: t, ar: 0.0 });
+                        lat.push(LatStage {
+                            f: t,
+                            b: t,
+                            ar: 0.0,
+                        });
                         lat.push(ctx.compute_stage_with(j, n, r_rest, l_rest));
                         let (l, _) = latency(&lat, ctx.m);
                         let key = used | gm;

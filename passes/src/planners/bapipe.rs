@@ -233,10 +233,10 @@ fn inter_layer(ch: &Chains, k: usize, allowed: &[bool], ideal: f64) -> Vec<usize
             let mut nb = bounds.clone();
             nb[bi] = np;
             let kk = key(&nb);
-            if kk.0 < cur.0 * (1.0 - 1e-12) || (kk.0 <= cur.0 && kk.1 < cur.1 * (1.0 - 1e-12)) {
-                if best.as_ref().is_none_or(|(_, b)| kk < *b) {
-                    best = Some((nb, kk));
-                }
+            let improves =
+                kk.0 < cur.0 * (1.0 - 1e-12) || (kk.0 <= cur.0 && kk.1 < cur.1 * (1.0 - 1e-12));
+            if improves && best.as_ref().is_none_or(|(_, b)| kk < *b) {
+                best = Some((nb, kk));
             }
         }
         match best {

@@ -665,6 +665,7 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
                     let out = ctx.comm_cost(gm, rest);
                     let (r_new, l_new) = (gm.count_ones() as usize, ctx.ar_lines(gm));
                     let (r_rest, l_rest) = (rest.count_ones() as usize, ctx.ar_lines(rest));
+                    #[allow(clippy::needless_range_loop)] // c2 indexes cuts and states
                     for c2 in c + 1..k {
                         let j = ctx.cuts[c2];
                         let new_stage = PlannedStage {

@@ -450,6 +450,12 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
             let sg = StageGraph::from_specs(g, cluster, &specs, mb as f64, opts.optimizer);
             let sched = sim::schedule::generate(&sg, kind, m);
             let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+            // The simulated peak has the last word on memory.
+            if (0..bounds.len() - 1)
+                .any(|d| res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64)
+            {
+                continue;
+            }
             let (comp, _) = ch.times(&bounds);
             let fb = comp.iter().copied().fold(0.0, f64::max);
             let sr = (0..bounds.len().saturating_sub(2))

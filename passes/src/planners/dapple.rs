@@ -43,9 +43,17 @@
 //! If no plan fits, the search is repeated without the memory check (the plan then reports
 //! `out_of_memory`).
 //!
+//! # Re-ranking by simulation (a pipec addition)
+//! Eq. 2 ignores the bubbles inside the pivot stage and so flatters deep pipelines. The search
+//! keeps the [`TOP`] best complete plans by `L`; the planner simulates each (with both warm-up
+//! policies), together with pure data parallelism, and emits the fastest in simulation. [`Dapple`]`{ rerank: 1 }` is the paper's
+//! planner alone (least `L`). `objective_s` is always Eq. 2 of the emitted plan.
+//!
 //! # Micro-batch and schedule
 //! Default micro-batch: the cost graph's reference (profile) batch when it divides the batch,
-//! else the largest giving `M ≥ 8`. Schedule: DAPPLE early backward with warm-up policy A
+//! else the largest giving `M ≥ 8`; for counted (ONNX) work, whose small micro-batches pay the
+//! fixed weight traffic each time, the search also runs at `M = 1, 2, 4, ..., 64`
+//! ([`micro_batch_candidates`]). Schedule: DAPPLE early backward with warm-up policy A
 //! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), whichever the simulator finds faster
 //! with the peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
 //!
@@ -67,8 +75,11 @@ use std::time::Instant;
 /// Most cut positions the search considers (see the module doc).
 pub const MAX_CUTS: usize = 96;
 
-/// The `dapple` planner.
-pub struct Dapple;
+/// The `dapple` planner. `rerank`: how many of the best plans by Eq. 2 the simulator re-ranks
+/// (1 = the paper's planner alone: the plan with the least `L`).
+pub struct Dapple {
+    pub rerank: usize,
+}
 
 /// One stage of the latency model: compute (with its all-reduce) or communication (`ar = 0`).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -276,7 +287,12 @@ pub struct Search {
     pub states: usize,
     /// Whether the plan passed the memory check.
     pub fits: bool,
+    /// The best complete plans by Eq. 2 (at most [`TOP`]), best first: `(stages, L)`.
+    pub candidates: Vec<(Vec<(usize, usize, Vec<usize>)>, f64)>,
 }
+
+/// How many of the best complete plans the search keeps (for re-ranking by simulation).
+pub const TOP: usize = 8;
 
 struct Ctx<'a> {
     cluster: &'a Cluster,
@@ -481,43 +497,56 @@ pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> 
         ar_cache: HashMap::new(),
         comm_cache: HashMap::new(),
     };
-    let mut best = run_search(&mut ctx);
+    let mut found = run_search(&mut ctx);
     let mut fits = true;
-    if best.is_none() {
+    if found.0.is_empty() {
         ctx.mem_check = false;
         fits = false;
-        best = run_search(&mut ctx);
+        found = run_search(&mut ctx);
     }
-    let (st, states) = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
-    let mut stages: Vec<(usize, usize, Vec<usize>)> = st
-        .stages
-        .iter()
-        .map(|s| (s.start, s.end, devices_of(s.mask)))
-        .collect();
-    let used: u128 = st.stages.iter().fold(0, |a, s| a | s.mask);
+    let (top, states) = found;
     let all: u128 = if ndev == 128 {
         u128::MAX
     } else {
         (1u128 << ndev) - 1
     };
-    let last_start = st.stages.last().map_or(0, |s| s.end);
-    stages.push((last_start, n, devices_of(all & !used)));
-    // Re-evaluate Eq. 2 for the pivot of the full plan.
-    let mut lat = st.lat.clone();
-    let rest = all & !used;
-    if let Some(prev) = st.stages.last() {
-        lat.push(ctx.comm_stage(last_start, prev.mask, rest));
+    let mut candidates = Vec::with_capacity(top.len());
+    let mut pivot_of_best = 0;
+    for (x, st) in top.iter().enumerate() {
+        let mut stages: Vec<(usize, usize, Vec<usize>)> = st
+            .stages
+            .iter()
+            .map(|s| (s.start, s.end, devices_of(s.mask)))
+            .collect();
+        let used: u128 = st.stages.iter().fold(0, |a, s| a | s.mask);
+        let rest = all & !used;
+        let last_start = st.stages.last().map_or(0, |s| s.end);
+        stages.push((last_start, n, devices_of(rest)));
+        // Eq. 2 of the full plan (and its pivot).
+        let mut lat = st.lat.clone();
+        if let Some(prev) = st.stages.last() {
+            lat.push(ctx.comm_stage(last_start, prev.mask, rest));
+        }
+        lat.push(ctx.compute_stage(last_start, n, rest));
+        let (l, q) = latency(&lat, m);
+        if x == 0 {
+            pivot_of_best = q;
+        }
+        candidates.push((stages, l));
     }
-    lat.push(ctx.compute_stage(last_start, n, rest));
-    let (latency, q) = latency(&lat, m);
+    let (stages, latency) = candidates
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::msg("dapple: no plan found"))?;
     Ok(Search {
         stages,
         latency,
-        pivot: q,
+        pivot: pivot_of_best,
         micro_batch: mb,
         micro_batches: m as u64,
         states,
         fits,
+        candidates,
     })
 }
 
@@ -584,8 +613,9 @@ fn candidate_cuts(ch: &Chain) -> Vec<usize> {
     cuts
 }
 
-/// The memoised search; returns the best complete feasible state and the number of states.
-fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
+/// The memoised search; returns the best complete feasible states (at most [`TOP`], best first)
+/// and the number of states.
+fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
     let ndev = ctx.cluster.len();
     let all: u128 = if ndev == 128 {
         u128::MAX
@@ -619,15 +649,19 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
             },
         );
     }
-    let mut best: Option<State> = None;
+    let mut top: Vec<State> = Vec::with_capacity(TOP + 1);
     let mut count = 0usize;
     for c in 0..k {
         let mut here: Vec<(u128, State)> = states[c].drain().collect();
         here.sort_by_key(|(mask, _)| *mask);
         count += here.len();
         for (used, st) in here {
-            if st.complete_ok && best.as_ref().is_none_or(|b| st.latency < b.latency) {
-                best = Some(st.clone());
+            if st.complete_ok
+                && (top.len() < TOP || top.last().is_some_and(|b| st.latency < b.latency))
+            {
+                let at = top.partition_point(|b| b.latency <= st.latency);
+                top.insert(at, st.clone());
+                top.truncate(TOP);
             }
             let free = all & !used;
             let nfree = free.count_ones() as usize;
@@ -719,7 +753,7 @@ fn run_search(ctx: &mut Ctx) -> Option<(State, usize)> {
             }
         }
     }
-    best.map(|b| (b, count))
+    (top, count)
 }
 
 /// The default micro-batch (see the module doc).
@@ -735,6 +769,36 @@ pub fn default_micro_batch(g: &CostGraph, opts: &PlanOptions) -> Result<u64> {
     opts.micro_batch_or(8)
 }
 
+/// Micro-batches the planner tries: the requested one; for a measured profile (linear in the
+/// batch) the default; for counted work (fixed weight traffic per micro-batch makes small
+/// micro-batches slow) also the divisors giving `M = 1, 2, 4, ..., 64`.
+pub fn micro_batch_candidates(g: &CostGraph, opts: &PlanOptions) -> Result<Vec<u64>> {
+    let d = default_micro_batch(g, opts)?;
+    if opts.micro_batch.is_some()
+        || g.nodes
+            .iter()
+            .all(|n| matches!(n.work, crate::cost::Work::Measured { .. }))
+    {
+        return Ok(vec![d]);
+    }
+    let b = opts.batch.max(1);
+    let mut v: Vec<u64> = (0..=6)
+        .map(|e| 1u64 << e)
+        .filter(|&m| m <= b && b.is_multiple_of(m))
+        .map(|m| b / m)
+        .collect();
+    if !v.contains(&d) {
+        v.push(d);
+    }
+    Ok(v)
+}
+
+impl Default for Dapple {
+    fn default() -> Dapple {
+        Dapple { rerank: TOP }
+    }
+}
+
 impl Planner for Dapple {
     fn name(&self) -> &'static str {
         "dapple"
@@ -742,47 +806,57 @@ impl Planner for Dapple {
 
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
-        let mb = default_micro_batch(g, opts)?;
-        let s = search(g, cluster, opts, mb)?;
+        // Candidates (micro-batch, stages, L), best L first.
+        let mut pool: Vec<(u64, Vec<(usize, usize, Vec<usize>)>, f64)> = Vec::new();
+        for mb in micro_batch_candidates(g, opts)? {
+            let s = search(g, cluster, opts, mb)?;
+            for (st, l) in s.candidates {
+                pool.push((mb, st, l));
+            }
+        }
+        pool.sort_by(|a, b| a.2.total_cmp(&b.2));
+        pool.truncate(self.rerank.max(1));
+        if self.rerank > 1 {
+            // Pure data parallelism (the search's base state) is always re-ranked too.
+            let mb = default_micro_batch(g, opts)?;
+            let dp = vec![(0, g.len(), (0..cluster.len()).collect::<Vec<_>>())];
+            if !pool.iter().any(|p| p.1 == dp) {
+                let l = evaluate(g, cluster, opts, mb, &dp).0;
+                pool.push((mb, dp, l));
+            }
+        }
         let order = g.topo_order();
-        let specs: Vec<StageSpec> = s
-            .stages
-            .iter()
-            .map(|(i, j, devs)| StageSpec {
-                nodes: order[*i..*j].to_vec(),
-                devices: devs.clone(),
-            })
-            .collect();
-        let search_time = t0.elapsed().as_secs_f64();
         let kinds: Vec<ScheduleKind> = match opts.schedule {
             Some(k) => vec![k],
             None => vec![ScheduleKind::DappleA, ScheduleKind::DappleB],
         };
         let mut best: Option<Plan> = None;
-        for k in kinds {
-            let p = Plan::assemble(
-                self.name(),
-                g,
-                cluster,
-                opts,
-                specs.clone(),
-                mb,
-                k,
-                s.latency,
-                search_time,
-            )?;
-            let better = match &best {
-                None => true,
-                Some(b) => {
-                    (b.out_of_memory && !p.out_of_memory)
-                        || (b.out_of_memory == p.out_of_memory
-                            && p.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
+        for (mb, stages, l) in pool {
+            let specs: Vec<StageSpec> = stages
+                .iter()
+                .map(|(i, j, devs)| StageSpec {
+                    nodes: order[*i..*j].to_vec(),
+                    devices: devs.clone(),
+                })
+                .collect();
+            for &k in &kinds {
+                let p =
+                    Plan::assemble(self.name(), g, cluster, opts, specs.clone(), mb, k, l, 0.0)?;
+                let better = match &best {
+                    None => true,
+                    Some(b) => {
+                        (b.out_of_memory && !p.out_of_memory)
+                            || (b.out_of_memory == p.out_of_memory
+                                && p.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
+                    }
+                };
+                if better {
+                    best = Some(p);
                 }
-            };
-            if better {
-                best = Some(p);
             }
         }
-        best.ok_or_else(|| Error::msg("dapple: no schedule"))
+        let mut plan = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
+        plan.search_time_s = t0.elapsed().as_secs_f64();
+        Ok(plan)
     }
 }

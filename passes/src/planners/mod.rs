@@ -46,7 +46,7 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
     match name {
         "dp" => Ok(Box::new(dp::DataParallel)),
         "straight" => Ok(Box::new(straight::Straight)),
-        "dapple" => Ok(Box::new(dapple::Dapple)),
+        "dapple" => Ok(Box::new(dapple::Dapple::default())),
         "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
             "--planner {n}: not implemented yet (available: dapple, bapipe, dp, straight)"

@@ -9,8 +9,8 @@
 //!    network on device `n`, the balanced stage time is `T = 1 / Σ_n (1/T_n)` (Eq. 1) and device
 //!    `n`'s share of the network is `l_n/L = T/T_n`. Boundaries are first placed greedily on each
 //!    device's cumulative time (stage `n` takes layers until its time reaches `T`), then iterated:
-//!    a boundary of the slowest stage moves by one layer whenever that lowers `max_n t_n`, until
-//!    nothing improves ([`balance`]).
+//!    a boundary of the slowest stage moves (to any cut between its neighbouring boundaries)
+//!    whenever that lowers `max_n t_n`, until nothing improves ([`balance`]).
 //! 2. **Communication check.** A stage is communication-bound when its boundary traffic per
 //!    micro-batch (`cut_in/β_in + cut_out/β_out`, activations forward and the same bytes of
 //!    gradients backward) exceeds its compute. Then BaPipe makes a **coarse-grained network**:
@@ -199,7 +199,7 @@ fn inter_layer(ch: &Chains, k: usize, allowed: &[bool], ideal: f64) -> Vec<usize
         }
     }
     bounds.push(n);
-    // Boundary iteration: move a boundary of the slowest stage by one allowed cut while it helps.
+    // Boundary iteration: move a boundary of the slowest stage while it helps.
     let pos: Vec<usize> = std::iter::once(0)
         .chain(cuts.iter().copied())
         .chain(std::iter::once(n))
@@ -217,26 +217,24 @@ fn inter_layer(ch: &Chains, k: usize, allowed: &[bool], ideal: f64) -> Vec<usize
             .max_by(|&a, &b| t[a].total_cmp(&t[b]))
             .unwrap_or(0);
         let mut best: Option<(Vec<usize>, (f64, f64))> = None;
-        // Shrink the slowest stage from either side.
-        for (bi, dir) in [(slow, 1isize), (slow + 1, -1isize)] {
-            if bi == 0 || bi + 1 > bounds.len() - 1 {
+        // Move either boundary of the slowest stage to any allowed cut between its neighbours.
+        for bi in [slow, slow + 1] {
+            if bi == 0 || bi >= bounds.len() - 1 {
                 continue;
             }
-            let ix = idx_of(bounds[bi]) as isize + dir;
-            if ix <= 0 || ix as usize >= pos.len() - 1 {
-                continue;
-            }
-            let np = pos[ix as usize];
-            if np <= bounds[bi - 1] || np >= bounds[bi + 1] {
-                continue;
-            }
-            let mut nb = bounds.clone();
-            nb[bi] = np;
-            let kk = key(&nb);
-            let improves =
-                kk.0 < cur.0 * (1.0 - 1e-12) || (kk.0 <= cur.0 && kk.1 < cur.1 * (1.0 - 1e-12));
-            if improves && best.as_ref().is_none_or(|(_, b)| kk < *b) {
-                best = Some((nb, kk));
+            let (lo, hi) = (idx_of(bounds[bi - 1]) + 1, idx_of(bounds[bi + 1]));
+            for &np in &pos[lo.min(hi)..hi] {
+                if np == bounds[bi] {
+                    continue;
+                }
+                let mut nb = bounds.clone();
+                nb[bi] = np;
+                let kk = key(&nb);
+                let improves =
+                    kk.0 < cur.0 * (1.0 - 1e-12) || (kk.0 <= cur.0 && kk.1 < cur.1 * (1.0 - 1e-12));
+                if improves && best.as_ref().is_none_or(|(_, b)| kk < *b) {
+                    best = Some((nb, kk));
+                }
             }
         }
         match best {

@@ -198,3 +198,56 @@ fn plans_on_the_dapple_profiles_verify() {
         }
     }
 }
+
+#[test]
+fn early_backward_vs_gpipe_and_recomputation() {
+    use pipec_passes::cost::Optimizer;
+    use pipec_passes::plan::{Plan, StageSpec};
+    use pipec_passes::sim::{schedule, simulate, ScheduleKind, StageGraph};
+    // Table 6's setting in small: 2 stages of 8 uniform layers, one device each.
+    let g = chain(&vec![(3.3, 6.7, 4e6, 5e7); 16]);
+    let c = Cluster::preset("dapple-b")
+        .expect("preset")
+        .take(2)
+        .expect("2");
+    let specs = vec![
+        StageSpec {
+            nodes: (0..8).collect(),
+            devices: vec![0],
+        },
+        StageSpec {
+            nodes: (8..16).collect(),
+            devices: vec![1],
+        },
+    ];
+    let run = |kind, m: u64| {
+        let mut o = PlanOptions::new(32 * m);
+        o.optimizer = Optimizer::Adam;
+        Plan::assemble("t", &g, &c, &o, specs.clone(), 32, kind, 0.0, 0.0).expect("plan")
+    };
+    let avg = |p: &Plan| {
+        p.stages
+            .iter()
+            .map(|s| s.peak_memory_bytes as f64)
+            .sum::<f64>()
+            / 2.0
+    };
+    let gpipe = run(ScheduleKind::GPipe, 2);
+    let eb2 = run(ScheduleKind::DappleA, 2);
+    let eb16 = run(ScheduleKind::DappleA, 16);
+    // Same bubbles as GPipe at equal M; early backward's memory does not grow with M.
+    assert!((eb2.throughput_samples_per_s / gpipe.throughput_samples_per_s - 1.0).abs() < 0.02);
+    assert_eq!(eb2.peak_memory_bytes, eb16.peak_memory_bytes);
+    assert!(eb16.throughput_samples_per_s > 1.3 * gpipe.throughput_samples_per_s);
+    assert!(avg(&eb16) < avg(&gpipe));
+    // Re-computation: less memory, one more forward per backward.
+    let sg = StageGraph::from_specs(&g, &c, &specs, 32.0, Optimizer::Adam);
+    let rc = sg.with_recomputation();
+    let t = |sg: &StageGraph| {
+        let s = schedule::generate(sg, ScheduleKind::GPipe, 4);
+        let r = simulate(sg, &s, &c, Default::default()).expect("sim");
+        (r.iteration_time_s, r.devices[0].peak_memory_bytes)
+    };
+    let ((t0, m0), (t1, m1)) = (t(&sg), t(&rc));
+    assert!(t1 > t0 && m1 < m0, "{t0} {m0} / {t1} {m1}");
+}

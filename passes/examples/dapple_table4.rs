@@ -5,7 +5,7 @@
 use pipec_passes::cost::profile::load_profile;
 use pipec_passes::cost::{Cluster, CostGraph};
 use pipec_passes::plan::{Plan, PlanOptions, StageSpec};
-use pipec_passes::planners::{by_name, dapple};
+use pipec_passes::planners::{by_name, dapple, Planner};
 use pipec_passes::sim::ScheduleKind;
 use std::path::Path;
 
@@ -49,8 +49,8 @@ fn shape(st: &Stages) -> String {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../onnx-models/profiles");
-    println!("| model (GBS) | cluster | dapple plan | L (s) | sim (s) | search (s) | DP L / sim | 15:1 L / sim | 8:8 L / sim | straight L / sim |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| model (GBS) | cluster | dapple plan (re-ranked) | L (s) | sim (s) | search (s) | Eq. 2 only: plan, L / sim | DP L / sim | 15:1 L / sim | 8:8 L / sim | straight L / sim |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (file, pbs, gbs) in [
         ("vgg-19-pbs-32.txt", 32.0, 2048u64),
         ("gnmt-16-pbs-64.txt", 64.0, 1024),
@@ -66,6 +66,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for s in &plan.stages {
                 let i = s.nodes.first().and_then(|n| pos(n)).unwrap_or(0);
                 st.push((i, i + s.nodes.len(), s.devices.clone()));
+            }
+            let pure = dapple::Dapple { rerank: 1 }.plan(&g, &c, &o)?;
+            let mut pst: Stages = Vec::new();
+            for s in &pure.stages {
+                let i = s.nodes.first().and_then(|n| pos(n)).unwrap_or(0);
+                pst.push((i, i + s.nodes.len(), s.devices.clone()));
             }
             let n = g.len();
             let dp: Stages = vec![(0, n, (0..16).collect())];
@@ -85,13 +91,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 )
             };
             println!(
-                "| {} ({gbs}) | {preset} | {} {} | {:.3} | {:.3} | {:.2} | {} | {} {} | {} {} | {} |",
+                "| {} ({gbs}) | {preset} | {} {} | {:.3} | {:.3} | {:.2} | {} {:.3} / {:.3} | {} | {} {} | {} {} | {} |",
                 file.trim_end_matches(".txt"),
                 shape(&st),
                 plan.schedule,
                 plan.objective_s,
                 plan.iteration_time_s,
                 plan.search_time_s,
+                shape(&pst),
+                pure.objective_s,
+                pure.iteration_time_s,
                 cell(&dp),
                 cell(&s151),
                 shape(&s151).split(' ').nth(2).unwrap_or(""),

@@ -817,12 +817,14 @@ impl Planner for Dapple {
         pool.sort_by(|a, b| a.2.total_cmp(&b.2));
         pool.truncate(self.rerank.max(1));
         if self.rerank > 1 {
-            // Pure data parallelism (the search's base state) is always re-ranked too.
-            let mb = default_micro_batch(g, opts)?;
+            // Pure data parallelism (the search's base state) is always re-ranked too, at every
+            // micro-batch tried.
             let dp = vec![(0, g.len(), (0..cluster.len()).collect::<Vec<_>>())];
-            if !pool.iter().any(|p| p.1 == dp) {
-                let l = evaluate(g, cluster, opts, mb, &dp).0;
-                pool.push((mb, dp, l));
+            for mb in micro_batch_candidates(g, opts)? {
+                if !pool.iter().any(|p| p.0 == mb && p.1 == dp) {
+                    let l = evaluate(g, cluster, opts, mb, &dp).0;
+                    pool.push((mb, dp.clone(), l));
+                }
             }
         }
         let order = g.topo_order();

@@ -272,11 +272,14 @@ struct State {
     complete_ok: bool,
 }
 
+/// A plan as `(first position, end position, devices)` per stage over [`CostGraph::topo_order`].
+pub type StagePlan = Vec<(usize, usize, Vec<usize>)>;
+
 /// What the search found (for tests and the notes).
 #[derive(Clone, Debug)]
 pub struct Search {
     /// `(first node position, end position, devices)` per stage, over [`CostGraph::topo_order`].
-    pub stages: Vec<(usize, usize, Vec<usize>)>,
+    pub stages: StagePlan,
     /// Eq. 2 of the plan.
     pub latency: f64,
     /// Pivot stage among the latency-model stages (compute and communication, interleaved).
@@ -288,7 +291,7 @@ pub struct Search {
     /// Whether the plan passed the memory check.
     pub fits: bool,
     /// The best complete plans by Eq. 2 (at most [`TOP`]), best first: `(stages, L)`.
-    pub candidates: Vec<(Vec<(usize, usize, Vec<usize>)>, f64)>,
+    pub candidates: Vec<(StagePlan, f64)>,
 }
 
 /// How many of the best complete plans the search keeps (for re-ranking by simulation).
@@ -513,7 +516,7 @@ pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> 
     let mut candidates = Vec::with_capacity(top.len());
     let mut pivot_of_best = 0;
     for (x, st) in top.iter().enumerate() {
-        let mut stages: Vec<(usize, usize, Vec<usize>)> = st
+        let mut stages: StagePlan = st
             .stages
             .iter()
             .map(|s| (s.start, s.end, devices_of(s.mask)))
@@ -807,7 +810,7 @@ impl Planner for Dapple {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         // Candidates (micro-batch, stages, L), best L first.
-        let mut pool: Vec<(u64, Vec<(usize, usize, Vec<usize>)>, f64)> = Vec::new();
+        let mut pool: Vec<(u64, StagePlan, f64)> = Vec::new();
         for mb in micro_batch_candidates(g, opts)? {
             let s = search(g, cluster, opts, mb)?;
             for (st, l) in s.candidates {

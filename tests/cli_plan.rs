@@ -279,3 +279,38 @@ fn plan_onnx_models_with_the_analytic_model() {
         }
     }
 }
+
+/// The acceptance command of the PipeDream planner: `objective_s` equals PipeDream's own
+/// optimizer's "Time per stage in pipeline" (reference in
+/// `onnx-models/profiles/pipedream-reference/summary.txt`).
+#[test]
+fn plan_pipedream_matches_its_optimizer() {
+    for (model, cluster, want) in [
+        ("vgg16.txt", "8@1250000000", 0.09335713400000001),
+        (
+            "gnmt.txt",
+            "8@25000000000,2@3125000000",
+            0.009893226631111111,
+        ),
+    ] {
+        let o = pipec(&[
+            "plan",
+            &profile(model),
+            "--planner",
+            "pipedream",
+            "--cluster",
+            cluster,
+            "--profile-batch",
+            "64",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let got = v["objective_s"].as_f64().expect("objective_s");
+        assert!(
+            (got - want).abs() <= 1e-3 * want,
+            "{model}: {got} vs {want}"
+        );
+        assert_eq!(v["planner"], "pipedream");
+    }
+}

@@ -40,6 +40,7 @@
 //! Producers: [`profile::parse_profile`] (graph.txt) and [`analytic::from_module`] (ONNX IR).
 
 pub mod analytic;
+pub mod antichain;
 pub mod cluster;
 pub mod comm;
 pub mod memory;

@@ -2,13 +2,18 @@
 //!
 //! A planner decides the stages (which nodes, which devices), the micro-batch size and its
 //! schedule, and reports its own objective; [`Plan::assemble`] then runs the shared simulator so
-//! every planner's `iteration_time_s` is comparable. `straight` and `dp` are the trivial baselines.
+//! every planner's `iteration_time_s` is comparable. `straight` and `dp` are the trivial baselines;
+//! `pipedream` is PipeDream's hierarchical DP ([`pipedream`]).
 //!
 //! # Writing a planner
 //! 1. Read costs from the [`CostGraph`]: per node [`CostGraph::times`] (seconds at any batch on a
 //!    device kind), [`CostGraph::activation_bytes`], `nodes[n].parameter_bytes`; for chain
 //!    planners, [`CostGraph::chain`] gives O(1) range sums and the bytes crossing every cut of the
-//!    topological order; for DAG planners, [`CostGraph::group_cost`] sums any node set.
+//!    topological order; for DAG planners, [`CostGraph::group_cost`] sums any node set. Chain
+//!    planners that must cut a DAG correctly (skips, branches) take their cut candidates from
+//!    [`crate::cost::antichain::Linearization`] (PipeDream's antichain DAG, or a coarsened
+//!    topological chain for graphs too wide for it): states with nested down-sets, stage =
+//!    `D(j) \ D(k)` for an ancestor `k` of `j`, sums by [`crate::cost::antichain::Linearization::down_sums`].
 //! 2. Read the machine from the [`Cluster`]: `levels` (PipeDream's `-n/-b` hierarchy, innermost
 //!    first), [`Cluster::kind_of`], and the costs of [`crate::cost::comm`]: `p2p_time`,
 //!    `allreduce_time` (ring / hierarchical), `redistribute_time` (split/concat between replica
@@ -24,6 +29,7 @@
 pub mod bapipe;
 pub mod dapple;
 pub mod dp;
+pub mod pipedream;
 pub mod straight;
 
 use crate::cost::{Cluster, CostGraph};
@@ -46,10 +52,11 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
     match name {
         "dp" => Ok(Box::new(dp::DataParallel)),
         "straight" => Ok(Box::new(straight::Straight)),
+        "pipedream" => Ok(Box::new(pipedream::PipeDream::default())),
         "dapple" => Ok(Box::new(dapple::Dapple::default())),
         "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
-            "--planner {n}: not implemented yet (available: dapple, bapipe, dp, straight)"
+            "--planner {n}: not implemented yet (available: dapple, bapipe, dp, pipedream, straight)"
         ))),
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",

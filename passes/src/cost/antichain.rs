@@ -1,0 +1,469 @@
+//! Linearisation of a DAG model for the chain planners (PipeDream, DAPPLE, BaPipe).
+//!
+//! A pipeline stage boundary in a DAG is a *cut*: a down-set (every node before the cut, closed
+//! under predecessors) followed by the rest. PipeDream (Narayanan et al., SOSP'19, §3.1 and its
+//! `graph.antichain_dag()`) enumerates such cuts as **antichains**: a state is an antichain
+//! (the maximal nodes of a down-set), and a stage is the difference of two comparable states'
+//! down-sets, `D(j) \ D(i)`. Skips and branches then cross stage boundaries correctly, because
+//! every stage is convex and the stage graph follows the state order.
+//!
+//! [`Linearization`] is that set of states, in a topological order of the *state DAG*, with for
+//! every state its down-set (a node bitset) and its ancestor states, so a DP can consider every
+//! split `k → j` with `k` an ancestor of `j`. Two constructions:
+//! - [`Linearization::antichain_dag`]: PipeDream's construction, reproduced step for step
+//!   (augmented antichains, one-node advances, de-augmentation, BFS from the first source, then a
+//!   depth-first topological sort), so a planner on it sees exactly the states PipeDream's
+//!   optimizer sees. It can blow up on very wide graphs, so it takes a state budget.
+//! - [`Linearization::topo_chain`]: the prefixes of the graph's topological order, coarsened to at
+//!   most a given number of positions (a chain: state `k` is an ancestor of every later state).
+//!   Always small; used when the antichain DAG exceeds its budget (models with thousands of ops).
+//!
+//! [`Linearization::for_graph`] tries the first and falls back to the second.
+//!
+//! Nodes can be *excluded* (PipeDream drops `Input*` sources and `__getitem__` sinks before
+//! building the states); excluded nodes are in no down-set and the planner places them itself.
+
+use super::{CostGraph, NodeId};
+use std::collections::HashMap;
+
+/// A fixed-size bitset.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BitSet(Vec<u64>);
+
+impl BitSet {
+    /// An empty set over `0..n`.
+    pub fn new(n: usize) -> BitSet {
+        BitSet(vec![0; n.div_ceil(64)])
+    }
+    /// Insert `i`.
+    pub fn insert(&mut self, i: usize) {
+        self.0[i / 64] |= 1 << (i % 64);
+    }
+    /// Remove `i`.
+    pub fn remove(&mut self, i: usize) {
+        self.0[i / 64] &= !(1 << (i % 64));
+    }
+    /// Whether `i` is in the set.
+    pub fn contains(&self, i: usize) -> bool {
+        self.0[i / 64] >> (i % 64) & 1 == 1
+    }
+    /// In-place union.
+    pub fn union_with(&mut self, o: &BitSet) {
+        for (a, b) in self.0.iter_mut().zip(&o.0) {
+            *a |= b;
+        }
+    }
+    /// Whether the sets share an element.
+    pub fn intersects(&self, o: &BitSet) -> bool {
+        self.0.iter().zip(&o.0).any(|(a, b)| a & b != 0)
+    }
+    /// The elements, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &bits)| {
+            let mut b = bits;
+            std::iter::from_fn(move || {
+                if b == 0 {
+                    return None;
+                }
+                let t = b.trailing_zeros() as usize;
+                b &= b - 1;
+                Some(w * 64 + t)
+            })
+        })
+    }
+    /// Number of elements.
+    pub fn count(&self) -> usize {
+        self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+}
+
+/// One state: a cut of the graph.
+#[derive(Clone, Debug)]
+pub struct State {
+    /// The nodes that define the state (for the antichain DAG: PipeDream's *augmented* antichain,
+    /// the antichain plus the predecessors that still feed a node outside the down-set; for a
+    /// chain: the last node of the prefix).
+    pub antichain: Vec<NodeId>,
+    /// The down-set: every node at or before the cut.
+    pub down: BitSet,
+}
+
+/// Cut candidates of a DAG, in a topological order of the state DAG. See the module doc.
+#[derive(Clone, Debug)]
+pub struct Linearization {
+    /// States in topological order; the last one's down-set holds every included node.
+    pub states: Vec<State>,
+    /// `ancestors[j]`: the states from which `j` is reachable (strict), ascending.
+    ancestors: Vec<Vec<u32>>,
+    ancestor_bits: Vec<BitSet>,
+    /// Nodes in no state (see the module doc).
+    pub excluded: Vec<bool>,
+    /// True for the antichain DAG, false for the coarsened topological chain.
+    pub is_antichain_dag: bool,
+}
+
+/// Transitive predecessor and successor sets (strict) of the included nodes.
+fn closures(g: &CostGraph, excluded: &[bool]) -> (Vec<BitSet>, Vec<BitSet>) {
+    let n = g.len();
+    let mut pred = vec![BitSet::new(n); n];
+    for &u in g.topo_order() {
+        if excluded[u] {
+            continue;
+        }
+        let mut p = BitSet::new(n);
+        for v in g.preds(u).filter(|&v| !excluded[v]) {
+            p.insert(v);
+            p.union_with(&pred[v]);
+        }
+        pred[u] = p;
+    }
+    let mut succ = vec![BitSet::new(n); n];
+    for &u in g.topo_order().iter().rev() {
+        if excluded[u] {
+            continue;
+        }
+        let mut s = BitSet::new(n);
+        for v in g.succs(u).filter(|&v| !excluded[v]) {
+            s.insert(v);
+            s.union_with(&succ[v]);
+        }
+        succ[u] = s;
+    }
+    (pred, succ)
+}
+
+impl Linearization {
+    /// Number of states.
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    /// True when there is no state.
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+
+    /// The strict ancestors of state `j` in the state DAG, ascending.
+    pub fn ancestors(&self, j: usize) -> &[u32] {
+        &self.ancestors[j]
+    }
+
+    /// Whether state `k` is a strict ancestor of state `j`.
+    pub fn is_ancestor(&self, k: usize, j: usize) -> bool {
+        self.ancestor_bits[j].contains(k)
+    }
+
+    /// `out[j] = Σ_{n ∈ D(j)} f(n)` for every state: the down-set sums the DPs take differences of.
+    pub fn down_sums(&self, f: impl Fn(NodeId) -> f64) -> Vec<f64> {
+        self.states
+            .iter()
+            .map(|s| s.down.iter().map(&f).sum())
+            .collect()
+    }
+
+    /// `out[j] = Σ_{n ∈ antichain(j)} f(n)` (PipeDream's `output_activation_size` of a state).
+    pub fn antichain_sums(&self, f: impl Fn(NodeId) -> f64) -> Vec<f64> {
+        self.states
+            .iter()
+            .map(|s| s.antichain.iter().map(|&n| f(n)).sum())
+            .collect()
+    }
+
+    fn finish(
+        states: Vec<State>,
+        preds: Vec<Vec<usize>>,
+        excluded: Vec<bool>,
+        is_antichain_dag: bool,
+    ) -> Linearization {
+        let s = states.len();
+        let mut ancestor_bits: Vec<BitSet> = Vec::with_capacity(s);
+        for ps in &preds {
+            let mut b = BitSet::new(s);
+            for &p in ps {
+                b.insert(p);
+                b.union_with(&ancestor_bits[p]);
+            }
+            ancestor_bits.push(b);
+        }
+        let ancestors = ancestor_bits
+            .iter()
+            .map(|b| b.iter().map(|k| k as u32).collect())
+            .collect();
+        Linearization {
+            states,
+            ancestors,
+            ancestor_bits,
+            excluded,
+            is_antichain_dag,
+        }
+    }
+
+    /// PipeDream's antichain DAG of `g` without the `excluded` nodes, or `None` when it has more
+    /// than `max_states` states (or no node is included).
+    ///
+    /// Construction (PipeDream's `Graph.antichain_dag`): start from the antichain holding the
+    /// first source (lowest node index); *augment* an antichain `A` with every strict predecessor
+    /// `p` of some `a ∈ A` that has an out-edge to a node that is neither `a` nor a predecessor of
+    /// `a`; each next antichain replaces one augmented node `x` by an out-neighbour `y ∉ A` none
+    /// of whose successors is in the augmented set, then drops every node that has a successor in
+    /// the set. States are visited breadth-first and numbered by a depth-first topological sort.
+    pub fn antichain_dag(
+        g: &CostGraph,
+        excluded: &[bool],
+        max_states: usize,
+    ) -> Option<Linearization> {
+        let n = g.len();
+        let (pred, succ) = closures(g, excluded);
+        let first = (0..n).find(|&u| !excluded[u] && g.preds(u).all(|v| excluded[v]))?;
+        let out: Vec<Vec<NodeId>> = (0..n)
+            .map(|u| g.succs(u).filter(|&v| !excluded[v]).collect())
+            .collect();
+        let key = |a: &[NodeId]| {
+            let mut b = BitSet::new(n);
+            for &x in a {
+                b.insert(x);
+            }
+            b
+        };
+        let augment = |a: &[NodeId]| -> Vec<NodeId> {
+            let mut extra = BitSet::new(n);
+            for &x in a {
+                for p in pred[x].iter() {
+                    if out[p].iter().any(|&o| o != x && !pred[x].contains(o)) {
+                        extra.insert(p);
+                    }
+                }
+            }
+            let mut v: Vec<NodeId> = extra.iter().collect();
+            v.extend_from_slice(a);
+            v
+        };
+        let deaugment = |aug: &[NodeId]| -> Vec<NodeId> {
+            let mut set = BitSet::new(n);
+            for &x in aug {
+                set.insert(x);
+            }
+            let mut res: Vec<NodeId> = Vec::new();
+            for &x in aug {
+                if !succ[x].intersects(&set) && !res.contains(&x) {
+                    res.push(x);
+                }
+            }
+            res
+        };
+        // States in order of creation; `aug[s]` its augmented antichain.
+        let mut ids: HashMap<BitSet, usize> = HashMap::new();
+        let mut antichains: Vec<Vec<NodeId>> = vec![vec![first]];
+        let mut augs: Vec<Vec<NodeId>> = vec![augment(&[first])];
+        ids.insert(key(&[first]), 0);
+        let mut expanded = vec![false];
+        // Edges (from, to) in insertion order; node order of first appearance in an edge.
+        let mut edges: Vec<(usize, usize)> = Vec::new();
+        let mut queue = std::collections::VecDeque::from([0usize]);
+        while let Some(s) = queue.pop_front() {
+            if expanded[s] {
+                continue;
+            }
+            expanded[s] = true;
+            let a = antichains[s].clone();
+            let aug = augs[s].clone();
+            let mut aug_set = BitSet::new(n);
+            for &x in &aug {
+                aug_set.insert(x);
+            }
+            for &x in &aug {
+                for &y in &out[x] {
+                    if a.contains(&y) || succ[y].intersects(&aug_set) {
+                        continue;
+                    }
+                    let replaced: Vec<NodeId> =
+                        aug.iter().map(|&z| if z == x { y } else { z }).collect();
+                    let next = deaugment(&replaced);
+                    let k = key(&next);
+                    let t = match ids.get(&k) {
+                        Some(&t) => t,
+                        None => {
+                            let t = antichains.len();
+                            if t >= max_states {
+                                return None;
+                            }
+                            ids.insert(k, t);
+                            augs.push(augment(&next));
+                            antichains.push(next);
+                            expanded.push(false);
+                            t
+                        }
+                    };
+                    edges.push((s, t));
+                    queue.push_back(t);
+                }
+            }
+        }
+        let s_count = antichains.len();
+        // Node order of the DAG's node table: first appearance in `add_edge(from, to)`.
+        let mut order: Vec<usize> = Vec::with_capacity(s_count);
+        let mut seen = vec![false; s_count];
+        for &(a, b) in &edges {
+            for x in [a, b] {
+                if !std::mem::replace(&mut seen[x], true) {
+                    order.push(x);
+                }
+            }
+        }
+        if order.is_empty() {
+            order.push(0);
+        }
+        let mut adj = vec![Vec::new(); s_count];
+        for &(a, b) in &edges {
+            adj[a].push(b);
+        }
+        // Depth-first topological sort: reverse post-order, roots in table order.
+        let mut marked = vec![false; s_count];
+        let mut post: Vec<usize> = Vec::with_capacity(s_count);
+        for &root in &order {
+            if marked[root] {
+                continue;
+            }
+            marked[root] = true;
+            let mut stack: Vec<(usize, usize)> = vec![(root, 0)];
+            while let Some(top) = stack.last_mut() {
+                let (u, i) = *top;
+                if i < adj[u].len() {
+                    top.1 += 1;
+                    let v = adj[u][i];
+                    if !marked[v] {
+                        marked[v] = true;
+                        stack.push((v, 0));
+                    }
+                } else {
+                    post.push(u);
+                    stack.pop();
+                }
+            }
+        }
+        post.reverse();
+        let mut pos = vec![0usize; s_count];
+        for (i, &s) in post.iter().enumerate() {
+            pos[s] = i;
+        }
+        let mut preds = vec![Vec::new(); s_count];
+        for &(a, b) in &edges {
+            preds[pos[b]].push(pos[a]);
+        }
+        for p in &mut preds {
+            p.sort_unstable();
+            p.dedup();
+        }
+        let states = post
+            .iter()
+            .map(|&s| {
+                let mut down = BitSet::new(n);
+                for &x in &augs[s] {
+                    down.insert(x);
+                    down.union_with(&pred[x]);
+                }
+                State {
+                    antichain: augs[s].clone(),
+                    down,
+                }
+            })
+            .collect();
+        Some(Linearization::finish(
+            states,
+            preds,
+            excluded.to_vec(),
+            true,
+        ))
+    }
+
+    /// The prefixes of `g`'s topological order (without the `excluded` nodes) as a chain of
+    /// states, coarsened to at most `max_positions` states by cutting only where the running
+    /// `weight` (e.g. compute time) crosses a multiple of `total / max_positions`; zero-weight
+    /// nodes never end a state on their own. Every state is an ancestor of every later one.
+    pub fn topo_chain(
+        g: &CostGraph,
+        excluded: &[bool],
+        max_positions: usize,
+        weight: impl Fn(NodeId) -> f64,
+    ) -> Linearization {
+        let n = g.len();
+        let order: Vec<NodeId> = g
+            .topo_order()
+            .iter()
+            .copied()
+            .filter(|&u| !excluded[u])
+            .collect();
+        let total: f64 = order.iter().map(|&u| weight(u)).sum();
+        let cap = max_positions.max(1);
+        let mut ends: Vec<usize> = Vec::new();
+        if order.len() <= cap {
+            ends = (1..=order.len()).collect();
+        } else {
+            let step = total / cap as f64;
+            let mut acc = 0.0;
+            let mut next = step;
+            for (i, &u) in order.iter().enumerate() {
+                acc += weight(u);
+                if acc >= next && i + 1 < order.len() {
+                    ends.push(i + 1);
+                    while next <= acc {
+                        next += step;
+                    }
+                }
+            }
+            ends.push(order.len());
+        }
+        let mut states = Vec::with_capacity(ends.len());
+        let mut down = BitSet::new(n);
+        let mut at = 0;
+        for &e in &ends {
+            for &u in &order[at..e] {
+                down.insert(u);
+            }
+            at = e;
+            states.push(State {
+                antichain: vec![order[e - 1]],
+                down: down.clone(),
+            });
+        }
+        let preds = (0..states.len())
+            .map(|j| if j == 0 { vec![] } else { vec![j - 1] })
+            .collect();
+        Linearization::finish(states, preds, excluded.to_vec(), false)
+    }
+
+    /// The antichain DAG when it has at most `max_states` states, else the topological chain
+    /// coarsened to `max_states` positions by `weight`.
+    pub fn for_graph(
+        g: &CostGraph,
+        excluded: &[bool],
+        max_states: usize,
+        weight: impl Fn(NodeId) -> f64,
+    ) -> Linearization {
+        Linearization::antichain_dag(g, excluded, max_states)
+            .unwrap_or_else(|| Linearization::topo_chain(g, excluded, max_states, weight))
+    }
+
+    /// The nodes of `D(b) \ D(a)` (`a = None`: all of `D(b)`), ascending.
+    pub fn nodes_between(&self, a: Option<usize>, b: usize) -> Vec<NodeId> {
+        self.states[b]
+            .down
+            .iter()
+            .filter(|&x| a.is_none_or(|a| !self.states[a].down.contains(x)))
+            .collect()
+    }
+}
+
+/// PipeDream's exclusions: `Input*` sources (pinned to the first stage) and sinks whose module is
+/// `__getitem__` (unused outputs of multi-output nodes).
+pub fn pipedream_exclusions(g: &CostGraph) -> Vec<bool> {
+    (0..g.len())
+        .map(|u| {
+            let node = &g.nodes[u];
+            let source = g.preds(u).next().is_none();
+            let sink = g.succs(u).next().is_none();
+            (source && (node.is_input || node.op.trim_start().starts_with("Input")))
+                || (sink && node.op.trim_start().starts_with("__getitem__"))
+        })
+        .collect()
+}

@@ -45,7 +45,7 @@
 //!
 //! # Re-ranking by simulation (a pipec addition)
 //! Eq. 2 ignores the bubbles inside the pivot stage and so flatters deep pipelines. The search
-//! keeps the [`TOP`] best complete plans by `L`; the planner simulates each (with both warm-up
+//! keeps the [`TOP`] best complete plans by `L`, one per replica-count shape (8:8, 4:4:8, ...); the planner simulates each (with both warm-up
 //! policies), together with pure data parallelism, and emits the fastest in simulation. [`Dapple`]`{ rerank: 1 }` is the paper's
 //! planner alone (least `L`). `objective_s` is always Eq. 2 of the emitted plan.
 //!
@@ -295,7 +295,7 @@ pub struct Search {
 }
 
 /// How many of the best complete plans the search keeps (for re-ranking by simulation).
-pub const TOP: usize = 8;
+pub const TOP: usize = 32;
 
 struct Ctx<'a> {
     cluster: &'a Cluster,
@@ -659,12 +659,28 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
         here.sort_by_key(|(mask, _)| *mask);
         count += here.len();
         for (used, st) in here {
+            // Keep the best plan of each replica-count shape (e.g. 8:8, 4:4:8), so that the
+            // re-ranking sees different shapes rather than near-copies of one.
+            let shape = |x: &State| -> Vec<u32> {
+                let mut v: Vec<u32> = x.stages.iter().map(|p| p.mask.count_ones()).collect();
+                v.push(ndev as u32 - v.iter().sum::<u32>());
+                v
+            };
             if st.complete_ok
                 && (top.len() < TOP || top.last().is_some_and(|b| st.latency < b.latency))
             {
-                let at = top.partition_point(|b| b.latency <= st.latency);
-                top.insert(at, st.clone());
-                top.truncate(TOP);
+                let sh = shape(&st);
+                match top.iter().position(|b| shape(b) == sh) {
+                    Some(k) if top[k].latency <= st.latency => {}
+                    other => {
+                        if let Some(k) = other {
+                            top.remove(k);
+                        }
+                        let at = top.partition_point(|b| b.latency <= st.latency);
+                        top.insert(at, st.clone());
+                        top.truncate(TOP);
+                    }
+                }
             }
             let free = all & !used;
             let nfree = free.count_ones() as usize;

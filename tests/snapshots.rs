@@ -37,3 +37,31 @@ fn ir_after_import_and_each_pass() {
         }
     }
 }
+
+/// The GraphPipe passes' annotations (`pipec.sp_unit`, `pipec.stage`, per-stage devices and
+/// in-flight counts; summit, 4 devices, batch 32) on every dev model.
+#[test]
+fn ir_after_gpp_passes() {
+    for name in DEV_MODELS {
+        let path = model(&format!("{name}.onnx"));
+        let mut m = pipec_compiler::onnx::import::load(&path).unwrap();
+        pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+        let passes = [
+            "shape-infer",
+            "fold-constants",
+            "dce",
+            "sp-decompose",
+            "partition-gpp",
+            "schedule-gpp",
+        ]
+        .iter()
+        .map(|p| pipec_passes::lookup(p).unwrap())
+        .collect();
+        let pm = PassManager::new(passes);
+        pm.run(&mut m, &mut |_, _| {}).unwrap();
+        snapshot(
+            &format!("{name}.gpp-schedule-gpp"),
+            &pipec_compiler::text::print(&m),
+        );
+    }
+}

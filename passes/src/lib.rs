@@ -5,10 +5,13 @@
 pub mod cost;
 pub mod dce;
 pub mod fold_constants;
+pub mod partition_gpp;
 pub mod plan;
 pub mod planners;
+pub mod schedule_gpp;
 pub mod shape_infer;
 pub mod sim;
+pub mod sp_decompose;
 
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;
@@ -24,6 +27,10 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         // Canonicalization.
         Box::new(FoldConstants),
         Box::new(Dce),
+        // GraphPipe (issue 5).
+        Box::new(sp_decompose::SpDecompose),
+        Box::new(partition_gpp::PartitionGpp),
+        Box::new(schedule_gpp::ScheduleGpp),
     ]
 }
 

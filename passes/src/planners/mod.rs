@@ -29,6 +29,7 @@
 pub mod bapipe;
 pub mod dapple;
 pub mod dp;
+pub mod gpp;
 pub mod pipedream;
 pub mod straight;
 
@@ -45,7 +46,15 @@ pub trait Planner {
 }
 
 /// Every planner name the CLI accepts (the real planners land in later issues).
-pub const PLANNER_NAMES: &[&str] = &["gpp", "dapple", "pipedream", "bapipe", "dp", "straight"];
+pub const PLANNER_NAMES: &[&str] = &[
+    "gpp",
+    "dapple",
+    "pipedream",
+    "bapipe",
+    "dp",
+    "straight",
+    "gpp-seq",
+];
 
 /// The planner called `name`.
 pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
@@ -55,8 +64,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         "pipedream" => Ok(Box::new(pipedream::PipeDream::default())),
         "dapple" => Ok(Box::new(dapple::Dapple::default())),
         "bapipe" => Ok(Box::new(bapipe::BaPipe)),
+        "gpp" => Ok(Box::new(gpp::Gpp::default())),
+        "gpp-seq" => Ok(Box::new(gpp::Gpp::sequential())),
         n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
-            "--planner {n}: not implemented yet (available: dapple, bapipe, dp, pipedream, straight)"
+            "--planner {n}: not implemented yet"
         ))),
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",

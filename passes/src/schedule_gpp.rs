@@ -1,0 +1,341 @@
+//! `schedule-gpp`: GraphPipe's static micro-batch scheduler (Jeon et al., ASPLOS'25, §6,
+//! Algorithm 2 and Appendix A.1 `ComputeInFlight`), and the verifier of a stage graph's validity
+//! conditions C1–C4 (§3).
+//!
+//! # Contract
+//! - **Requires**: a stage DAG (stages, edges), a micro-batch size `b_s` and a `k_s` (of `k_sFk_sB`)
+//!   per stage, the number of micro-batches.
+//! - **Guarantees**: [`in_flight_samples`] gives every stage's in-flight count (samples), computed
+//!   in **reverse topological order** (the last stages first: a stage's activation memory needs its
+//!   successors' complete schedules), each stage taking the largest [`compute_in_flight`] over its
+//!   successors (Appendix A.1; the paper's `max_{(S_x,S_y)}` ranges over the stage edges); a sink
+//!   stage holds `k·b` samples. [`choose_k`] picks each stage's `k` as the paper's
+//!   `argmin_k max_y ComputeInFlight(k, b_x, k_y, b_y, i_y)`. The instruction lists themselves
+//!   are [`crate::sim::schedule::generate`] with [`ScheduleKind::Gpp`]: each stage runs
+//!   `K_s = min(i_s / b, M)` warm-up forwards, then one backward as early as possible after each
+//!   forward (SCHEDULETASK's greedy early backward), then drains.
+//! - **Default** (uniform `b`, 1F1B, `k = 1`): row 7 of the table applies to every edge,
+//!   `i_x = max_y i_y + b`, so a stage's in-flight micro-batches equal the number of stages on the
+//!   longest path from it to a sink: exactly [`crate::sim::StageGraph::depth_to_sink`], which the
+//!   partitioner's DP also uses (its `δ`).
+//! - [`verify`] checks C1 (stages partition the nodes and are convex), C2 (every graph edge
+//!   between stages is a stage edge, and the stage graph is acyclic), C3 (device sets partition the
+//!   cluster's devices, each stage has one) and C4 (in every replica's program, `fw_k` before
+//!   `fw_{k+1}`, `bw_k` before `bw_{k+1}`, `fw_k` before `bw_k`, each exactly once).
+
+use crate::cost::{Cluster, CostGraph};
+use crate::plan::Plan;
+use crate::sim::schedule::{Instr, Schedule};
+use crate::sim::ScheduleKind;
+use pipec_compiler::{Error, Result};
+
+/// Appendix A.1's table: in-flight **samples** of stage `x` (micro-batch `bx`, `kx`F`kx`B) given
+/// its successor `y` (micro-batch `by`, `ky`F`ky`B, `iy` in-flight samples).
+pub fn compute_in_flight(kx: u64, bx: u64, ky: u64, by: u64, iy: u64) -> u64 {
+    let (kxbx, kyby) = (kx * bx, ky * by);
+    let m = bx.max(by);
+    if m < kxbx && kxbx < kyby {
+        iy + 2 * m
+    } else if m == kxbx && kxbx < kyby {
+        iy + m
+    } else if bx <= by && by < kyby && kyby < kxbx {
+        iy + kxbx - kyby + 2 * by
+    } else if bx <= by && by == kyby && kyby < kxbx {
+        iy + kxbx
+    } else if by <= bx && bx < kyby && kyby < kxbx {
+        iy + kxbx - kyby + 2 * bx
+    } else if by <= bx && bx == kyby && kyby < kxbx {
+        iy + kxbx
+    } else if m == kyby && kyby == kxbx {
+        iy + kyby
+    } else if m < kyby && kyby == kxbx {
+        iy + 2 * m
+    } else if bx <= kxbx && kxbx < by && by <= kyby {
+        iy + by
+    } else {
+        // b_y <= k_y b_y < b_x <= k_x b_x (the last row; also the fallback)
+        (iy + kxbx + bx).saturating_sub(kyby)
+    }
+}
+
+/// In-flight samples per stage of the stage DAG `succ` (successor lists), with micro-batch `b[s]`
+/// and `k[s]` per stage, computed in reverse topological order; sinks hold `k·b`.
+pub fn in_flight_samples(succ: &[Vec<usize>], b: &[u64], k: &[u64]) -> Vec<u64> {
+    let order = reverse_topo(succ);
+    let mut i = vec![0u64; succ.len()];
+    for &x in &order {
+        i[x] = if succ[x].is_empty() {
+            k[x] * b[x]
+        } else {
+            succ[x]
+                .iter()
+                .map(|&y| compute_in_flight(k[x], b[x], k[y], b[y], i[y]))
+                .max()
+                .unwrap_or(0)
+        };
+    }
+    i
+}
+
+/// `argmin_k max_y ComputeInFlight(k, b_x, k_y, b_y, i_y)` over `candidates` (ties: smaller k).
+pub fn choose_k(bx: u64, succs: &[(u64, u64, u64)], candidates: &[u64]) -> u64 {
+    candidates
+        .iter()
+        .copied()
+        .min_by_key(|&kx| {
+            (
+                succs
+                    .iter()
+                    .map(|&(ky, by, iy)| compute_in_flight(kx, bx, ky, by, iy))
+                    .max()
+                    .unwrap_or(kx * bx),
+                kx,
+            )
+        })
+        .unwrap_or(1)
+}
+
+/// Stages in reverse topological order (sinks first) of a DAG given by successor lists.
+pub fn reverse_topo(succ: &[Vec<usize>]) -> Vec<usize> {
+    let n = succ.len();
+    let mut outdeg: Vec<usize> = succ.iter().map(Vec::len).collect();
+    let mut pred = vec![Vec::new(); n];
+    for (s, ss) in succ.iter().enumerate() {
+        for &t in ss {
+            pred[t].push(s);
+        }
+    }
+    let mut stack: Vec<usize> = (0..n).filter(|&s| outdeg[s] == 0).collect();
+    let mut order = Vec::with_capacity(n);
+    while let Some(s) = stack.pop() {
+        order.push(s);
+        for &p in &pred[s] {
+            outdeg[p] -= 1;
+            if outdeg[p] == 0 {
+                stack.push(p);
+            }
+        }
+    }
+    order
+}
+
+/// Per-stage in-flight micro-batches of the default GPP schedule (uniform micro-batch, 1F1B),
+/// capped at `m` micro-batches: `min(i_s / b, m)`.
+pub fn default_in_flight(succ: &[Vec<usize>], m: usize) -> Vec<usize> {
+    let n = succ.len();
+    let i = in_flight_samples(succ, &vec![1; n], &vec![1; n]);
+    i.into_iter()
+        .map(|x| (x as usize).clamp(1, m.max(1)))
+        .collect()
+}
+
+/// Check C1–C4 for `plan` (on `g`, `cluster`) and its `schedule`.
+pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule) -> Result<()> {
+    // C1 (partition) and C2 (edges induce the stage DAG; acyclic, which with a partition is
+    // convexity: a path leaving a stage and re-entering it would be a stage cycle).
+    plan.verify(g, cluster)
+        .map_err(|e| Error::msg(format!("C1/C2: {e}")))?;
+    let specs = plan.specs(g)?;
+    let mut stage_of = vec![usize::MAX; g.len()];
+    for (s, sp) in specs.iter().enumerate() {
+        for &n in &sp.nodes {
+            stage_of[n] = s;
+        }
+    }
+    // C1 explicitly: no path leaves a stage and comes back (reachability in the node DAG).
+    for s in 0..specs.len() {
+        let mut left = vec![false; g.len()];
+        for &u in g.topo_order() {
+            if stage_of[u] == s {
+                if let Some(p) = g.preds(u).find(|&p| left[p]) {
+                    return Err(Error::msg(format!(
+                        "C1: stage {s} is not convex: node '{}' is reached from it through '{}' of stage {}",
+                        g.nodes[u].name, g.nodes[p].name, stage_of[p]
+                    )));
+                }
+            } else {
+                left[u] = g.preds(u).any(|p| stage_of[p] == s || left[p]);
+            }
+        }
+    }
+    // C3: device sets partition the cluster's devices.
+    let mut used = vec![0usize; cluster.len()];
+    for sp in &specs {
+        if sp.devices.is_empty() {
+            return Err(Error::msg("C3: a stage has no device"));
+        }
+        for &d in &sp.devices {
+            used[d] += 1;
+        }
+    }
+    if let Some(d) = used.iter().position(|&u| u != 1) {
+        return Err(Error::msg(format!(
+            "C3: device {d} is used by {} stages (must be exactly 1)",
+            used[d]
+        )));
+    }
+    // C4: per replica program order.
+    let m = schedule.micro_batches;
+    for (d, prog) in schedule.programs.iter().enumerate() {
+        let mut next_f: std::collections::HashMap<usize, usize> = Default::default();
+        let mut next_b: std::collections::HashMap<usize, usize> = Default::default();
+        for ins in prog {
+            match ins {
+                Instr::Forward { stage, mb } => {
+                    let f = next_f.entry(*stage).or_insert(0);
+                    if *mb != *f {
+                        return Err(Error::msg(format!(
+                            "C4: device {d} stage {stage}: forward {mb} out of order (expected {f})"
+                        )));
+                    }
+                    *f += 1;
+                }
+                Instr::Backward { stage, mb } => {
+                    let f = next_f.get(stage).copied().unwrap_or(0);
+                    let b = next_b.entry(*stage).or_insert(0);
+                    if *mb != *b || *mb >= f {
+                        return Err(Error::msg(format!(
+                            "C4: device {d} stage {stage}: backward {mb} before its forward or out of order"
+                        )));
+                    }
+                    *b += 1;
+                }
+                _ => {}
+            }
+        }
+        for (s, f) in &next_f {
+            if *f != m || next_b.get(s).copied().unwrap_or(0) != m {
+                return Err(Error::msg(format!(
+                    "C4: device {d} stage {s}: {f} forwards / {} backwards, expected {m}",
+                    next_b.get(s).copied().unwrap_or(0)
+                )));
+            }
+        }
+    }
+    let _ = ScheduleKind::Gpp;
+    Ok(())
+}
+
+/// The `schedule-gpp` IR pass: reads `pipec.stage` (from `partition-gpp`), computes every stage's
+/// in-flight count with [`in_flight_samples`] in reverse topological order, writes
+/// `pipec.stage{i}.in_flight` (micro-batches), generates the GPP schedule and checks C1–C4.
+pub struct ScheduleGpp;
+
+impl pipec_compiler::passmgr::Pass for ScheduleGpp {
+    fn name(&self) -> &'static str {
+        "schedule-gpp"
+    }
+    fn summary(&self) -> &'static str {
+        "GraphPipe scheduler (Algorithm 2, ComputeInFlight): per-stage in-flight counts, C1-C4 check"
+    }
+    fn run(
+        &self,
+        module: &mut pipec_compiler::ir::Module,
+        stats: &mut pipec_compiler::passmgr::Stats,
+    ) -> Result<()> {
+        use crate::plan::{PlanOptions, StageSpec};
+        use crate::sim::StageGraph;
+        use pipec_compiler::ir::Attr;
+        let g = crate::partition_gpp::ir::cost_graph(module)?;
+        let cfg = crate::partition_gpp::ir::IrConfig::from_module(module, &g)?;
+        let missing = || Error::msg("schedule-gpp: run partition-gpp first (no pipec.stage)");
+        let ns = module
+            .attrs
+            .get("pipec.stages")
+            .and_then(Attr::as_int)
+            .ok_or_else(missing)? as usize;
+        let mb = module
+            .attrs
+            .get("pipec.micro_batch")
+            .and_then(Attr::as_int)
+            .ok_or_else(missing)?
+            .max(1) as u64;
+        let mut specs: Vec<StageSpec> = (0..ns)
+            .map(|s| {
+                let devices = module
+                    .attrs
+                    .get(&format!("pipec.stage{s}.devices"))
+                    .and_then(Attr::as_ints)
+                    .map(|v| v.iter().map(|&d| d.max(0) as usize).collect())
+                    .unwrap_or_default();
+                StageSpec {
+                    nodes: Vec::new(),
+                    devices,
+                }
+            })
+            .collect();
+        for (n, &op) in module.graph.order.iter().enumerate() {
+            let s = module.graph.ops[op]
+                .int_attr("pipec.stage")
+                .ok_or_else(missing)?;
+            let s = usize::try_from(s)
+                .ok()
+                .filter(|&s| s < ns)
+                .ok_or_else(|| Error::msg(format!("schedule-gpp: op {n} has stage {s} of {ns}")))?;
+            specs[s].nodes.push(n);
+        }
+        let mut opts = PlanOptions::new(cfg.batch);
+        opts.micro_batch = Some(mb);
+        let plan = Plan::assemble(
+            "gpp",
+            &g,
+            &cfg.cluster,
+            &opts,
+            specs.clone(),
+            mb,
+            ScheduleKind::Gpp,
+            0.0,
+            0.0,
+        )?;
+        let sg = StageGraph::from_specs(&g, &cfg.cluster, &specs, mb as f64, opts.optimizer);
+        let succ: Vec<Vec<usize>> = (0..ns)
+            .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
+            .collect();
+        let m = (cfg.batch / mb) as usize;
+        let samples = in_flight_samples(&succ, &vec![mb; ns], &vec![1; ns]);
+        let sched = crate::sim::schedule::generate(&sg, ScheduleKind::Gpp, m);
+        verify(&plan, &g, &cfg.cluster, &sched)?;
+        for (s, i) in samples.iter().enumerate() {
+            let k = ((*i / mb) as usize).clamp(1, m.max(1));
+            module
+                .attrs
+                .insert(format!("pipec.stage{s}.in_flight"), Attr::Int(k as i64));
+        }
+        stats.add("stages", ns as u64);
+        stats.add(
+            "max-in-flight",
+            samples.iter().max().copied().unwrap_or(0) / mb,
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_rows() {
+        // row 7 (default 1F1B, uniform b): i_y + b
+        assert_eq!(compute_in_flight(1, 4, 1, 4, 8), 12);
+        // row 1: max < kx bx < ky by
+        assert_eq!(compute_in_flight(2, 2, 4, 2, 0), 4);
+        // row 2: max = kx bx < ky by
+        assert_eq!(compute_in_flight(1, 2, 2, 2, 0), 2);
+        // row 9: bx <= kx bx < by <= ky by (Fig. 5: S2 needs two of S1's micro-batches)
+        assert_eq!(compute_in_flight(1, 1, 1, 2, 2), 4);
+        // row 4: bx <= by = ky by < kx bx
+        assert_eq!(compute_in_flight(4, 1, 1, 2, 2), 6);
+    }
+
+    #[test]
+    fn chain_and_dag() {
+        // chain of 3: 3, 2, 1 micro-batches in flight
+        let succ = vec![vec![1], vec![2], vec![]];
+        assert_eq!(default_in_flight(&succ, 100), vec![3, 2, 1]);
+        // diamond 0 -> {1, 2 -> 3}: depth 3 at the source
+        let succ = vec![vec![1, 2], vec![], vec![3], vec![]];
+        assert_eq!(default_in_flight(&succ, 100), vec![3, 1, 2, 1]);
+        assert_eq!(default_in_flight(&succ, 2), vec![2, 1, 2, 1]);
+    }
+}

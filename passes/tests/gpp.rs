@@ -1,0 +1,449 @@
+//! GraphPipe: SP decomposition of every model, the GPP DP against exhaustive search, the
+//! planner on the dev models and the paper's three model families.
+
+use pipec_passes::cost::analytic::{from_module, AnalyticOptions};
+use pipec_passes::cost::cluster::Cluster;
+use pipec_passes::cost::{CostEdge, CostGraph, CostNode, Work};
+use pipec_passes::partition_gpp::{search, SearchParams, UnitGraph};
+use pipec_passes::plan::PlanOptions;
+use pipec_passes::planners::gpp::Gpp;
+use pipec_passes::planners::Planner;
+use pipec_passes::schedule_gpp;
+use pipec_passes::sim::{schedule, ScheduleKind, StageGraph};
+use pipec_passes::sp_decompose::SpKind;
+use pipec_passes::sp_decompose::{check_tree, decompose};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn onnx_graph(path: &Path) -> CostGraph {
+    let mut m = pipec_compiler::onnx::import::load(path).expect("import");
+    pipec_compiler::shape::infer_shapes(&mut m).expect("shapes");
+    from_module(&m, &AnalyticOptions::default(), &path.display().to_string()).expect("cost graph")
+}
+
+/// The GraphPipe family models (generated with their sparse weight files when missing).
+fn family(name: &str) -> CostGraph {
+    let dir = root().join("onnx-models/graphpipe");
+    let w = dir.join(format!("{name}.weights"));
+    if !w.exists() {
+        let st = std::process::Command::new("python3")
+            .arg(root().join("scripts/gen_graphpipe_models.py"))
+            .arg("--out")
+            .arg(&dir)
+            .status()
+            .expect("python3");
+        assert!(st.success(), "gen_graphpipe_models.py failed");
+    }
+    onnx_graph(&dir.join(format!("{name}.onnx")))
+}
+
+fn summit(n: usize) -> Cluster {
+    Cluster::preset("summit")
+        .expect("preset")
+        .take(n)
+        .expect("take")
+}
+
+/// Every model decomposes into a tree that satisfies the SP guarantees.
+#[test]
+fn every_model_decomposes() {
+    let c = summit(4);
+    let mut paths: Vec<PathBuf> = ["resnet18", "gpt2_tiny", "inception_mini", "mlp4"]
+        .iter()
+        .map(|m| root().join(format!("onnx-models/{m}.onnx")))
+        .collect();
+    // Fresh exports, where this machine has them.
+    for m in [
+        "resnet50",
+        "inception_v3",
+        "vit_b_16",
+        "bert_base",
+        "gpt2",
+        "t5_small",
+    ] {
+        let p = PathBuf::from(format!("/work/wt/py/bench-data/exports/{m}.onnx"));
+        if p.exists() {
+            paths.push(p);
+        }
+    }
+    for p in &paths {
+        let g = onnx_graph(p);
+        let t0 = std::time::Instant::now();
+        let sp = decompose(&g, c.kind_of(0));
+        let dt = t0.elapsed();
+        check_tree(&g, &sp).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        eprintln!(
+            "{}: {} nodes, {} side, tree {:?}, forced splits {}, {:.1} ms",
+            p.display(),
+            g.len(),
+            sp.side.len(),
+            sp.shape(),
+            sp.forced_splits,
+            dt.as_secs_f64() * 1e3
+        );
+    }
+    for m in ["mmt", "dlrm", "candle_uno", "seq_transformer"] {
+        let g = family(m);
+        let sp = decompose(&g, c.kind_of(0));
+        check_tree(&g, &sp).unwrap_or_else(|e| panic!("{m}: {e}"));
+        let (_, p, _, _) = sp.shape();
+        if m == "seq_transformer" {
+            assert_eq!(sp.forced_splits, 0);
+        } else {
+            assert!(p >= 1, "{m}: branches must come out as a parallel split");
+        }
+    }
+}
+
+/// A tiny deterministic PRNG (xorshift).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A random series-parallel graph of `n` ops: (nodes, edges), returning (sources, sinks).
+fn random_sp(
+    rng: &mut Rng,
+    n: usize,
+    nodes: &mut Vec<CostNode>,
+    edges: &mut Vec<CostEdge>,
+) -> (Vec<usize>, Vec<usize>) {
+    if n == 1 {
+        let id = nodes.len();
+        nodes.push(CostNode {
+            name: format!("n{id}"),
+            op: "Op".into(),
+            work: Work::Measured {
+                fwd_s: (1 + rng.below(9)) as f64 * 1e-3,
+                bwd_s: (1 + rng.below(9)) as f64 * 1e-3,
+            },
+            activation_bytes: 0.0,
+            saved_bytes: 0.0,
+            parameter_bytes: 0.0,
+            is_input: false,
+        });
+        return (vec![id], vec![id]);
+    }
+    let k = 1 + rng.below(n as u64 - 1) as usize;
+    let (s1, t1) = random_sp(rng, k, nodes, edges);
+    let (s2, t2) = random_sp(rng, n - k, nodes, edges);
+    if rng.below(2) == 0 {
+        for &a in &t1 {
+            for &b in &s2 {
+                edges.push(CostEdge {
+                    src: a,
+                    dst: b,
+                    bytes: 0.0,
+                });
+            }
+        }
+        (s1, t2)
+    } else {
+        ([s1, s2].concat(), [t1, t2].concat())
+    }
+}
+
+/// Minimum over partitions of the units `0..u` into contiguous ranges accepted by `allowed`
+/// (`Some(pow2_only)`), with replica counts summing to `d`, of the largest `work / r`.
+fn exhaustive_tree(w: &[f64], d: usize, allowed: &dyn Fn(usize, usize) -> Option<bool>) -> f64 {
+    let u = w.len();
+    let mut best = f64::INFINITY;
+    for mask in 0u32..(1 << (u - 1)) {
+        let mut cuts = vec![0];
+        for i in 0..u - 1 {
+            if mask & (1 << i) != 0 {
+                cuts.push(i + 1);
+            }
+        }
+        cuts.push(u);
+        let blocks: Vec<(usize, usize)> = cuts.windows(2).map(|c| (c[0], c[1])).collect();
+        if blocks.len() > d {
+            continue;
+        }
+        let Some(kinds) = blocks
+            .iter()
+            .map(|&(a, b)| allowed(a, b))
+            .collect::<Option<Vec<bool>>>()
+        else {
+            continue;
+        };
+        // all replica assignments
+        fn rec(
+            i: usize,
+            left: usize,
+            blocks: &[(usize, usize)],
+            kinds: &[bool],
+            w: &[f64],
+            cur: f64,
+            best: &mut f64,
+        ) {
+            if i == blocks.len() {
+                if left == 0 {
+                    *best = best.min(cur);
+                }
+                return;
+            }
+            let (a, b) = blocks[i];
+            let work: f64 = w[a..b].iter().sum();
+            for r in 1..=left {
+                if kinds[i] && !r.is_power_of_two() {
+                    continue;
+                }
+                rec(
+                    i + 1,
+                    left - r,
+                    blocks,
+                    kinds,
+                    w,
+                    cur.max(work / r as f64),
+                    best,
+                );
+            }
+        }
+        rec(0, d, &blocks, &kinds, w, 0.0, &mut best);
+    }
+    best
+}
+
+/// Minimum over all partitions of the nodes into convex stages (any shape) and replica counts of
+/// the largest `work / r`: the best any valid stage graph can do (C1, C3).
+fn exhaustive_all(g: &CostGraph, w: &[f64], d: usize) -> f64 {
+    let n = g.len();
+    let mut best = f64::INFINITY;
+    let mut assign = vec![0usize; n];
+    fn convex(g: &CostGraph, assign: &[usize], blocks: usize) -> bool {
+        for s in 0..blocks {
+            let mut left = vec![false; g.len()];
+            for &u in g.topo_order() {
+                if assign[u] == s {
+                    if g.preds(u).any(|p| left[p]) {
+                        return false;
+                    }
+                } else {
+                    left[u] = g.preds(u).any(|p| assign[p] == s || left[p]);
+                }
+            }
+        }
+        true
+    }
+    // restricted growth strings
+    fn rec(
+        i: usize,
+        m: usize,
+        assign: &mut Vec<usize>,
+        g: &CostGraph,
+        w: &[f64],
+        d: usize,
+        best: &mut f64,
+    ) {
+        let n = assign.len();
+        if i == n {
+            if m > d || !convex(g, assign, m) {
+                return;
+            }
+            let mut work = vec![0.0; m];
+            for u in 0..n {
+                work[assign[u]] += w[u];
+            }
+            // best replica split: minimise max work/r with sum r = d (small: brute force)
+            fn split(k: usize, left: usize, work: &[f64], cur: f64, best: &mut f64) {
+                if k == work.len() {
+                    if left == 0 {
+                        *best = best.min(cur);
+                    }
+                    return;
+                }
+                for r in 1..=left {
+                    split(k + 1, left - r, work, cur.max(work[k] / r as f64), best);
+                }
+            }
+            split(0, d, &work, 0.0, best);
+            return;
+        }
+        for b in 0..=m {
+            if b >= d {
+                break;
+            }
+            assign[i] = b;
+            rec(i + 1, m.max(b + 1), assign, g, w, d, best);
+        }
+    }
+    rec(0, 0, &mut assign, g, w, d, &mut best);
+    best
+}
+
+/// Optimality: on random small SP graphs the DP's bottleneck equals the exhaustive optimum over
+/// the stage shapes of its space (within ε), and no valid stage graph of any shape beats it.
+#[test]
+fn dp_is_optimal_on_random_sp_graphs() {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let cluster = Cluster::from_inline("2@50e9,2@12.5e9", pipec_passes::cost::cluster::v100_16gb())
+        .expect("cluster");
+    for case in 0..60 {
+        let n = 2 + rng.below(11) as usize; // 2..=12 ops
+        let d = 1 + rng.below(4) as usize; // 1..=4 devices
+        let (mut nodes, mut edges) = (Vec::new(), Vec::new());
+        random_sp(&mut rng, n, &mut nodes, &mut edges);
+        let g = CostGraph::new(format!("r{case}"), 1.0, nodes, edges, "random").expect("graph");
+        let c = cluster.clone().take(d).expect("take");
+        let sp = decompose(&g, c.kind_of(0));
+        check_tree(&g, &sp).expect("tree");
+        let coarse = sp.coarsen(&vec![1.0; g.len()], 0.0);
+        let ug = UnitGraph::new(&g, &coarse, false);
+        let p = SearchParams {
+            batch: 1,
+            micro_batch: 1,
+            devices: d,
+            optimizer: Default::default(),
+            allreduce: Default::default(),
+            eps: 1e-9,
+            relax: false,
+        };
+        let res = search(&g, &ug, &c, p).expect("search");
+        // unit work (fwd + bwd at the reference batch of 1)
+        let w: Vec<f64> = ug
+            .units
+            .iter()
+            .map(|u| {
+                u.iter()
+                    .map(|&x| {
+                        let (f, b) = g.times(x, 1.0, c.kind_of(0));
+                        f + b
+                    })
+                    .sum()
+            })
+            .collect();
+        // allowed stage shapes of the DP: leaves and whole nodes (any r), prefixes of series
+        // children (any r), runs of >= 2 series children not starting at 0 (powers of two),
+        // parallel suffixes (any r)
+        let mut allowed: std::collections::HashMap<(usize, usize), bool> = Default::default();
+        let mut put = |a: usize, b: usize, pow2: bool| {
+            let e = allowed.entry((a, b)).or_insert(pow2);
+            *e = *e && pow2;
+        };
+        put(ug.tree[ug.root].lo, ug.tree[ug.root].hi, false);
+        for t in &ug.tree {
+            let kids = &t.children;
+            match t.kind {
+                SpKind::Series => {
+                    for i in 0..kids.len() {
+                        for j in i + 1..=kids.len() {
+                            let (a, b) = (ug.tree[kids[i]].lo, ug.tree[kids[j - 1]].hi);
+                            let sub = j == i + 1 && ug.tree[kids[i]].kind != SpKind::Leaf;
+                            put(a, b, !(i == 0 || sub));
+                        }
+                    }
+                }
+                SpKind::Parallel => {
+                    for (i, &k) in kids.iter().enumerate() {
+                        put(ug.tree[k].lo, t.hi, false);
+                        put(ug.tree[k].lo, ug.tree[k].hi, false);
+                        let _ = i;
+                    }
+                }
+                SpKind::Leaf => {}
+            }
+        }
+        let dp = res.bottleneck_tps;
+        let best_tree = exhaustive_tree(&w, d, &|a, b| allowed.get(&(a, b)).copied());
+        assert!(
+            dp <= best_tree * (1.0 + 1e-6),
+            "case {case}: DP {dp} worse than the exhaustive optimum {best_tree} of its space"
+        );
+        if g.len() <= 8 {
+            let best_all = exhaustive_all(
+                &g,
+                &g.topo_order().iter().map(|_| 0.0).collect::<Vec<_>>(),
+                d,
+            );
+            let _ = best_all;
+            let wn: Vec<f64> = (0..g.len())
+                .map(|x| {
+                    let (f, b) = g.times(x, 1.0, c.kind_of(0));
+                    f + b
+                })
+                .collect();
+            let best_all = exhaustive_all(&g, &wn, d);
+            assert!(
+                dp >= best_all * (1.0 - 1e-9),
+                "case {case}: DP {dp} beats every valid stage graph ({best_all}): invalid plan"
+            );
+        }
+    }
+}
+
+/// The planner on the dev models and the families: valid plans (C1–C4), GPP not slower than the
+/// sequential mode.
+#[test]
+fn plans_verify_c1_to_c4() {
+    let cases: Vec<(CostGraph, usize, u64)> = vec![
+        (
+            onnx_graph(&root().join("onnx-models/inception_mini.onnx")),
+            4,
+            32,
+        ),
+        (
+            onnx_graph(&root().join("onnx-models/gpt2_tiny.onnx")),
+            4,
+            16,
+        ),
+        (onnx_graph(&root().join("onnx-models/mlp4.onnx")), 2, 16),
+        (family("dlrm"), 8, 512),
+        (family("candle_uno"), 4, 4096),
+    ];
+    for (g, d, batch) in cases {
+        let c = summit(d);
+        let opts = PlanOptions::new(batch);
+        let plan = Gpp::default().plan(&g, &c, &opts).expect("gpp plan");
+        let seq = Gpp::sequential().plan(&g, &c, &opts).expect("seq plan");
+        let specs = plan.specs(&g).expect("specs");
+        let sg = StageGraph::from_specs(&g, &c, &specs, plan.micro_batch as f64, opts.optimizer);
+        let sched = schedule::generate(&sg, ScheduleKind::Gpp, plan.micro_batches as usize);
+        schedule_gpp::verify(&plan, &g, &c, &sched).expect("C1-C4");
+        // the scheduler's in-flight counts are the simulator's warm-ups
+        let succ: Vec<Vec<usize>> = (0..sg.stages.len())
+            .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
+            .collect();
+        assert_eq!(
+            schedule_gpp::default_in_flight(&succ, plan.micro_batches as usize),
+            sched.warmup
+        );
+        assert!(
+            plan.throughput_samples_per_s >= seq.throughput_samples_per_s * 0.99,
+            "{}: gpp {} < seq {}",
+            g.name,
+            plan.throughput_samples_per_s,
+            seq.throughput_samples_per_s
+        );
+    }
+}
+
+/// Bad input: clear errors naming the failed constraint.
+#[test]
+fn bad_input_errors() {
+    let g = family("candle_uno");
+    let e = Cluster::preset("summit").unwrap().take(64).unwrap_err();
+    assert!(e.to_string().contains("has only 32 devices"), "{e}");
+    let mut opts = PlanOptions::new(100);
+    opts.micro_batch = Some(7);
+    let e = Gpp::default().plan(&g, &summit(4), &opts).unwrap_err();
+    assert!(e.to_string().contains("divide"), "{e}");
+    // 1.7 GB of fp32 weights with Adam (4x) on 1 GB devices: no plan fits.
+    let small =
+        Cluster::from_inline("4@50e9", pipec_passes::cost::cluster::cpu_core(1 << 30)).unwrap();
+    let mut opts = PlanOptions::new(64);
+    opts.optimizer = pipec_passes::cost::Optimizer::Adam;
+    let e = Gpp::default().plan(&g, &small, &opts).unwrap_err();
+    assert!(e.to_string().contains("memory"), "{e}");
+}

@@ -66,9 +66,9 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         "gpp" => Ok(Box::new(gpp::Gpp::default())),
         "gpp-seq" => Ok(Box::new(gpp::Gpp::sequential())),
-        n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
-            "--planner {n}: not implemented yet"
-        ))),
+        n if PLANNER_NAMES.contains(&n) => {
+            Err(Error::Usage(format!("--planner {n}: not implemented yet")))
+        }
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",
             PLANNER_NAMES.join(", ")

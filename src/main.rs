@@ -24,6 +24,7 @@ enum Command {
     Opt(cli::opt::OptArgs),
     Plan(cli::plan::PlanArgs),
     Grad(cli::grad::GradArgs),
+    Compare(cli::compare::CompareArgs),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +34,7 @@ fn main() -> ExitCode {
         Command::Opt(a) => cli::opt::run(a),
         Command::Plan(a) => cli::plan::run(a),
         Command::Grad(a) => cli::grad::run(a),
+        Command::Compare(a) => cli::compare::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,5 +1,6 @@
 //! Command implementations and the helpers they share.
 
+pub mod compare;
 pub mod grad;
 pub mod inspect;
 pub mod opt;

@@ -349,6 +349,19 @@ pub const PRESETS: &[Preset] = &[
         build: || homogeneous("bapipe-pcie", v100_16gb(), vec![level("pcie", 8, 15.75e9, 10e-6)]),
     },
     Preset {
+        name: "bapipe-hetero",
+        summary: "heterogeneous chain for BaPipe: 2 V100-16GB + 2 TitanX-12GB, one per server, PCIe 3.0 x16 (15.75 GB/s)",
+        build: || {
+            Cluster::build(
+                "bapipe-hetero",
+                vec![v100_16gb(), titan_x_12gb()],
+                vec![level("pcie", 1, 15.75e9, 10e-6), level("pcie-chain", 4, 15.75e9, 10e-6)],
+                &[(0, 2), (1, 2)],
+            )
+            .unwrap_or_else(|e| panic!("preset bapipe-hetero: {e}"))
+        },
+    },
+    Preset {
         name: "dgx-h100",
         summary: "4 DGX H100 nodes x 8 H100-80GB, NVLink 4 (450 GB/s per direction), 400 Gb InfiniBand",
         build: || {

@@ -26,6 +26,8 @@
 //!    To compare candidates by simulation inside a search, call [`crate::sim::simulate`] on a
 //!    [`crate::sim::StageGraph::from_specs`] directly (about 1 µs per simulated task).
 
+pub mod bapipe;
+pub mod dapple;
 pub mod dp;
 pub mod gpp;
 pub mod pipedream;
@@ -43,7 +45,7 @@ pub trait Planner {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan>;
 }
 
-/// Every planner name the CLI accepts (the real planners land in later issues).
+/// Every planner name the CLI accepts.
 pub const PLANNER_NAMES: &[&str] = &[
     "gpp",
     "dapple",
@@ -60,11 +62,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         "dp" => Ok(Box::new(dp::DataParallel)),
         "straight" => Ok(Box::new(straight::Straight)),
         "pipedream" => Ok(Box::new(pipedream::PipeDream::default())),
+        "dapple" => Ok(Box::new(dapple::Dapple::default())),
+        "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         "gpp" => Ok(Box::new(gpp::Gpp::default())),
         "gpp-seq" => Ok(Box::new(gpp::Gpp::sequential())),
-        n if PLANNER_NAMES.contains(&n) => Err(Error::Usage(format!(
-            "--planner {n}: not implemented yet (available: dp, pipedream, straight)"
-        ))),
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",
             PLANNER_NAMES.join(", ")

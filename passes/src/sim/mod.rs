@@ -202,6 +202,29 @@ impl StageGraph {
         StageGraph::new(stages, edges)
     }
 
+    /// The same stages with **re-computation** (GPipe's rematerialisation, DAPPLE's "RC"): a stage
+    /// keeps only its input (the boundary activations it received, or nothing for a source stage)
+    /// per in-flight micro-batch, and re-runs its forward before each backward, so
+    /// `B' = B + F`, the saved bytes become the input slice, and one micro-batch's full
+    /// activations are live during a backward (added to the static memory).
+    pub fn with_recomputation(&self) -> StageGraph {
+        let mut out = self.clone();
+        for (s, st) in out.stages.iter_mut().enumerate() {
+            let r = st.devices.len().max(1) as f64;
+            let input: f64 = self.in_edges[s]
+                .iter()
+                .map(|&e| self.edges[e].bytes)
+                .sum::<f64>()
+                / r;
+            for (b, f) in st.bwd_s.iter_mut().zip(&st.fwd_s) {
+                *b += f;
+            }
+            st.static_bytes += st.saved_bytes;
+            st.saved_bytes = input.min(st.saved_bytes);
+        }
+        out
+    }
+
     /// Per stage, the number of stages on the longest path from it to a sink (a sink has 1).
     pub fn depth_to_sink(&self) -> Vec<usize> {
         let n = self.stages.len();

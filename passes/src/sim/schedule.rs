@@ -15,6 +15,9 @@
 //! | `1f1b-so` | `min(2·depth(s), M)` | BaPipe 1F1B-SO: warm-up doubled, features `2(N−i+1)a` |
 //! | `gpp` | `min(depth(s), M)` on the stage DAG | GraphPipe App. A.1, default row: `i_x = max_y i_y + b` |
 //!
+//! Re-computation (GPipe's, DAPPLE's "RC") is orthogonal to the order: apply
+//! [`StageGraph::with_recomputation`] to the stage graph before generating any of these.
+//!
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
 

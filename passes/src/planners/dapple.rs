@@ -1,0 +1,883 @@
+//! `dapple`: DAPPLE's planner (Fan et al., PPoPP'21, §4; arXiv §IV): a synchronous pipeline of
+//! contiguous layer ranges, each stage replicated on a device set (stage-level data parallelism),
+//! found by a memoised search that minimises the pipeline latency `L` of Eq. 2.
+//!
+//! # Latency model (Eq. 1–3)
+//! A plan is a list of stages; between two compute stages sits a **communication stage** whose
+//! forward time is the activation transfer and whose backward time is the gradient transfer of one
+//! micro-batch (split/concat when the replica counts differ, [`redistribute_time`]), with no
+//! all-reduce. For stage `s`, `F_s`/`B_s` are the forward/backward seconds of one replica on its
+//! `micro_batch / |g_s|` slice and `AR_s = AR(P_s, g_s)` the all-reduce of its parameters over its
+//! replicas (0 for one replica). With `M` micro-batches and the pivot stage `Q`:
+//!
+//! ```text
+//! T_w = Σ_{s=0}^{Q} F_s                                              (warm-up)
+//! T_s = (M − 1)·(F_Q + B_Q)                                          (steady)
+//! T_e = max_{s} ( AR_s + { Σ_{a=s}^{Q} B_a  if s ≤ Q ; −Σ_{a=Q}^{s} B_a  if s > Q } )   (ending)
+//! L   = T_w + T_s + T_e                                              (Eq. 2)
+//! ```
+//!
+//! (PPoPP's boundary `s ≤ Q`; the arXiv `s < Q` would give the pivot a `−B_Q` term.) The pivot is
+//! found by Algorithm 1 (Eq. 3, [`pivot`]): start from the last stage and move `Q` to an earlier
+//! stage `s` whenever `(M−1)(F_s+B_s) > (M−1)(F_Q+B_Q) + Σ_{s<s'<Q}(F_{s'}+B_{s'})`.
+//! For one stage `L = M·(F+B) + AR`, the `dp` planner's objective.
+//!
+//! # Search (Eq. 4–5)
+//! `T_PL(j, g)`: the best latency with the layers before cut `j` planned on the device set `g` and
+//! the layers after it forming **one last stage replicated on every remaining device**. From the
+//! base state (`j = 0`, nothing planned: pure data parallelism) a state is extended by splitting
+//! its last stage at a later cut `j'` into a new stage `[j, j')` on `m'` devices, placed by each of
+//! the policies of §4.3 ([`place`]: Fresh-First, Append-First, Scatter-First on the hierarchical
+//! cluster), and the rest `[j', N)` on the remaining devices; Eq. 2 of the new plan gives
+//! `T_PL(j', g + g')`, and each state `(j', g + g')` memoises its best plan (the split points,
+//! replica counts and placements to backtrack). The answer is the best state over all (Eq. 4). The
+//! layer order is the cost graph's topological order ([`CostGraph::chain`]); graphs with more than
+//! [`MAX_CUTS`] positions are cut only at compute quantiles (the profiles have ≤ 96 layers and are
+//! searched exactly).
+//!
+//! # Memory
+//! A stage is feasible when one replica's parameters, gradients, optimizer state, communication
+//! buffers and `K_i` in-flight slices of saved activations fit its device
+//! ([`crate::cost::memory::stage_memory`]), with `K_i = min(S − i, M)` (policy A, the smallest
+//! warm-up). Adding stages only raises earlier stages' `K_i`, so an infeasible prefix is pruned.
+//! If no plan fits, the search is repeated without the memory check (the plan then reports
+//! `out_of_memory`).
+//!
+//! # Re-ranking by simulation (a pipec addition)
+//! Eq. 2 ignores the bubbles inside the pivot stage and so flatters deep pipelines. The search
+//! keeps the [`TOP`] best complete plans by `L`, one per replica-count shape (8:8, 4:4:8, ...); the planner simulates each (with both warm-up
+//! policies), together with pure data parallelism, and emits the fastest in simulation. [`Dapple`]`{ rerank: 1 }` is the paper's
+//! planner alone (least `L`). `objective_s` is always Eq. 2 of the emitted plan.
+//!
+//! # Micro-batch and schedule
+//! Default micro-batch: the cost graph's reference (profile) batch when it divides the batch,
+//! else the largest giving `M ≥ 8`; for counted (ONNX) work, whose small micro-batches pay the
+//! fixed weight traffic each time, the search also runs at `M = 1, 2, 4, ..., 64`
+//! ([`micro_batch_candidates`]). Schedule: DAPPLE early backward with warm-up policy A
+//! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), whichever the simulator finds faster
+//! with the peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
+//!
+//! Devices: at most 128 (placements are bit masks). Stage times are costed on device 0's kind
+//! (DAPPLE targets homogeneous clusters).
+//!
+//! Objective: `L` of Eq. 2 for the chosen plan.
+
+use super::Planner;
+use crate::cost::comm::allreduce_time;
+use crate::cost::memory::stage_memory;
+use crate::cost::{AllReduceAlgo, Chain, Cluster, CostGraph};
+use crate::plan::{Plan, PlanOptions, StageSpec};
+use crate::sim::ScheduleKind;
+use pipec_compiler::{Error, Result};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Most cut positions the search considers (see the module doc).
+pub const MAX_CUTS: usize = 96;
+
+/// The `dapple` planner. `rerank`: how many of the best plans by Eq. 2 the simulator re-ranks
+/// (1 = the paper's planner alone: the plan with the least `L`).
+pub struct Dapple {
+    pub rerank: usize,
+}
+
+/// One stage of the latency model: compute (with its all-reduce) or communication (`ar = 0`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatStage {
+    /// Forward seconds of one micro-batch (slice) on one replica, or the activation transfer.
+    pub f: f64,
+    /// Backward seconds, or the gradient transfer.
+    pub b: f64,
+    /// All-reduce seconds of the stage's gradients over its replicas.
+    pub ar: f64,
+}
+
+/// The pivot stage `Q` of Algorithm 1 (PPoPP'21) / Eq. 3, for `m` micro-batches.
+pub fn pivot(st: &[LatStage], m: usize) -> usize {
+    if st.is_empty() {
+        return 0;
+    }
+    let mf = m.max(1) as f64 - 1.0;
+    let mut q = st.len() - 1;
+    // acc = Σ_{s < s' < Q} (F_{s'} + B_{s'}) for the current s.
+    let mut acc = 0.0;
+    for s in (0..st.len() - 1).rev() {
+        let l1 = mf * (st[s].f + st[s].b);
+        let l2 = mf * (st[q].f + st[q].b) + acc;
+        if l1 > l2 {
+            q = s;
+            acc = 0.0;
+        } else {
+            acc += st[s].f + st[s].b;
+        }
+    }
+    q
+}
+
+/// DAPPLE's latency `L = T_w + T_s + T_e` (Eq. 2) of a stage list for `m` micro-batches, and
+/// its pivot `Q`.
+pub fn latency(st: &[LatStage], m: usize) -> (f64, usize) {
+    if st.is_empty() {
+        return (0.0, 0);
+    }
+    let q = pivot(st, m);
+    let tw: f64 = st[..=q].iter().map(|s| s.f).sum();
+    let ts = (m.max(1) as f64 - 1.0) * (st[q].f + st[q].b);
+    let mut te = f64::NEG_INFINITY;
+    let mut acc = 0.0;
+    for s in (0..=q).rev() {
+        acc += st[s].b;
+        te = te.max(st[s].ar + acc);
+    }
+    let mut acc = st[q].b;
+    for x in &st[q + 1..] {
+        acc += x.b;
+        te = te.max(x.ar - acc);
+    }
+    (tw + ts + te, q)
+}
+
+/// Device placement policy of DAPPLE §4.3 (PPoPP Fig. 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Take devices from fresh (wholly free) nodes first: keeps the stage's all-reduce inside
+    /// nodes.
+    FreshFirst,
+    /// Take devices from nodes already in use first: less fragmentation.
+    AppendFirst,
+    /// Take devices evenly from every used node that has free devices (every node when all are
+    /// fresh): activations stay inside nodes, the all-reduce crosses them.
+    ScatterFirst,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [
+        Policy::FreshFirst,
+        Policy::AppendFirst,
+        Policy::ScatterFirst,
+    ];
+}
+
+/// `D(free, n)`: `n` devices from the free set `free` (bit `d` set = device `d` free) by `policy`,
+/// as a bit mask; `None` when fewer than `n` are free. Nodes are the cluster's level-0 groups.
+pub fn place(cluster: &Cluster, free: u128, n: usize, policy: Policy) -> Option<u128> {
+    if n == 0 || (free.count_ones() as usize) < n {
+        return None;
+    }
+    // Per node (in index order): its free devices, and whether some device of it is in use.
+    let mut nodes: Vec<(Vec<usize>, bool)> = Vec::new();
+    let mut node_ids: Vec<usize> = Vec::new();
+    for d in 0..cluster.len() {
+        let nd = cluster.node_of(d);
+        let k = match node_ids.iter().position(|&x| x == nd) {
+            Some(k) => k,
+            None => {
+                node_ids.push(nd);
+                nodes.push((Vec::new(), false));
+                nodes.len() - 1
+            }
+        };
+        if free >> d & 1 == 1 {
+            nodes[k].0.push(d);
+        } else {
+            nodes[k].1 = true;
+        }
+    }
+    let used: Vec<usize> = (0..nodes.len())
+        .filter(|&k| nodes[k].1 && !nodes[k].0.is_empty())
+        .collect();
+    let fresh: Vec<usize> = (0..nodes.len())
+        .filter(|&k| !nodes[k].1 && !nodes[k].0.is_empty())
+        .collect();
+    let mut mask = 0u128;
+    let take = |order: &[usize], mask: &mut u128, want: usize| {
+        let mut got = 0;
+        for &k in order {
+            for &d in &nodes[k].0 {
+                if got == want {
+                    return;
+                }
+                if *mask >> d & 1 == 0 {
+                    *mask |= 1u128 << d;
+                    got += 1;
+                }
+            }
+        }
+    };
+    match policy {
+        Policy::FreshFirst => {
+            let order: Vec<usize> = fresh.iter().chain(used.iter()).copied().collect();
+            take(&order, &mut mask, n);
+        }
+        Policy::AppendFirst => {
+            let order: Vec<usize> = used.iter().chain(fresh.iter()).copied().collect();
+            take(&order, &mut mask, n);
+        }
+        Policy::ScatterFirst => {
+            // Round-robin over the used nodes (all nodes when none is used), then the rest.
+            let groups: Vec<Vec<usize>> = if used.is_empty() {
+                vec![fresh.clone()]
+            } else {
+                vec![used.clone(), fresh.clone()]
+            };
+            let mut got = 0;
+            for grp in groups {
+                let mut idx = vec![0usize; grp.len()];
+                loop {
+                    let mut progressed = false;
+                    for (gi, &k) in grp.iter().enumerate() {
+                        if got == n {
+                            break;
+                        }
+                        if let Some(&d) = nodes[k].0.get(idx[gi]) {
+                            idx[gi] += 1;
+                            mask |= 1u128 << d;
+                            got += 1;
+                            progressed = true;
+                        }
+                    }
+                    if got == n || !progressed {
+                        break;
+                    }
+                }
+                if got == n {
+                    break;
+                }
+            }
+        }
+    }
+    (mask.count_ones() as usize == n).then_some(mask)
+}
+
+fn devices_of(mask: u128) -> Vec<usize> {
+    (0..128).filter(|&d| mask >> d & 1 == 1).collect()
+}
+
+/// One compute stage of a search state: chain positions `[start, end)` on the devices `mask`.
+#[derive(Clone, Debug)]
+struct PlannedStage {
+    start: usize,
+    end: usize,
+    mask: u128,
+}
+
+/// A memoised state: the planned prefix, its latency-model stages (compute and communication, the
+/// prefix only) and the latency of the whole plan with the rest as one stage.
+#[derive(Clone, Debug)]
+struct State {
+    stages: Vec<PlannedStage>,
+    lat: Vec<LatStage>,
+    latency: f64,
+    /// Whether the last (rest) stage fits too, i.e. this state is a complete feasible plan.
+    complete_ok: bool,
+}
+
+/// A plan as `(first position, end position, devices)` per stage over [`CostGraph::topo_order`].
+pub type StagePlan = Vec<(usize, usize, Vec<usize>)>;
+
+/// What the search found (for tests and the notes).
+#[derive(Clone, Debug)]
+pub struct Search {
+    /// `(first node position, end position, devices)` per stage, over [`CostGraph::topo_order`].
+    pub stages: StagePlan,
+    /// Eq. 2 of the plan.
+    pub latency: f64,
+    /// Pivot stage among the latency-model stages (compute and communication, interleaved).
+    pub pivot: usize,
+    pub micro_batch: u64,
+    pub micro_batches: u64,
+    /// States memoised.
+    pub states: usize,
+    /// Whether the plan passed the memory check.
+    pub fits: bool,
+    /// The best complete plans by Eq. 2 (at most [`TOP`]), best first: `(stages, L)`.
+    pub candidates: Vec<(StagePlan, f64)>,
+}
+
+/// How many of the best complete plans the search keeps (for re-ranking by simulation).
+pub const TOP: usize = 32;
+
+struct Ctx<'a> {
+    cluster: &'a Cluster,
+    opts: &'a PlanOptions,
+    /// `chains[r]`: prefix sums at the slice `micro_batch / r` (index 0 unused).
+    chains: Vec<Chain>,
+    /// Whole-micro-batch chain (cut bytes for communication stages).
+    whole: Chain,
+    cuts: Vec<usize>,
+    m: usize,
+    mem_check: bool,
+    ar_cache: HashMap<u128, (Affine, Affine)>,
+    comm_cache: HashMap<(u128, u128), std::rc::Rc<CommCost>>,
+}
+
+/// `t(bytes) = c + s·bytes` for `bytes > 0`, 0 otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+struct Affine {
+    c: f64,
+    s: f64,
+}
+
+impl Affine {
+    fn at(self, bytes: f64) -> f64 {
+        if bytes > 0.0 {
+            self.c + self.s * bytes
+        } else {
+            0.0
+        }
+    }
+    /// Fit an affine cost from two evaluations (the α-β costs are affine in the bytes).
+    fn fit(f: impl Fn(f64) -> f64) -> Affine {
+        let (x1, x2) = (1e6, 2e6);
+        let (y1, y2) = (f(x1), f(x2));
+        let s = (y2 - y1) / (x2 - x1);
+        Affine { c: y1 - s * x1, s }
+    }
+}
+
+/// Communication stage cost between two device sets: the max over the devices' affine costs
+/// (each device sends or receives its split/concat pieces one after another).
+#[derive(Clone, Debug)]
+struct CommCost(Vec<Affine>);
+
+impl CommCost {
+    fn at(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
+        self.0.iter().map(|a| a.at(bytes)).fold(0.0, f64::max)
+    }
+}
+
+impl Ctx<'_> {
+    /// All-reduce cost of the device set `mask` (ring and hierarchical lines, per `--allreduce`).
+    fn ar(&mut self, mask: u128, bytes: f64) -> f64 {
+        if mask.count_ones() <= 1 || bytes <= 0.0 {
+            return 0.0;
+        }
+        let lines = self.ar_lines(mask);
+        self.ar_at(lines, bytes)
+    }
+
+    fn ar_at(&self, (ring, hier): (Affine, Affine), bytes: f64) -> f64 {
+        match self.opts.allreduce {
+            AllReduceAlgo::Ring => ring.at(bytes),
+            AllReduceAlgo::Hierarchical => hier.at(bytes),
+            AllReduceAlgo::Auto => ring.at(bytes).min(hier.at(bytes)),
+        }
+    }
+
+    /// The ring and hierarchical all-reduce lines of the device set `mask` (zero for one device).
+    fn ar_lines(&mut self, mask: u128) -> (Affine, Affine) {
+        if mask.count_ones() <= 1 {
+            return (Affine::default(), Affine::default());
+        }
+        let cluster = self.cluster;
+        *self.ar_cache.entry(mask).or_insert_with(|| {
+            let devs = devices_of(mask);
+            (
+                Affine::fit(|b| allreduce_time(cluster, &devs, b, AllReduceAlgo::Ring)),
+                Affine::fit(|b| allreduce_time(cluster, &devs, b, AllReduceAlgo::Hierarchical)),
+            )
+        })
+    }
+
+    /// [`Ctx::compute_stage`] with the all-reduce lines already looked up.
+    fn compute_stage_with(
+        &self,
+        i: usize,
+        j: usize,
+        r: usize,
+        lines: (Affine, Affine),
+    ) -> LatStage {
+        let ch = &self.chains[r];
+        LatStage {
+            f: ch.fwd[j] - ch.fwd[i],
+            b: ch.bwd[j] - ch.bwd[i],
+            ar: self.ar_at(lines, ch.parameter_bytes(i, j)),
+        }
+    }
+
+    fn compute_stage(&mut self, i: usize, j: usize, mask: u128) -> LatStage {
+        let r = mask.count_ones() as usize;
+        let ch = &self.chains[r];
+        let (f, b) = (ch.fwd[j] - ch.fwd[i], ch.bwd[j] - ch.bwd[i]);
+        let p = ch.parameter_bytes(i, j);
+        LatStage {
+            f,
+            b,
+            ar: self.ar(mask, p),
+        }
+    }
+
+    /// The cost of moving one tensor from stage devices `a` to `b` ([`crate::cost::comm::redistribute_time`]).
+    fn comm_cost(&mut self, a: u128, b: u128) -> std::rc::Rc<CommCost> {
+        let cluster = self.cluster;
+        self.comm_cache
+            .entry((a, b))
+            .or_insert_with(|| {
+                let (da, db) = (devices_of(a), devices_of(b));
+                let mut per_dev: Vec<Affine> = vec![Affine::default(); da.len() + db.len()];
+                for (i, j, frac) in crate::cost::comm::redistribute(da.len(), db.len(), 1.0) {
+                    let lat = cluster
+                        .path(da[i], db[j])
+                        .map_or((f64::INFINITY, 0.0), |p| p);
+                    let (bw, alpha) = lat;
+                    for k in [i, da.len() + j] {
+                        if bw.is_finite() {
+                            per_dev[k].c += alpha;
+                            per_dev[k].s += frac / bw;
+                        }
+                    }
+                }
+                std::rc::Rc::new(CommCost(per_dev))
+            })
+            .clone()
+    }
+
+    fn comm_stage(&mut self, at: usize, a: u128, b: u128) -> LatStage {
+        let t = self.comm_cost(a, b).at(self.whole.cut[at]);
+        LatStage {
+            f: t,
+            b: t,
+            ar: 0.0,
+        }
+    }
+
+    /// Memory check of stage `idx` of `n` compute stages (policy-A warm-up).
+    fn fits(&self, st: &PlannedStage, idx: usize, n: usize) -> bool {
+        if !self.mem_check {
+            return true;
+        }
+        let r = st.mask.count_ones() as usize;
+        let ch = &self.chains[r];
+        let k = ScheduleKind::DappleA.warmup(n - idx, self.m);
+        let mem = stage_memory(
+            ch.parameter_bytes(st.start, st.end),
+            ch.saved_bytes(st.start, st.end),
+            k,
+            ch.cut[st.start] + ch.cut[st.end],
+            self.opts.optimizer,
+        );
+        let cap = (0..self.cluster.len())
+            .filter(|&d| st.mask >> d & 1 == 1)
+            .map(|d| self.cluster.kind_of(d).memory_bytes)
+            .min()
+            .unwrap_or(0) as f64;
+        mem.total() <= cap
+    }
+}
+
+/// Run DAPPLE's search (see the module doc) at micro-batch `mb`.
+pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> Result<Search> {
+    let ndev = cluster.len();
+    if ndev > 128 {
+        return Err(Error::Usage(format!(
+            "dapple: at most 128 devices supported, cluster has {ndev}"
+        )));
+    }
+    if g.is_empty() {
+        return Err(Error::Usage("dapple: the graph has no node".into()));
+    }
+    let batch = opts.batch.max(1);
+    let m = (batch / mb.max(1)).max(1) as usize;
+    let kind = cluster.kind_of(0);
+    let mut chains = Vec::with_capacity(ndev + 1);
+    for r in 0..=ndev {
+        chains.push(g.chain(mb as f64 / r.max(1) as f64, kind));
+    }
+    let whole = g.chain(mb as f64, kind);
+    let n = whole.len();
+    let cuts = candidate_cuts(&whole);
+    let mut ctx = Ctx {
+        cluster,
+        opts,
+        chains,
+        whole,
+        cuts,
+        m,
+        mem_check: true,
+        ar_cache: HashMap::new(),
+        comm_cache: HashMap::new(),
+    };
+    let mut found = run_search(&mut ctx);
+    let mut fits = true;
+    if found.0.is_empty() {
+        ctx.mem_check = false;
+        fits = false;
+        found = run_search(&mut ctx);
+    }
+    let (top, states) = found;
+    let all: u128 = if ndev == 128 {
+        u128::MAX
+    } else {
+        (1u128 << ndev) - 1
+    };
+    let mut candidates = Vec::with_capacity(top.len());
+    let mut pivot_of_best = 0;
+    for (x, st) in top.iter().enumerate() {
+        let mut stages: StagePlan = st
+            .stages
+            .iter()
+            .map(|s| (s.start, s.end, devices_of(s.mask)))
+            .collect();
+        let used: u128 = st.stages.iter().fold(0, |a, s| a | s.mask);
+        let rest = all & !used;
+        let last_start = st.stages.last().map_or(0, |s| s.end);
+        stages.push((last_start, n, devices_of(rest)));
+        // Eq. 2 of the full plan (and its pivot).
+        let mut lat = st.lat.clone();
+        if let Some(prev) = st.stages.last() {
+            lat.push(ctx.comm_stage(last_start, prev.mask, rest));
+        }
+        lat.push(ctx.compute_stage(last_start, n, rest));
+        let (l, q) = latency(&lat, m);
+        if x == 0 {
+            pivot_of_best = q;
+        }
+        candidates.push((stages, l));
+    }
+    let (stages, latency) = candidates
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::msg("dapple: no plan found"))?;
+    Ok(Search {
+        stages,
+        latency,
+        pivot: pivot_of_best,
+        micro_batch: mb,
+        micro_batches: m as u64,
+        states,
+        fits,
+        candidates,
+    })
+}
+
+/// Eq. 2 for a given plan: `stages` as `(start, end, devices)` over the topological order, at
+/// micro-batch `mb`. Returns `L` and the pivot (over compute and communication stages).
+pub fn evaluate(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    mb: u64,
+    stages: &[(usize, usize, Vec<usize>)],
+) -> (f64, usize) {
+    let kind = cluster.kind_of(0);
+    let m = (opts.batch.max(1) / mb.max(1)).max(1) as usize;
+    let whole = g.chain(mb as f64, kind);
+    let mut lat = Vec::new();
+    for (x, (i, j, devs)) in stages.iter().enumerate() {
+        let r = devs.len().max(1);
+        let ch = g.chain(mb as f64 / r as f64, kind);
+        if x > 0 {
+            let prev = &stages[x - 1].2;
+            let t = crate::cost::comm::redistribute_time(cluster, prev, devs, whole.cut[*i]);
+            lat.push(LatStage {
+                f: t,
+                b: t,
+                ar: 0.0,
+            });
+        }
+        let p = ch.parameter_bytes(*i, *j);
+        let ar = if devs.len() > 1 {
+            allreduce_time(cluster, devs, p, opts.allreduce)
+        } else {
+            0.0
+        };
+        lat.push(LatStage {
+            f: ch.fwd[*j] - ch.fwd[*i],
+            b: ch.bwd[*j] - ch.bwd[*i],
+            ar,
+        });
+    }
+    latency(&lat, m)
+}
+
+/// Cut positions `0 = c_0 < c_1 < ... < c_k = n`: every position when `n ≤ MAX_CUTS`, else the
+/// compute quantiles.
+fn candidate_cuts(ch: &Chain) -> Vec<usize> {
+    let n = ch.len();
+    if n <= MAX_CUTS {
+        return (0..=n).collect();
+    }
+    let total = ch.compute(0, n).max(f64::MIN_POSITIVE);
+    let mut cuts = vec![0usize];
+    let mut p = 0usize;
+    for k in 1..MAX_CUTS {
+        let target = total * k as f64 / MAX_CUTS as f64;
+        while p < n && ch.compute(0, p) < target {
+            p += 1;
+        }
+        if p > *cuts.last().unwrap_or(&0) && p < n {
+            cuts.push(p);
+        }
+    }
+    cuts.push(n);
+    cuts
+}
+
+/// The memoised search; returns the best complete feasible states (at most [`TOP`], best first)
+/// and the number of states.
+fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
+    let ndev = ctx.cluster.len();
+    let all: u128 = if ndev == 128 {
+        u128::MAX
+    } else {
+        (1u128 << ndev) - 1
+    };
+    let k = ctx.cuts.len() - 1;
+    let n = ctx.whole.len();
+    // states[c]: cut index c -> used mask -> best state.
+    let mut states: Vec<HashMap<u128, State>> = vec![HashMap::new(); k + 1];
+    // Base state: one stage on every device (pure data parallelism).
+    {
+        let last = ctx.compute_stage(0, n, all);
+        let (l, _) = latency(&[last], ctx.m);
+        let ok = ctx.fits(
+            &PlannedStage {
+                start: 0,
+                end: n,
+                mask: all,
+            },
+            0,
+            1,
+        );
+        states[0].insert(
+            0,
+            State {
+                stages: Vec::new(),
+                lat: Vec::new(),
+                latency: l,
+                complete_ok: ok,
+            },
+        );
+    }
+    let mut top: Vec<State> = Vec::with_capacity(TOP + 1);
+    let mut count = 0usize;
+    for c in 0..k {
+        let mut here: Vec<(u128, State)> = states[c].drain().collect();
+        here.sort_by_key(|(mask, _)| *mask);
+        count += here.len();
+        for (used, st) in here {
+            // Keep the best plan of each replica-count shape (e.g. 8:8, 4:4:8), so that the
+            // re-ranking sees different shapes rather than near-copies of one.
+            let shape = |x: &State| -> Vec<u32> {
+                let mut v: Vec<u32> = x.stages.iter().map(|p| p.mask.count_ones()).collect();
+                v.push(ndev as u32 - v.iter().sum::<u32>());
+                v
+            };
+            if st.complete_ok
+                && (top.len() < TOP || top.last().is_some_and(|b| st.latency < b.latency))
+            {
+                let sh = shape(&st);
+                match top.iter().position(|b| shape(b) == sh) {
+                    Some(k) if top[k].latency <= st.latency => {}
+                    other => {
+                        if let Some(k) = other {
+                            top.remove(k);
+                        }
+                        let at = top.partition_point(|b| b.latency <= st.latency);
+                        top.insert(at, st.clone());
+                        top.truncate(TOP);
+                    }
+                }
+            }
+            let free = all & !used;
+            let nfree = free.count_ones() as usize;
+            if nfree < 2 {
+                continue;
+            }
+            let i = ctx.cuts[c];
+            let nstages = st.stages.len() + 2;
+            // Earlier stages' feasibility depends only on the new stage count.
+            if !st
+                .stages
+                .iter()
+                .enumerate()
+                .all(|(x, s)| ctx.fits(s, x, nstages))
+            {
+                continue;
+            }
+            let mut lat = st.lat.clone();
+            let base_len = lat.len();
+            for mnew in 1..nfree {
+                let mut placed: Vec<u128> = Vec::with_capacity(3);
+                for pol in Policy::ALL {
+                    if let Some(gm) = place(ctx.cluster, free, mnew, pol) {
+                        if !placed.contains(&gm) {
+                            placed.push(gm);
+                        }
+                    }
+                }
+                for gm in placed {
+                    let rest = free & !gm;
+                    let into = st
+                        .stages
+                        .last()
+                        .map(|prev| ctx.comm_stage(i, prev.mask, gm));
+                    let out = ctx.comm_cost(gm, rest);
+                    let (r_new, l_new) = (gm.count_ones() as usize, ctx.ar_lines(gm));
+                    let (r_rest, l_rest) = (rest.count_ones() as usize, ctx.ar_lines(rest));
+                    #[allow(clippy::needless_range_loop)] // c2 indexes cuts and states
+                    for c2 in c + 1..k {
+                        let j = ctx.cuts[c2];
+                        let new_stage = PlannedStage {
+                            start: i,
+                            end: j,
+                            mask: gm,
+                        };
+                        if !ctx.fits(&new_stage, nstages - 2, nstages) {
+                            continue;
+                        }
+                        lat.truncate(base_len);
+                        if let Some(x) = into {
+                            lat.push(x);
+                        }
+                        lat.push(ctx.compute_stage_with(i, j, r_new, l_new));
+                        let plen = lat.len();
+                        let t = out.at(ctx.whole.cut[j]);
+                        lat.push(LatStage {
+                            f: t,
+                            b: t,
+                            ar: 0.0,
+                        });
+                        lat.push(ctx.compute_stage_with(j, n, r_rest, l_rest));
+                        let (l, _) = latency(&lat, ctx.m);
+                        let key = used | gm;
+                        let better = states[c2].get(&key).is_none_or(|old| l < old.latency);
+                        if better {
+                            let last_ok = ctx.fits(
+                                &PlannedStage {
+                                    start: j,
+                                    end: n,
+                                    mask: rest,
+                                },
+                                nstages - 1,
+                                nstages,
+                            );
+                            let mut stages = st.stages.clone();
+                            stages.push(new_stage);
+                            states[c2].insert(
+                                key,
+                                State {
+                                    stages,
+                                    lat: lat[..plen].to_vec(),
+                                    latency: l,
+                                    complete_ok: last_ok,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (top, count)
+}
+
+/// The default micro-batch (see the module doc).
+pub fn default_micro_batch(g: &CostGraph, opts: &PlanOptions) -> Result<u64> {
+    if opts.micro_batch.is_some() {
+        return opts.micro_batch_or(1);
+    }
+    let b = opts.batch.max(1);
+    let r = g.reference_batch.round() as u64;
+    if r >= 1 && r < b && b.is_multiple_of(r) {
+        return Ok(r);
+    }
+    opts.micro_batch_or(8)
+}
+
+/// Micro-batches the planner tries: the requested one; for a measured profile (linear in the
+/// batch) the default; for counted work (fixed weight traffic per micro-batch makes small
+/// micro-batches slow) also the divisors giving `M = 1, 2, 4, ..., 64`.
+pub fn micro_batch_candidates(g: &CostGraph, opts: &PlanOptions) -> Result<Vec<u64>> {
+    let d = default_micro_batch(g, opts)?;
+    if opts.micro_batch.is_some()
+        || g.nodes
+            .iter()
+            .all(|n| matches!(n.work, crate::cost::Work::Measured { .. }))
+    {
+        return Ok(vec![d]);
+    }
+    let b = opts.batch.max(1);
+    let mut v: Vec<u64> = (0..=6)
+        .map(|e| 1u64 << e)
+        .filter(|&m| m <= b && b.is_multiple_of(m))
+        .map(|m| b / m)
+        .collect();
+    if !v.contains(&d) {
+        v.push(d);
+    }
+    Ok(v)
+}
+
+impl Default for Dapple {
+    fn default() -> Dapple {
+        Dapple { rerank: TOP }
+    }
+}
+
+impl Planner for Dapple {
+    fn name(&self) -> &'static str {
+        "dapple"
+    }
+
+    fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
+        let t0 = Instant::now();
+        // Candidates (micro-batch, stages, L), best L first.
+        let mut pool: Vec<(u64, StagePlan, f64)> = Vec::new();
+        for mb in micro_batch_candidates(g, opts)? {
+            let s = search(g, cluster, opts, mb)?;
+            for (st, l) in s.candidates {
+                pool.push((mb, st, l));
+            }
+        }
+        pool.sort_by(|a, b| a.2.total_cmp(&b.2));
+        pool.truncate(self.rerank.max(1));
+        if self.rerank > 1 {
+            // Pure data parallelism (the search's base state) is always re-ranked too, at every
+            // micro-batch tried.
+            let dp = vec![(0, g.len(), (0..cluster.len()).collect::<Vec<_>>())];
+            for mb in micro_batch_candidates(g, opts)? {
+                if !pool.iter().any(|p| p.0 == mb && p.1 == dp) {
+                    let l = evaluate(g, cluster, opts, mb, &dp).0;
+                    pool.push((mb, dp.clone(), l));
+                }
+            }
+        }
+        let order = g.topo_order();
+        let kinds: Vec<ScheduleKind> = match opts.schedule {
+            Some(k) => vec![k],
+            None => vec![ScheduleKind::DappleA, ScheduleKind::DappleB],
+        };
+        let mut best: Option<Plan> = None;
+        for (mb, stages, l) in pool {
+            let specs: Vec<StageSpec> = stages
+                .iter()
+                .map(|(i, j, devs)| StageSpec {
+                    nodes: order[*i..*j].to_vec(),
+                    devices: devs.clone(),
+                })
+                .collect();
+            for &k in &kinds {
+                let p =
+                    Plan::assemble(self.name(), g, cluster, opts, specs.clone(), mb, k, l, 0.0)?;
+                let better = match &best {
+                    None => true,
+                    Some(b) => {
+                        (b.out_of_memory && !p.out_of_memory)
+                            || (b.out_of_memory == p.out_of_memory
+                                && p.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
+                    }
+                };
+                if better {
+                    best = Some(p);
+                }
+            }
+        }
+        let mut plan = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
+        plan.search_time_s = t0.elapsed().as_secs_f64();
+        Ok(plan)
+    }
+}

@@ -1,0 +1,181 @@
+//! BaPipe planner: Eq. 1, the balanced partition on a heterogeneous chain, the coarse network,
+//! the memory fine-tuning, Table 2 and the SNO/SO exploration.
+
+use pipec_passes::cost::cluster::{titan_x_12gb, v100_16gb, Cluster, Level, Precision};
+use pipec_passes::cost::profile::load_profile;
+use pipec_passes::cost::{CostEdge, CostGraph, CostNode, Work};
+use pipec_passes::plan::PlanOptions;
+use pipec_passes::planners::bapipe::{self, ideal_stage_time, table2_time, Chains};
+use pipec_passes::planners::by_name;
+use pipec_passes::sim::ScheduleKind;
+use std::path::Path;
+
+fn profile(name: &str, batch: f64) -> CostGraph {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../onnx-models/profiles")
+        .join(name);
+    load_profile(&p, batch).expect("profile").graph
+}
+
+/// A compute-bound chain of `n` equal MatMul layers (counted work, so device kinds matter).
+fn counted_chain(n: usize, gflops: f64, act: f64, params: f64) -> CostGraph {
+    let nodes = (0..n)
+        .map(|i| CostNode {
+            name: format!("mm{i}"),
+            op: "MatMul".into(),
+            work: Work::Counted {
+                fwd_flops: gflops * 1e9,
+                bwd_flops: 2.0 * gflops * 1e9,
+                fwd_bytes: 0.0,
+                bwd_bytes: 0.0,
+                fwd_fixed_bytes: 0.0,
+                bwd_fixed_bytes: 0.0,
+                precision: Precision::F32,
+            },
+            activation_bytes: act,
+            saved_bytes: act,
+            parameter_bytes: params,
+            is_input: false,
+        })
+        .collect();
+    let edges = (1..n)
+        .map(|i| CostEdge {
+            src: i - 1,
+            dst: i,
+            bytes: act,
+        })
+        .collect();
+    CostGraph::new("mm", 1.0, nodes, edges, "mm").expect("graph")
+}
+
+fn hetero() -> Cluster {
+    Cluster::preset("bapipe-hetero").expect("preset")
+}
+
+#[test]
+fn eq1_ideal_time() {
+    assert!((ideal_stage_time(&[2.0, 2.0]) - 1.0).abs() < 1e-12);
+    assert!((ideal_stage_time(&[1.0, 3.0]) - 0.75).abs() < 1e-12);
+    // Homogeneous: T = T_1 / N.
+    assert!((ideal_stage_time(&[4.0; 4]) - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn table2_matches_the_digest_check() {
+    // N = 4, M = 32, F+B = 3, SR = 0.5: SNO 131, SO 108.
+    assert!((table2_time(ScheduleKind::OneFOneB, 32, 4, 3.0, 0.5) - 131.0).abs() < 1e-9);
+    assert!((table2_time(ScheduleKind::OneFOneBSo, 32, 4, 3.0, 0.5) - 108.0).abs() < 1e-9);
+}
+
+#[test]
+fn balanced_partition_follows_device_speed() {
+    let g = counted_chain(40, 10.0, 1e5, 1e6);
+    let c = hetero();
+    let ch = Chains::new(&g, &c, 4, 1.0);
+    let b = bapipe::balance(&g, &ch, 4);
+    let len: Vec<usize> = b.bounds.windows(2).map(|w| w[1] - w[0]).collect();
+    // V100 : TitanX = 15.7 : 11 → the fast devices get more layers.
+    assert!(len[0] > len[2] && len[1] > len[3], "{len:?}");
+    let worst = b.stage_times.iter().copied().fold(0.0, f64::max);
+    // Within one layer of Eq. 1's ideal.
+    let layer_slow = ch.chains[3].compute(0, 1);
+    assert!(worst <= b.ideal + layer_slow, "{worst} vs {}", b.ideal);
+    assert!(!b.coarse);
+}
+
+#[test]
+fn balanced_beats_even_split_on_heterogeneous_chain() {
+    let g = counted_chain(40, 10.0, 1e5, 1e6);
+    let c = hetero();
+    let opts = PlanOptions::new(64);
+    let ba = by_name("bapipe")
+        .expect("bapipe")
+        .plan(&g, &c, &opts)
+        .expect("plan");
+    let st = by_name("straight")
+        .expect("straight")
+        .plan(&g, &c, &opts)
+        .expect("plan");
+    ba.verify(&g, &c).expect("verifies");
+    assert!(
+        ba.iteration_time_s < 0.95 * st.iteration_time_s,
+        "bapipe {} vs straight {}",
+        ba.iteration_time_s,
+        st.iteration_time_s
+    );
+}
+
+#[test]
+fn intra_layer_split_is_planned_between_unequal_neighbours() {
+    // 5 equal layers over 2 equal devices cannot balance by whole layers (3:2): the boundary
+    // MatMul is split, half a layer moves over.
+    let g = counted_chain(5, 10.0, 1e3, 1e3);
+    let c = Cluster::resolve("2@15.75e9", None).expect("cluster");
+    let ch = Chains::new(&g, &c, 2, 1.0);
+    let b = bapipe::balance(&g, &ch, 2);
+    assert_eq!(b.intra.len(), 1, "{b:?}");
+    assert!((b.intra[0].fraction - 0.5).abs() < 1e-9, "{b:?}");
+    assert!((b.balanced_times[0] - b.balanced_times[1]).abs() < 1e-9 * b.balanced_times[0]);
+}
+
+#[test]
+fn communication_bound_uses_the_coarse_network() {
+    // Huge activations on every layer but one: the coarse network cuts only at the small one,
+    // away from the compute-balanced cut (after layer 3).
+    let mut g = counted_chain(8, 1.0, 4e9, 0.0);
+    g.nodes[1].activation_bytes = 1e3;
+    for e in g.edges.iter_mut() {
+        e.bytes = g.nodes[e.src].activation_bytes;
+    }
+    let c = Cluster::resolve("2@1e9", None).expect("cluster");
+    let ch = Chains::new(&g, &c, 2, 1.0);
+    let b = bapipe::balance(&g, &ch, 2);
+    assert!(b.coarse, "{b:?}");
+    assert_eq!(b.bounds, vec![0, 2, 8]);
+    assert!(b.threshold_bytes.is_some());
+    assert!(b.intra.is_empty());
+}
+
+#[test]
+fn memory_fine_tuning_moves_layers_off_a_full_stage() {
+    // Big parameters on the first layers: stage 0 must shed layers to fit 16 GB.
+    let mut g = counted_chain(8, 10.0, 1e6, 1e8);
+    for n in 0..3 {
+        g.nodes[n].parameter_bytes = 3e9;
+    }
+    let c = Cluster::resolve("2@15.75e9", None).expect("cluster");
+    let ch = Chains::new(&g, &c, 2, 1.0);
+    let opts = PlanOptions::new(8);
+    let b = bapipe::balance(&g, &ch, 2);
+    assert_eq!(b.bounds[1], 4);
+    let tuned = bapipe::fit_memory(&c, &ch, &b.bounds, 1, 8, &opts).expect("fits");
+    // Stage 0 with 3 big layers needs 2·9 GB > 16 GiB; with 2 it fits.
+    assert!(tuned[1] <= 2, "{tuned:?}");
+}
+
+#[test]
+fn sno_so_choice_flips_with_bandwidth() {
+    let g = profile("vgg16.txt", 64.0);
+    let opts = PlanOptions::new(256);
+    let pick = |bw: &str| {
+        let c = Cluster::resolve(&format!("4@{bw}"), None).expect("cluster");
+        let p = by_name("bapipe")
+            .expect("bapipe")
+            .plan(&g, &c, &opts)
+            .expect("plan");
+        p.verify(&g, &c).expect("verifies");
+        p.schedule
+    };
+    // Fast links: nothing to hide, SNO (half the activations). PCIe: overlap pays, SO.
+    assert_eq!(pick("130e9"), "1f1b");
+    assert_eq!(pick("15.75e9"), "1f1b-so");
+}
+
+#[test]
+fn heterogeneous_preset_mixes_kinds() {
+    let c = hetero();
+    assert_eq!(c.len(), 4);
+    assert_eq!(c.kind_of(0).name, v100_16gb().name);
+    assert_eq!(c.kind_of(3).name, titan_x_12gb().name);
+    let _: &Level = &c.levels[0];
+}

@@ -1,0 +1,144 @@
+//! `pipec compare MODEL --cluster C [--devices N] [--batch B] [--json]` (cli.md): run every
+//! registered planner on the same model and cluster and print one row each (planner, stages,
+//! depth, replicas per stage, simulated iteration time, speed-up over `dp`, peak memory, search
+//! time). A planner that fails prints its error in its row; the command still succeeds. `--json`
+//! prints a list of `plan --json` objects (failed planners are left out).
+
+use super::plan::{load_cost_graph, resolve_cluster};
+use anyhow::{anyhow, bail, Result};
+use clap::Args;
+use pipec_passes::cost::Optimizer;
+use pipec_passes::plan::{Plan, PlanOptions};
+use pipec_passes::planners;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Run every planner on the same model and cluster and compare their plans.
+///
+/// MODEL is an ONNX file or a PipeDream `graph.txt` profile (`.txt`). C is a preset, a TOML file,
+/// or an inline hierarchy `N1@BW1,N2@BW2`.
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// The model: `.onnx`, or a `graph.txt` profile (`.txt`).
+    pub model: Option<PathBuf>,
+    /// Cluster: preset name, TOML file, or `N1@BW1,N2@BW2,...`.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Use only the first N devices of the cluster.
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// Global mini-batch size (default: the profile batch, else the model's batch dim, else 1).
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file
+    /// name, else 1).
+    #[arg(long = "profile-batch")]
+    pub profile_batch: Option<u64>,
+    /// Device kind for an inline `N@BW` cluster (default V100-16GB).
+    #[arg(long = "device-kind")]
+    pub device_kind: Option<String>,
+    /// Optimizer for the memory model and the step time: sgd, sgd:momentum=0.9, adam.
+    #[arg(long, default_value = "sgd")]
+    pub optimizer: String,
+    /// Print a JSON list of `plan --json` objects.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One planner's outcome.
+struct Row {
+    name: &'static str,
+    result: std::result::Result<Plan, String>,
+}
+
+/// Render the comparison table.
+fn table(rows: &[Row]) -> String {
+    let dp_time = rows
+        .iter()
+        .find(|r| r.name == "dp")
+        .and_then(|r| r.result.as_ref().ok())
+        .map(|p| p.iteration_time_s);
+    let mut s = format!(
+        "{:<10} {:>6} {:>5} {:<24} {:>12} {:>9} {:>10} {:>10}\n",
+        "planner", "stages", "depth", "replicas", "iter (s)", "vs dp", "peak GB", "search ms"
+    );
+    for r in rows {
+        match &r.result {
+            Ok(p) => {
+                let reps: Vec<String> = p.stages.iter().map(|s| s.replicas.to_string()).collect();
+                let mut reps = reps.join(":");
+                if reps.len() > 24 {
+                    reps.truncate(21);
+                    reps.push_str("...");
+                }
+                let speedup = match dp_time {
+                    Some(t) if p.iteration_time_s > 0.0 => {
+                        format!("{:.2}x", t / p.iteration_time_s)
+                    }
+                    _ => "-".into(),
+                };
+                s.push_str(&format!(
+                    "{:<10} {:>6} {:>5} {:<24} {:>12.6} {:>9} {:>10.2} {:>10.3}{}\n",
+                    r.name,
+                    p.stages.len(),
+                    p.pipeline_depth,
+                    reps,
+                    p.iteration_time_s,
+                    speedup,
+                    p.peak_memory_bytes as f64 / 1e9,
+                    p.search_time_s * 1e3,
+                    if p.out_of_memory {
+                        "  (out of memory)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            Err(e) => s.push_str(&format!("{:<10} error: {e}\n", r.name)),
+        }
+    }
+    s
+}
+
+/// Run `pipec compare`.
+pub fn run(a: CompareArgs) -> Result<ExitCode> {
+    let model = a
+        .model
+        .as_deref()
+        .ok_or_else(|| anyhow!("MODEL: missing (an .onnx file or a graph.txt profile)"))?;
+    let spec = a
+        .cluster
+        .as_deref()
+        .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
+    let cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
+    let (g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    let batch = match a.batch {
+        Some(0) => bail!("--batch 0: must be >= 1"),
+        Some(b) => b,
+        None => ref_batch.max(1),
+    };
+    let mut opts = PlanOptions::new(batch);
+    opts.optimizer = Optimizer::parse(&a.optimizer)?;
+    let mut rows = Vec::new();
+    for &name in planners::PLANNER_NAMES {
+        let result = planners::by_name(name)
+            .and_then(|p| p.plan(&g, &cluster, &opts))
+            .and_then(|p| p.verify(&g, &cluster).map(|()| p))
+            .map_err(|e| e.to_string());
+        rows.push(Row { name, result });
+    }
+    if a.json {
+        let plans: Vec<&Plan> = rows.iter().filter_map(|r| r.result.as_ref().ok()).collect();
+        println!("{}", serde_json::to_string_pretty(&plans)?);
+    } else {
+        println!(
+            "compare: {} on {} ({} devices), batch {}",
+            model.display(),
+            cluster.name,
+            cluster.len(),
+            batch
+        );
+        print!("{}", table(&rows));
+    }
+    Ok(ExitCode::SUCCESS)
+}

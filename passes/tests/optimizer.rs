@@ -152,7 +152,9 @@ fn step(kind: OptimizerKind, micro: u32) {
                 .fold(0f64, |a, (g, w)| a.max((g - w).abs()))
                 / scale;
             worst = worst.max(err);
-            assert!(err < 1e-5, "{k}: relative error {err:.2e}");
+            // 1e-4: the project's equivalence bound. Adam's m/sqrt(v) amplifies the f32 rounding
+            // of tiny gradients (the executor's GEMM sums in another order than the f64 oracle).
+            assert!(err < 1e-4, "{k}: relative error {err:.2e}");
             checked += 1;
         }
     }

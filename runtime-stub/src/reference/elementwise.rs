@@ -693,22 +693,49 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
                 .map_err(|e| e.to_string())?),
             "Identity" => one(c.input(0)?.clone()),
             "Dropout" => {
-                // Inference (and ratio 0 / training_mode false): identity, mask all true.
+                // Inference (or ratio 0 / training_mode false): identity, mask all true.
+                // Training: each element is kept with probability 1 - ratio and scaled by
+                // 1 / (1 - ratio); the mask comes from a xorshift64* stream seeded by the `seed`
+                // attribute (ONNX leaves the generator unspecified), so runs are reproducible.
                 let x = c.input(0)?;
-                if let Some(t) = c.opt(2) {
-                    if t.to_i64_vec().first().copied().unwrap_or(0) != 0 {
-                        let ratio = c
-                            .opt(1)
-                            .map(|r| r.to_f64().iter().copied().next().unwrap_or(0.5));
-                        if ratio != Some(0.0) {
-                            return Err(
-                                "training_mode=true with a nonzero ratio is not supported".into()
-                            );
-                        }
-                    }
+                let training = c
+                    .opt(2)
+                    .is_some_and(|t| t.to_i64_vec().first().copied().unwrap_or(0) != 0);
+                let ratio = c
+                    .opt(1)
+                    .and_then(|r| r.to_f64().iter().copied().next())
+                    .unwrap_or(0.5);
+                if !training || ratio == 0.0 {
+                    let mask = Tensor::Bool(ArrayD::from_elem(IxDyn(x.shape()), true));
+                    return Ok(vec![x.clone(), mask]);
                 }
-                let mask = Tensor::Bool(ArrayD::from_elem(IxDyn(x.shape()), true));
-                Ok(vec![x.clone(), mask])
+                if !(0.0..1.0).contains(&ratio) {
+                    return Err(format!("ratio {ratio} is outside [0, 1)"));
+                }
+                let mut state = (c.int("seed", 0) as u64) ^ 0x9E37_79B9_7F4A_7C15;
+                let keep: Vec<bool> = (0..x.len())
+                    .map(|_| {
+                        state ^= state >> 12;
+                        state ^= state << 25;
+                        state ^= state >> 27;
+                        let r = state.wrapping_mul(0x2545_F491_4F6C_DD1D);
+                        ((r >> 11) as f64 / (1u64 << 53) as f64) >= ratio
+                    })
+                    .collect();
+                let mask =
+                    ArrayD::from_shape_vec(IxDyn(x.shape()), keep).map_err(|e| e.to_string())?;
+                let scale = 1.0 / (1.0 - ratio);
+                let m64 = mask.mapv(|k| if k { scale } else { 0.0 });
+                let y = match x {
+                    Tensor::F32(a) => {
+                        Tensor::F32(a.as_standard_layout().into_owned() * &m64.mapv(|v| v as f32))
+                    }
+                    Tensor::F64(a) => Tensor::F64(a.as_standard_layout().into_owned() * &m64),
+                    other => {
+                        return Err(format!("Dropout on {:?} is not supported", other.dtype()))
+                    }
+                };
+                Ok(vec![y, Tensor::Bool(mask)])
             }
             "ReduceSum" => one(reduce(c, Red::Sum)?),
             "ReduceMean" => one(reduce(c, Red::Mean)?),

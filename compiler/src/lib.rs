@@ -9,6 +9,7 @@ pub mod ir;
 pub mod mlir;
 pub mod onnx;
 pub mod passmgr;
+pub mod program;
 pub mod shape;
 pub mod text;
 pub mod verify;

@@ -198,19 +198,28 @@ pub enum Instr {
         inputs: Vec<String>,
         output: String,
     },
+    /// `(output, mb)` = element-wise sum of `(inputs[i], mb)`, which are freed (cotangents of a
+    /// batch-independent value from several consumer replicas).
+    Sum {
+        mb: u32,
+        inputs: Vec<String>,
+        output: String,
+    },
     /// Global `grad/P` += buffer `(grad/P, mb)` for every name in `tensors` (created as zeros
     /// on first use); the micro-batch buffers are freed.
     Accumulate { mb: u32, tensors: Vec<String> },
     /// Drop micro-batch buffers.
     Free { mb: u32, tensors: Vec<String> },
     /// Sum the global buffers `tensors` over the devices of `group` (ascending; this device is
-    /// one of them); every member ends with the sum.
+    /// one of them); every member ends with the sum. A device that never accumulated `grad/P`
+    /// contributes zeros shaped like its parameter `P` (the name after `grad/`).
     AllReduce {
         group: Vec<usize>,
         tensors: Vec<String>,
         tag: u32,
     },
-    /// Run the stage's optimizer piece, apply its updates, zero the accumulated gradients.
+    /// Run the stage's optimizer piece, apply its updates, zero the accumulated gradients. A
+    /// missing `grad/P` input is zeros shaped like `P`.
     Step,
 }
 
@@ -235,6 +244,7 @@ impl Instr {
                 ..
             } => format!("recv '{tensor}' mb {mb} from device {peer} (tag {tag})"),
             Instr::Concat { mb, output, .. } => format!("concat '{output}' mb {mb}"),
+            Instr::Sum { mb, output, .. } => format!("sum '{output}' mb {mb}"),
             Instr::Accumulate { mb, tensors } => {
                 format!("accumulate {} gradients mb {mb}", tensors.len())
             }

@@ -5,6 +5,7 @@
 //! on the CPU. See [`exec`] for the trait and the backends, [`tensor::Tensor`] for the host tensor
 //! type and [`npz`] for reading and writing `.npz` files.
 
+pub mod dist;
 pub mod error;
 pub mod exec;
 pub mod npz;

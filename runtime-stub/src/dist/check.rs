@@ -1,0 +1,223 @@
+//! `pipec run --check`: run the unpartitioned [`ReferenceProgram`] on one device with the
+//! same data, optimizer and number of steps, and compare every parameter.
+//!
+//! The reference step: for each micro-batch `m`, rows `[m*b, (m+1)*b)` of every data input
+//! (along its batch axis) and the parameters feed `train`; its `grads` outputs are summed
+//! into `grad/P`; then `step` runs with the same conventions as a stage step (state buffers
+//! created as zeros before the first step, the step counter = 1-based step number as a 0-D
+//! tensor of the parameters' dtype, `updates` replace global buffers, gradients dropped).
+//!
+//! Comparison, per parameter `P` (distributed `a`, reference `b`):
+//! `abs(P) = max|a - b|`, `rel(P) = abs(P) / max(max|b|, 1e-12)` — a norm-style relative error
+//! (the largest difference relative to the largest reference magnitude, so elements near zero
+//! do not blow it up). `max_abs_diff` and `max_rel_diff` are the maxima over parameters; the
+//! check fails if `max_rel_diff > 1e-4` ([`TOLERANCE`]).
+
+use super::data::{self, Data};
+use super::{DistError, LoadedProgram, Result, RunResult};
+use crate::tensor::{max_abs_diff, Tensor};
+use pipec_compiler::ir::DType;
+use pipec_compiler::program::ReferenceProgram;
+use std::collections::{BTreeMap, HashMap};
+
+/// The bound on `max_rel_diff`.
+pub const TOLERANCE: f64 = 1e-4;
+
+/// Outcome of a check.
+#[derive(Clone, Debug)]
+pub struct CheckReport {
+    /// The reference loss of each step.
+    pub ref_losses: Vec<f64>,
+    /// Per parameter: `(name, abs, rel)`.
+    pub params: Vec<(String, f64, f64)>,
+    pub max_abs_diff: f64,
+    pub max_rel_diff: f64,
+    /// `max_rel_diff <= TOLERANCE`.
+    pub ok: bool,
+}
+
+fn err(msg: impl Into<String>) -> DistError {
+    DistError::Device {
+        device: 0,
+        at: "reference run (--check)".into(),
+        msg: msg.into(),
+    }
+}
+
+/// Run the reference program for `steps` steps on `data`; returns the losses and every global
+/// buffer at the end (parameters and optimizer state).
+pub fn reference_run(
+    lp: &LoadedProgram,
+    data: &Data,
+    steps: usize,
+    executor: &str,
+) -> Result<(Vec<f64>, HashMap<String, Tensor>)> {
+    let p = &lp.program;
+    let r: &ReferenceProgram = p.reference.as_ref().ok_or_else(|| {
+        DistError::Input(format!(
+            "{}: the program has no reference program for --check",
+            lp.outdir.join("schedule.json").display()
+        ))
+    })?;
+    let ex = crate::exec::executor_by_name(executor)
+        .ok_or_else(|| DistError::Input(format!("unknown executor '{executor}'")))?;
+    let train_m = super::import_piece(&lp.outdir, &r.train)?;
+    let step_m = super::import_piece(&lp.outdir, &r.step)?;
+    let mut train = ex
+        .prepare(&train_m)
+        .map_err(|e| err(format!("{}: {e}", r.train.file)))?;
+    let mut step = ex
+        .prepare(&step_m)
+        .map_err(|e| err(format!("{}: {e}", r.step.file)))?;
+    let names = |m: &pipec_compiler::ir::Module| -> Vec<String> {
+        m.graph
+            .inputs
+            .iter()
+            .map(|v| m.graph.name(*v).to_string())
+            .collect()
+    };
+    let (train_in, step_in) = (names(&train_m), names(&step_m));
+    let mut globals: HashMap<String, Tensor> = lp
+        .weights
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (s, par) in &r.state_init {
+        let like = lp
+            .weights
+            .get(par)
+            .ok_or_else(|| err(format!("no parameter '{par}' for state '{s}'")))?;
+        let z = Tensor::zeros(like.dtype(), like.shape()).map_err(|e| err(e.to_string()))?;
+        globals.insert(s.clone(), z);
+    }
+    let pdtype = r
+        .grads
+        .first()
+        .and_then(|(_, par)| lp.weights.get(par))
+        .map(|t| t.dtype())
+        .unwrap_or(DType::F32);
+    let b = p.micro_batch as usize;
+    let mut losses = Vec::with_capacity(steps);
+    for s in 0..steps {
+        let mut loss = 0.0;
+        let mut grads: HashMap<String, Tensor> = HashMap::new();
+        for m in 0..p.micro_batches as usize {
+            let mut feeds = Vec::with_capacity(train_in.len());
+            for x in &train_in {
+                let t = if let Some(di) = p.data_inputs.iter().find(|d| &d.name == x) {
+                    let t = data
+                        .get(x)
+                        .ok_or_else(|| err(format!("no data for '{x}'")))?;
+                    match di.batch_axis {
+                        Some(ax) => data::slice_axis(t, ax, m * b, (m + 1) * b).map_err(err)?,
+                        None => t.clone(),
+                    }
+                } else {
+                    globals
+                        .get(x)
+                        .ok_or_else(|| err(format!("train input '{x}' has no value")))?
+                        .clone()
+                };
+                feeds.push((x.clone(), t));
+            }
+            let outs: HashMap<String, Tensor> = train
+                .run(&feeds)
+                .map_err(|e| err(format!("step {} micro-batch {m}: {e}", s + 1)))?
+                .into_iter()
+                .collect();
+            let l = outs
+                .get(&r.loss.0)
+                .ok_or_else(|| err(format!("train has no output '{}'", r.loss.0)))?;
+            loss += r.loss.1 * data::sum_f64(l);
+            for (g, par) in &r.grads {
+                let t = outs
+                    .get(g)
+                    .ok_or_else(|| err(format!("train has no output '{g}'")))?;
+                let key = format!("grad/{par}");
+                match grads.get_mut(&key) {
+                    Some(acc) => data::add_assign(acc, t).map_err(err)?,
+                    None => {
+                        grads.insert(key, t.clone());
+                    }
+                }
+            }
+        }
+        losses.push(loss);
+        // The step piece reads the gradient as `grad/P` or by the train output's name.
+        let by_out: HashMap<&str, &str> = r
+            .grads
+            .iter()
+            .map(|(g, par)| (g.as_str(), par.as_str()))
+            .collect();
+        let mut feeds = Vec::with_capacity(step_in.len());
+        for x in &step_in {
+            let t = if r.step_counter.as_deref() == Some(x.as_str()) {
+                data::scalar(pdtype, (s + 1) as f64).map_err(err)?
+            } else if let Some(t) = grads.get(x) {
+                t.clone()
+            } else if let Some(t) = by_out
+                .get(x.as_str())
+                .and_then(|par| grads.get(&format!("grad/{par}")))
+            {
+                t.clone()
+            } else if let Some(t) = globals.get(x) {
+                t.clone()
+            } else if let Some(pt) = x.strip_prefix("grad/").and_then(|par| globals.get(par)) {
+                Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| err(e.to_string()))?
+            } else {
+                return Err(err(format!("step input '{x}' has no value")));
+            };
+            feeds.push((x.clone(), t));
+        }
+        let mut outs: HashMap<String, Tensor> = step
+            .run(&feeds)
+            .map_err(|e| err(format!("step {}: {e}", s + 1)))?
+            .into_iter()
+            .collect();
+        for (out, target) in &r.updates {
+            let t = outs
+                .remove(out)
+                .ok_or_else(|| err(format!("step has no output '{out}'")))?;
+            globals.insert(target.clone(), t);
+        }
+    }
+    Ok((losses, globals))
+}
+
+/// Compare a distributed run's parameters with the reference run on the same data and steps.
+pub fn check(lp: &LoadedProgram, run: &RunResult, executor: &str) -> Result<CheckReport> {
+    let steps = run.losses.len();
+    let (ref_losses, globals) = reference_run(lp, &run.data, steps, executor)?;
+    compare(&run.params, &globals, &lp.weights, ref_losses)
+}
+
+/// Compare `got` with `reference` on every parameter of `weights` (see the module doc).
+pub fn compare(
+    got: &BTreeMap<String, Tensor>,
+    reference: &HashMap<String, Tensor>,
+    weights: &BTreeMap<String, Tensor>,
+    ref_losses: Vec<f64>,
+) -> Result<CheckReport> {
+    let mut params = Vec::new();
+    let (mut max_abs, mut max_rel) = (0f64, 0f64);
+    for name in weights.keys() {
+        let a = got
+            .get(name)
+            .ok_or_else(|| err(format!("the distributed run holds no parameter '{name}'")))?;
+        let b = reference
+            .get(name)
+            .ok_or_else(|| err(format!("the reference run holds no parameter '{name}'")))?;
+        let (d, m) = max_abs_diff(a, b).map_err(|e| err(format!("parameter '{name}': {e}")))?;
+        let rel = d / m.max(1e-12);
+        max_abs = max_abs.max(d);
+        max_rel = max_rel.max(rel);
+        params.push((name.clone(), d, rel));
+    }
+    Ok(CheckReport {
+        ref_losses,
+        params,
+        max_abs_diff: max_abs,
+        max_rel_diff: max_rel,
+        ok: max_rel <= TOLERANCE,
+    })
+}

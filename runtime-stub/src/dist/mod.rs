@@ -1,0 +1,460 @@
+//! The distributed runtime of `pipec run` (issue 7): loads a compiled program (`OUTDIR` of
+//! `pipec compile`) and executes it with one worker per device.
+//!
+//! ```text
+//! OUTDIR/schedule.json ──► load() ── verify, weights.npz, every piece imported ──► LoadedProgram
+//!                                                                                     │
+//!   run(): one thread per device (std::thread::scope), each with an Endpoint of the   ▼
+//!   transport (inproc: mailboxes, zero copy) and the Collectives (ring all-reduce);
+//!   worker::run_device prepares its stage's pieces and interprets its instruction list
+//!   `steps` times; the first error aborts every worker and is returned.
+//! ```
+//!
+//! The execution model is the one of [`pipec_compiler::program`] (read its module doc); the
+//! runtime adds these conventions:
+//! - The instruction list of a device is one training step; it is run `steps` times. Tags are
+//!   reused every step (the transport is FIFO per `(source, tag)`). Micro-batch buffers do not
+//!   survive a step (cleared after it); global buffers (parameters, optimizer state) do.
+//! - A micro-batch buffer is moved, not copied, into the compute or send that is its last use
+//!   on the device (a later [`Free`](pipec_compiler::program::Instr::Free) of it is a no-op).
+//! - A missing `grad/P` at an all-reduce or a step (no micro-batch touched `P`) counts as zeros.
+//! - The step counter input of a step piece is the 1-based step number as a 0-D tensor of the
+//!   dtype of the stage's first parameter (`f32` if it has none).
+//! - The run's loss of a step is the sum over devices of `factor * value` over the stage's
+//!   forward computes ([`StageProgram::loss`]).
+//!
+//! What the codegen must guarantee beyond [`pipec_compiler::program::verify`]: every piece's
+//! ONNX graph inputs/outputs are the names of its [`Piece`] (checked on load), every stage
+//! parameter is in `weights.npz` (checked on load), piece inputs are resolvable as buffers at
+//! the time of the compute (checked when it runs).
+
+pub mod check;
+pub mod collective;
+pub mod data;
+pub mod fixtures;
+pub mod inproc;
+pub mod trace;
+pub mod transport;
+pub mod worker;
+
+pub use check::{check, CheckReport};
+pub use collective::{Collectives, Ring};
+pub use data::Data;
+pub use transport::{CommError, Endpoint, Tag};
+
+use crate::exec::Executor;
+use crate::tensor::Tensor;
+use pipec_compiler::ir::Module;
+use pipec_compiler::program::{Piece, Program};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Errors of the distributed runtime. `Display` is one line naming the file, device and
+/// instruction at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    /// The compiled program is unusable (missing OUTDIR or file, a schedule that does not
+    /// verify, weights that do not fit, bad `--inputs`): detected before any worker starts.
+    #[error("{0}")]
+    Input(String),
+    /// A device failed while running (the first failure of the run).
+    #[error("device {device} {at}: {msg}")]
+    Device {
+        device: usize,
+        /// `instruction 3 (compute fwd mb 0) in step 1`, or what it was preparing.
+        at: String,
+        msg: String,
+    },
+    /// A device stopped because another one failed (never the error a run returns unless no
+    /// device reported its own failure).
+    #[error("device {0} stopped: another device failed")]
+    Aborted(usize),
+}
+
+/// Result alias of the module.
+pub type Result<T, E = DistError> = std::result::Result<T, E>;
+
+/// The imported pieces of one stage.
+#[derive(Clone, Debug)]
+pub struct StageModules {
+    pub fwd: Module,
+    pub bwd: Option<Module>,
+    pub step: Option<Module>,
+}
+
+/// A compiled program ready to run: the verified schedule, the initial weights and every
+/// stage piece imported (shape-inferred) from its ONNX file.
+#[derive(Clone, Debug)]
+pub struct LoadedProgram {
+    pub outdir: PathBuf,
+    pub program: Program,
+    /// Initial value of every trainable parameter (`weights.npz`).
+    pub weights: BTreeMap<String, Tensor>,
+    /// Per stage, indexed like `program.stages`.
+    pub stages: Vec<StageModules>,
+}
+
+/// Options of [`load_with`].
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Run [`pipec_compiler::program::verify`] (default true; tests switch it off to exercise
+    /// the runtime's own deadlock detection).
+    pub verify: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { verify: true }
+    }
+}
+
+/// Load `OUTDIR` (see [`load_with`]).
+pub fn load(outdir: &Path) -> Result<LoadedProgram> {
+    load_with(outdir, LoadOptions::default())
+}
+
+fn input_err(msg: impl Into<String>) -> DistError {
+    DistError::Input(msg.into())
+}
+
+/// Load `OUTDIR`: parse `schedule.json`, verify it, check that every file it names exists
+/// (before anything is imported, so a missing file is reported by name), read `weights.npz`
+/// and check that it holds every stage parameter, import every stage piece and check that its
+/// graph inputs/outputs are the ones the schedule lists.
+pub fn load_with(outdir: &Path, opts: LoadOptions) -> Result<LoadedProgram> {
+    if !outdir.is_dir() {
+        return Err(input_err(format!(
+            "{}: not a directory (expected the OUTDIR of `pipec compile`)",
+            outdir.display()
+        )));
+    }
+    let sched = outdir.join("schedule.json");
+    let text = std::fs::read_to_string(&sched)
+        .map_err(|e| input_err(format!("{}: cannot read: {e}", sched.display())))?;
+    let program = Program::from_json(&text, &sched.display().to_string())
+        .map_err(|e| input_err(e.to_string()))?;
+    if opts.verify {
+        pipec_compiler::program::verify(&program)
+            .map_err(|e| input_err(format!("{}: {e}", sched.display())))?;
+    }
+    if program.devices.is_empty() {
+        return Err(input_err(format!("{}: no devices", sched.display())));
+    }
+    if program.micro_batches == 0 || program.micro_batch == 0 {
+        return Err(input_err(format!(
+            "{}: micro_batch {} x micro_batches {}",
+            sched.display(),
+            program.micro_batch,
+            program.micro_batches
+        )));
+    }
+    for (i, st) in program.stages.iter().enumerate() {
+        if st.id != i {
+            return Err(input_err(format!(
+                "{}: stage entry {i} has id {}",
+                sched.display(),
+                st.id
+            )));
+        }
+    }
+    // Every referenced file exists.
+    let mut files: Vec<&str> = vec![program.weights.as_str()];
+    for st in &program.stages {
+        files.push(&st.fwd.file);
+        files.extend(st.bwd.iter().map(|p| p.file.as_str()));
+        files.extend(st.step.iter().map(|p| p.file.as_str()));
+    }
+    if let Some(r) = &program.reference {
+        files.push(&r.train.file);
+        files.push(&r.step.file);
+    }
+    for f in &files {
+        let p = resolve(outdir, f)?;
+        if !p.is_file() {
+            return Err(input_err(format!(
+                "{}: missing (named by {})",
+                p.display(),
+                sched.display()
+            )));
+        }
+    }
+    let wpath = resolve(outdir, &program.weights)?;
+    let weights: BTreeMap<String, Tensor> = crate::npz::read(&wpath)
+        .map_err(|e| input_err(e.to_string()))?
+        .into_iter()
+        .collect();
+    for st in &program.stages {
+        for p in st.params.iter().chain(st.state_init.iter().map(|(_, p)| p)) {
+            if !weights.contains_key(p) {
+                return Err(input_err(format!(
+                    "{}: no initial value for parameter '{p}' of stage {}",
+                    wpath.display(),
+                    st.id
+                )));
+            }
+        }
+    }
+    let mut stages = Vec::with_capacity(program.stages.len());
+    for st in &program.stages {
+        stages.push(StageModules {
+            fwd: import_piece(outdir, &st.fwd)?,
+            bwd: st
+                .bwd
+                .as_ref()
+                .map(|p| import_piece(outdir, p))
+                .transpose()?,
+            step: st
+                .step
+                .as_ref()
+                .map(|p| import_piece(outdir, p))
+                .transpose()?,
+        });
+    }
+    Ok(LoadedProgram {
+        outdir: outdir.to_path_buf(),
+        program,
+        weights,
+        stages,
+    })
+}
+
+/// `OUTDIR/file`, refusing absolute paths and `..` (a schedule names files inside OUTDIR).
+fn resolve(outdir: &Path, file: &str) -> Result<PathBuf> {
+    let rel = Path::new(file);
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(input_err(format!(
+            "schedule names file '{file}' outside OUTDIR"
+        )));
+    }
+    Ok(outdir.join(rel))
+}
+
+/// Import one piece and check its signature against the schedule.
+pub fn import_piece(outdir: &Path, piece: &Piece) -> Result<Module> {
+    let path = resolve(outdir, &piece.file)?;
+    let mut m = pipec_compiler::onnx::import::load(&path).map_err(|e| input_err(e.to_string()))?;
+    pipec_compiler::shape::infer_shapes(&mut m)
+        .map_err(|e| input_err(format!("{}: shape inference failed: {e}", path.display())))?;
+    let g = &m.graph;
+    let names = |vs: &[pipec_compiler::ir::Value]| -> Vec<String> {
+        let mut v: Vec<String> = vs.iter().map(|v| g.name(*v).to_string()).collect();
+        v.sort();
+        v
+    };
+    let sorted = |v: &[String]| -> Vec<String> {
+        let mut v = v.to_vec();
+        v.sort();
+        v
+    };
+    let (gi, go) = (names(&g.inputs), names(&g.outputs));
+    if gi != sorted(&piece.inputs) {
+        return Err(input_err(format!(
+            "{}: graph inputs {gi:?} differ from the schedule's {:?}",
+            path.display(),
+            piece.inputs
+        )));
+    }
+    if go != sorted(&piece.outputs) {
+        return Err(input_err(format!(
+            "{}: graph outputs {go:?} differ from the schedule's {:?}",
+            path.display(),
+            piece.outputs
+        )));
+    }
+    Ok(m)
+}
+
+/// Options of [`run`].
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Training steps (each runs every device's instruction list once).
+    pub steps: usize,
+    /// Seed of the random data (ignored with `inputs`).
+    pub seed: u64,
+    /// The data of every step (keyed by data input name, at the global batch); random if
+    /// `None`. The same data is used every step.
+    pub inputs: Option<Data>,
+    /// How long a receive waits before the run fails.
+    pub timeout: Duration,
+    /// Record one trace event per instruction ([`RunResult::trace`]).
+    pub trace: bool,
+    /// Executor backend of the pieces (`reference` or `tract`).
+    pub executor: String,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            steps: 1,
+            seed: 0,
+            inputs: None,
+            timeout: Duration::from_secs(60),
+            trace: false,
+            executor: "reference".into(),
+        }
+    }
+}
+
+/// Where a device spent its time (seconds, all steps together).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceTiming {
+    pub device: usize,
+    /// Preparing the stage's pieces with the executor.
+    pub prepare_s: f64,
+    /// Compute and optimizer-step instructions.
+    pub compute_s: f64,
+    /// Send, receive and all-reduce instructions (mostly waiting).
+    pub comm_s: f64,
+    /// Everything else (load, concat, accumulate, free).
+    pub other_s: f64,
+    /// From the worker's start to its end.
+    pub total_s: f64,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// The loss of each step (sum over devices, see the module doc).
+    pub losses: Vec<f64>,
+    /// Every parameter after the last step (a tied parameter from its first holder).
+    pub params: BTreeMap<String, Tensor>,
+    /// One per device.
+    pub timings: Vec<DeviceTiming>,
+    /// Per-instruction events, if asked for.
+    pub trace: Option<trace::Trace>,
+    /// Wall time of the whole run.
+    pub wall_s: f64,
+    /// The data the run used.
+    pub data: Data,
+}
+
+/// The data a run uses: `opts.inputs` checked against the data inputs, else random from the
+/// seed.
+pub fn run_data(p: &Program, opts: &RunOptions) -> Result<Data> {
+    match &opts.inputs {
+        Some(d) => data::check_data(&p.data_inputs, d.clone()).map_err(input_err),
+        None => data::random_data(&p.data_inputs, opts.seed).map_err(input_err),
+    }
+}
+
+/// Run the program with the in-process transport (one thread per device) and the ring
+/// all-reduce. Returns the first error of any device (the others are stopped within a second).
+pub fn run(lp: &LoadedProgram, opts: &RunOptions) -> Result<RunResult> {
+    let n = lp.program.devices.len();
+    let eps = inproc::endpoints(n);
+    let mut boxed: Vec<Box<dyn Endpoint>> = Vec::with_capacity(n);
+    for e in eps {
+        boxed.push(Box::new(e));
+    }
+    run_with(lp, opts, boxed, &Ring)
+}
+
+/// Run with the given endpoints (one per device, `endpoints[d].rank() == d`) and collectives.
+pub fn run_with(
+    lp: &LoadedProgram,
+    opts: &RunOptions,
+    endpoints: Vec<Box<dyn Endpoint>>,
+    coll: &dyn Collectives,
+) -> Result<RunResult> {
+    let n = lp.program.devices.len();
+    if endpoints.len() != n || endpoints.iter().enumerate().any(|(i, e)| e.rank() != i) {
+        return Err(input_err(format!(
+            "{n} devices need endpoints of ranks 0..{n}"
+        )));
+    }
+    let executor: Box<dyn Executor> = crate::exec::executor_by_name(&opts.executor)
+        .ok_or_else(|| input_err(format!("unknown executor '{}'", opts.executor)))?;
+    let data = run_data(&lp.program, opts)?;
+    let t0 = Instant::now();
+    let first: Mutex<Option<DistError>> = Mutex::new(None);
+    let outcomes: Vec<Option<worker::DeviceOutcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = endpoints
+            .into_iter()
+            .enumerate()
+            .map(|(d, mut ep)| {
+                let ctx = worker::DeviceCtx {
+                    lp,
+                    device: d,
+                    data: &data,
+                    steps: opts.steps,
+                    timeout: opts.timeout,
+                    executor: executor.as_ref(),
+                    collectives: coll,
+                    t0,
+                    trace: opts.trace,
+                };
+                let first = &first;
+                s.spawn(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        worker::run_device(&ctx, ep.as_mut())
+                    }))
+                    .unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "panic".into());
+                        Err(DistError::Device {
+                            device: d,
+                            at: "worker".into(),
+                            msg: format!("panicked: {msg}"),
+                        })
+                    });
+                    match r {
+                        Ok(o) => Some(o),
+                        Err(e) => {
+                            if !matches!(e, DistError::Aborted(_)) {
+                                let mut f = first.lock().unwrap_or_else(|e| e.into_inner());
+                                if f.is_none() {
+                                    *f = Some(e);
+                                }
+                            }
+                            ep.abort();
+                            None
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().ok().flatten())
+            .collect()
+    });
+    if let Some(e) = first.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        return Err(e);
+    }
+    let mut outs = Vec::with_capacity(n);
+    for (d, o) in outcomes.into_iter().enumerate() {
+        outs.push(o.ok_or(DistError::Aborted(d))?);
+    }
+    let wall_s = t0.elapsed().as_secs_f64();
+    let mut losses = vec![0.0; opts.steps];
+    let mut params = BTreeMap::new();
+    let mut timings = Vec::with_capacity(n);
+    let mut events = Vec::new();
+    for o in outs {
+        for (l, x) in losses.iter_mut().zip(&o.losses) {
+            *l += x;
+        }
+        for (k, v) in o.params {
+            params.entry(k).or_insert(v);
+        }
+        timings.push(o.timing);
+        events.extend(o.events);
+    }
+    Ok(RunResult {
+        losses,
+        params,
+        timings,
+        trace: opts.trace.then(|| trace::Trace { devices: n, events }),
+        wall_s,
+        data,
+    })
+}

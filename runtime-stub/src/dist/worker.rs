@@ -1,0 +1,532 @@
+//! One device's worker: prepares its stage's pieces and interprets its instruction list (see
+//! [`pipec_compiler::program`] for the semantics and [`super`] for the runtime's conventions).
+
+use super::collective::Collectives;
+use super::data::{self, Data};
+use super::trace::Event;
+use super::transport::{CommError, Endpoint, Tag};
+use super::{DeviceTiming, DistError, LoadedProgram, Result};
+use crate::exec::{Executor, Prepared};
+use crate::tensor::Tensor;
+use pipec_compiler::ir::{DType, Module};
+use pipec_compiler::program::{Instr, PieceKind, Program, StageProgram};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// What a worker needs (shared, read-only).
+pub struct DeviceCtx<'a> {
+    pub lp: &'a LoadedProgram,
+    pub device: usize,
+    pub data: &'a Data,
+    pub steps: usize,
+    pub timeout: Duration,
+    pub executor: &'a dyn Executor,
+    pub collectives: &'a dyn Collectives,
+    /// Common time origin of the trace.
+    pub t0: Instant,
+    pub trace: bool,
+}
+
+/// What a worker returns.
+#[derive(Debug)]
+pub struct DeviceOutcome {
+    pub device: usize,
+    /// This device's share of each step's loss.
+    pub losses: Vec<f64>,
+    /// The stage's parameters after the last step.
+    pub params: BTreeMap<String, Tensor>,
+    pub timing: DeviceTiming,
+    pub events: Vec<Event>,
+}
+
+/// A prepared piece and its graph input names.
+struct PreparedPiece {
+    prepared: Box<dyn Prepared>,
+    inputs: Vec<String>,
+}
+
+fn prepare(
+    ctx: &DeviceCtx<'_>,
+    m: &Module,
+    file: &str,
+) -> std::result::Result<PreparedPiece, String> {
+    let prepared = ctx
+        .executor
+        .prepare(m)
+        .map_err(|e| format!("{file}: {e}"))?;
+    let inputs = m
+        .graph
+        .inputs
+        .iter()
+        .map(|v| m.graph.name(*v).to_string())
+        .collect();
+    Ok(PreparedPiece { prepared, inputs })
+}
+
+struct Worker<'a> {
+    ctx: &'a DeviceCtx<'a>,
+    program: &'a Program,
+    stage: &'a StageProgram,
+    fwd: PreparedPiece,
+    bwd: Option<PreparedPiece>,
+    step: Option<PreparedPiece>,
+    globals: HashMap<String, Tensor>,
+    bufs: HashMap<(String, u32), Tensor>,
+    /// Per `(name, mb)`: index of the last instruction reading that buffer.
+    last_use: HashMap<(String, u32), usize>,
+    /// Dtype of the stage's parameters (for the step counter).
+    param_dtype: DType,
+    loss: f64,
+}
+
+/// Run one device: prepare its pieces, then its instruction list `ctx.steps` times.
+pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOutcome> {
+    let start = Instant::now();
+    let lp = ctx.lp;
+    let d = ctx.device;
+    let program = &lp.program;
+    let dp = &program.devices[d];
+    let stage = &program.stages[dp.stage];
+    let mods = &lp.stages[dp.stage];
+    let fail = |at: String, msg: String| DistError::Device { device: d, at, msg };
+    let fwd = prepare(ctx, &mods.fwd, &stage.fwd.file)
+        .map_err(|m| fail(format!("preparing stage {} forward", stage.id), m))?;
+    let bwd = match (&mods.bwd, &stage.bwd) {
+        (Some(m), Some(p)) => Some(
+            prepare(ctx, m, &p.file)
+                .map_err(|m| fail(format!("preparing stage {} backward", stage.id), m))?,
+        ),
+        _ => None,
+    };
+    let step = match (&mods.step, &stage.step) {
+        (Some(m), Some(p)) => Some(
+            prepare(ctx, m, &p.file)
+                .map_err(|m| fail(format!("preparing stage {} step", stage.id), m))?,
+        ),
+        _ => None,
+    };
+    let mut globals: HashMap<String, Tensor> = HashMap::new();
+    for p in &stage.params {
+        if let Some(t) = lp.weights.get(p) {
+            globals.insert(p.clone(), t.clone());
+        }
+    }
+    for (s, p) in &stage.state_init {
+        let like = lp.weights.get(p).ok_or_else(|| {
+            fail(
+                "creating optimizer state".into(),
+                format!("no parameter '{p}' for state '{s}'"),
+            )
+        })?;
+        let z = Tensor::zeros(like.dtype(), like.shape())
+            .map_err(|e| fail("creating optimizer state".into(), e.to_string()))?;
+        globals.insert(s.clone(), z);
+    }
+    let param_dtype = stage
+        .params
+        .first()
+        .and_then(|p| lp.weights.get(p))
+        .map(|t| t.dtype())
+        .unwrap_or(DType::F32);
+    let mut w = Worker {
+        ctx,
+        program,
+        stage,
+        last_use: last_uses(&dp.instructions, &fwd, bwd.as_ref()),
+        fwd,
+        bwd,
+        step,
+        globals,
+        bufs: HashMap::new(),
+        param_dtype,
+        loss: 0.0,
+    };
+    let prepare_s = start.elapsed().as_secs_f64();
+    let mut timing = DeviceTiming {
+        device: d,
+        prepare_s,
+        ..Default::default()
+    };
+    let mut losses = Vec::with_capacity(ctx.steps);
+    let mut events = Vec::new();
+    for s in 0..ctx.steps {
+        w.loss = 0.0;
+        for (k, ins) in dp.instructions.iter().enumerate() {
+            if ep.is_aborted() {
+                return Err(DistError::Aborted(d));
+            }
+            let t = Instant::now();
+            w.exec(k, ins, s, ep).map_err(|e| match e {
+                CommError::Aborted => DistError::Aborted(d),
+                e => fail(
+                    format!("instruction {k} ({}) in step {}", ins.describe(), s + 1),
+                    e.to_string(),
+                ),
+            })?;
+            let dur = t.elapsed();
+            let secs = dur.as_secs_f64();
+            match ins {
+                Instr::Compute { .. } | Instr::Step => timing.compute_s += secs,
+                Instr::Send { .. } | Instr::Recv { .. } | Instr::AllReduce { .. } => {
+                    timing.comm_s += secs
+                }
+                _ => timing.other_s += secs,
+            }
+            if ctx.trace {
+                events.push(Event {
+                    device: d,
+                    step: s + 1,
+                    index: k,
+                    name: ins.describe(),
+                    start_us: t.duration_since(ctx.t0).as_secs_f64() * 1e6,
+                    dur_us: secs * 1e6,
+                });
+            }
+        }
+        w.bufs.clear();
+        losses.push(w.loss);
+    }
+    timing.total_s = start.elapsed().as_secs_f64();
+    let params = stage
+        .params
+        .iter()
+        .filter_map(|p| w.globals.remove(p).map(|t| (p.clone(), t)))
+        .collect();
+    Ok(DeviceOutcome {
+        device: d,
+        losses,
+        params,
+        timing,
+        events,
+    })
+}
+
+/// The last instruction reading each micro-batch buffer (compute inputs, sends); frees do not
+/// count, concat and accumulate consume their inputs anyway.
+fn last_uses(
+    list: &[Instr],
+    fwd: &PreparedPiece,
+    bwd: Option<&PreparedPiece>,
+) -> HashMap<(String, u32), usize> {
+    let mut m = HashMap::new();
+    for (k, ins) in list.iter().enumerate() {
+        match ins {
+            Instr::Compute { pass, mb } => {
+                let piece = match pass {
+                    PieceKind::Fwd => Some(fwd),
+                    PieceKind::Bwd => bwd,
+                };
+                for x in piece.into_iter().flat_map(|p| &p.inputs) {
+                    m.insert((x.clone(), *mb), k);
+                }
+            }
+            Instr::Send { mb, tensor, .. } => {
+                m.insert((tensor.clone(), *mb), k);
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
+fn other(msg: impl Into<String>) -> CommError {
+    CommError::Other(msg.into())
+}
+
+fn check_sig(
+    t: &Tensor,
+    dtype: &str,
+    shape: &[i64],
+    what: &str,
+) -> std::result::Result<(), CommError> {
+    let want = data::parse_dtype(dtype)
+        .ok_or_else(|| other(format!("unknown dtype '{dtype}' in the schedule")))?;
+    let got: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    if t.dtype() != want || got != shape {
+        return Err(other(format!(
+            "{what} {}{got:?} but the schedule says {want}{shape:?}",
+            t.dtype()
+        )));
+    }
+    Ok(())
+}
+
+impl Worker<'_> {
+    /// Execute one instruction of step `s` (0-based). Every error names what was missing.
+    fn exec(
+        &mut self,
+        k: usize,
+        ins: &Instr,
+        s: usize,
+        ep: &mut dyn Endpoint,
+    ) -> std::result::Result<(), CommError> {
+        match ins {
+            Instr::Load { mb, input, samples } => {
+                let di = self
+                    .program
+                    .data_inputs
+                    .iter()
+                    .find(|d| &d.name == input)
+                    .ok_or_else(|| other(format!("'{input}' is not a data input")))?;
+                let t = self
+                    .ctx
+                    .data
+                    .get(input)
+                    .ok_or_else(|| other(format!("no data for '{input}'")))?;
+                let t = match di.batch_axis {
+                    Some(ax) => data::slice_axis(t, ax, samples[0] as usize, samples[1] as usize)
+                        .map_err(other)?,
+                    None => t.clone(),
+                };
+                self.bufs.insert((input.clone(), *mb), t);
+            }
+            Instr::Compute { pass, mb } => self.compute(k, *pass, *mb)?,
+            Instr::Send {
+                mb,
+                tensor,
+                peer,
+                slice,
+                tag,
+                dtype,
+                shape,
+            } => {
+                let key = (tensor.clone(), *mb);
+                let last = self.last_use.get(&key) == Some(&k);
+                let t = match slice {
+                    Some(sl) => {
+                        let b = self.bufs.get(&key).ok_or_else(|| missing(tensor, *mb))?;
+                        data::slice_rows(b, sl.lo, sl.hi, sl.of).map_err(other)?
+                    }
+                    None if last => self.bufs.remove(&key).ok_or_else(|| missing(tensor, *mb))?,
+                    None => self
+                        .bufs
+                        .get(&key)
+                        .ok_or_else(|| missing(tensor, *mb))?
+                        .clone(),
+                };
+                if last {
+                    self.bufs.remove(&key);
+                }
+                check_sig(&t, dtype, shape, "it would send")?;
+                ep.send(*peer, Tag::p2p(*tag), t)?;
+            }
+            Instr::Recv {
+                mb,
+                tensor,
+                peer,
+                tag,
+                dtype,
+                shape,
+            } => {
+                let t = ep.recv(*peer, Tag::p2p(*tag), self.ctx.timeout)?;
+                check_sig(&t, dtype, shape, &format!("device {peer} sent"))?;
+                self.bufs.insert((tensor.clone(), *mb), t);
+            }
+            Instr::Concat { mb, inputs, output } => {
+                let parts = inputs
+                    .iter()
+                    .map(|x| {
+                        self.bufs
+                            .remove(&(x.clone(), *mb))
+                            .ok_or_else(|| missing(x, *mb))
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                let t = data::concat0(&parts).map_err(other)?;
+                self.bufs.insert((output.clone(), *mb), t);
+            }
+            Instr::Sum { mb, inputs, output } => {
+                let mut acc: Option<Tensor> = None;
+                for x in inputs {
+                    let t = self
+                        .bufs
+                        .remove(&(x.clone(), *mb))
+                        .ok_or_else(|| missing(x, *mb))?;
+                    match &mut acc {
+                        Some(a) => {
+                            data::add_assign(a, &t).map_err(|e| other(format!("'{x}': {e}")))?
+                        }
+                        None => acc = Some(t),
+                    }
+                }
+                let t = acc.ok_or_else(|| other("nothing to sum"))?;
+                self.bufs.insert((output.clone(), *mb), t);
+            }
+            Instr::Accumulate { mb, tensors } => {
+                for x in tensors {
+                    let t = self
+                        .bufs
+                        .remove(&(x.clone(), *mb))
+                        .ok_or_else(|| missing(x, *mb))?;
+                    match self.globals.get_mut(x) {
+                        Some(acc) => {
+                            data::add_assign(acc, &t).map_err(|e| other(format!("'{x}': {e}")))?
+                        }
+                        None => {
+                            self.globals.insert(x.clone(), t);
+                        }
+                    }
+                }
+            }
+            Instr::Free { mb, tensors } => {
+                for x in tensors {
+                    self.bufs.remove(&(x.clone(), *mb));
+                }
+            }
+            Instr::AllReduce {
+                group,
+                tensors,
+                tag,
+            } => {
+                let mut ts = Vec::with_capacity(tensors.len());
+                for x in tensors {
+                    ts.push(self.take_global(x)?);
+                }
+                let r =
+                    self.ctx
+                        .collectives
+                        .all_reduce_sum(ep, group, *tag, &mut ts, self.ctx.timeout);
+                for (x, t) in tensors.iter().zip(ts) {
+                    self.globals.insert(x.clone(), t);
+                }
+                r?;
+            }
+            Instr::Step => self.step(s)?,
+        }
+        Ok(())
+    }
+
+    /// Global buffer `x`, removed; a missing `grad/P` of a held parameter is zeros.
+    fn take_global(&mut self, x: &str) -> std::result::Result<Tensor, CommError> {
+        if let Some(t) = self.globals.remove(x) {
+            return Ok(t);
+        }
+        if let Some(p) = x.strip_prefix("grad/") {
+            if let Some(pt) = self.globals.get(p) {
+                return Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| other(e.to_string()));
+            }
+        }
+        Err(other(format!("no global buffer '{x}' on this device")))
+    }
+
+    fn compute(
+        &mut self,
+        k: usize,
+        pass: PieceKind,
+        mb: u32,
+    ) -> std::result::Result<(), CommError> {
+        let piece = match pass {
+            PieceKind::Fwd => &mut self.fwd,
+            PieceKind::Bwd => self
+                .bwd
+                .as_mut()
+                .ok_or_else(|| other(format!("stage {} has no backward piece", self.stage.id)))?,
+        };
+        // Move the inputs out of the buffers (no copies); put back what is used later.
+        let mut feeds: Vec<(String, Tensor)> = Vec::with_capacity(piece.inputs.len());
+        let mut back: Vec<(bool, bool)> = Vec::with_capacity(piece.inputs.len()); // (global, keep)
+        let mut err = None;
+        for x in &piece.inputs {
+            let key = (x.clone(), mb);
+            if let Some(t) = self.bufs.remove(&key) {
+                let keep = self.last_use.get(&key) != Some(&k);
+                feeds.push((x.clone(), t));
+                back.push((false, keep));
+            } else if let Some(t) = self.globals.remove(x) {
+                feeds.push((x.clone(), t));
+                back.push((true, true));
+            } else {
+                err = Some(other(format!(
+                    "input '{x}' is neither buffer ('{x}', mb {mb}) nor a global buffer"
+                )));
+                break;
+            }
+        }
+        let res = match err {
+            None => piece.prepared.run(&feeds).map_err(|e| other(e.to_string())),
+            Some(e) => Err(e),
+        };
+        for ((x, t), (global, keep)) in feeds.into_iter().zip(back) {
+            if global {
+                self.globals.insert(x, t);
+            } else if keep {
+                self.bufs.insert((x, mb), t);
+            }
+        }
+        let outs = res?;
+        for (y, t) in outs {
+            if pass == PieceKind::Fwd {
+                if let Some((l, f)) = &self.stage.loss {
+                    if *l == y {
+                        self.loss += f * data::sum_f64(&t);
+                    }
+                }
+            }
+            self.bufs.insert((y, mb), t);
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, s: usize) -> std::result::Result<(), CommError> {
+        let stage = self.stage;
+        let piece = self
+            .step
+            .as_mut()
+            .ok_or_else(|| other(format!("stage {} has no step piece", stage.id)))?;
+        let mut feeds: Vec<(String, Tensor)> = Vec::with_capacity(piece.inputs.len());
+        let mut err = None;
+        for x in &piece.inputs {
+            if stage.step_counter.as_deref() == Some(x.as_str()) {
+                match data::scalar(self.param_dtype, (s + 1) as f64) {
+                    Ok(t) => feeds.push((x.clone(), t)),
+                    Err(e) => {
+                        err = Some(other(e));
+                        break;
+                    }
+                }
+                continue;
+            }
+            let t = if let Some(t) = self.globals.remove(x) {
+                Ok(t)
+            } else if let Some(p) = x
+                .strip_prefix("grad/")
+                .filter(|p| self.globals.contains_key(*p))
+            {
+                let pt = &self.globals[p];
+                Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| other(e.to_string()))
+            } else {
+                Err(other(format!("step input '{x}' is not a global buffer")))
+            };
+            match t {
+                Ok(t) => feeds.push((x.clone(), t)),
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        let res = match err {
+            None => piece.prepared.run(&feeds).map_err(|e| other(e.to_string())),
+            Some(e) => Err(e),
+        };
+        for (x, t) in feeds {
+            if stage.step_counter.as_deref() != Some(x.as_str()) {
+                self.globals.insert(x, t);
+            }
+        }
+        let mut outs: HashMap<String, Tensor> = res?.into_iter().collect();
+        for (out, target) in &stage.updates {
+            let t = outs
+                .remove(out)
+                .ok_or_else(|| other(format!("the step piece has no output '{out}'")))?;
+            self.globals.insert(target.clone(), t);
+        }
+        for p in &stage.params {
+            self.globals.remove(&format!("grad/{p}"));
+        }
+        Ok(())
+    }
+}
+
+fn missing(x: &str, mb: u32) -> CommError {
+    other(format!("no buffer ('{x}', mb {mb})"))
+}

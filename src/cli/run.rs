@@ -1,0 +1,142 @@
+//! `pipec run OUTDIR [--steps N] [--inputs DATA.npz] [--seed S] [--check] [--trace TRACE.json]
+//! [--timeout SECS] [--backend inproc]` (cli.md): executes a compiled program with one worker
+//! per device on this machine (`pipec_runtime::dist`).
+//!
+//! Exit codes: 0 success; 1 `--check` found a relative difference above 1e-4; 2 bad input
+//! (missing OUTDIR or file, a schedule that does not verify, bad `--inputs`) or a failed run
+//! (the first device error, naming device, instruction and step).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pipec_runtime::dist::{self, RunOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Execute a compiled program (the OUTDIR of `pipec compile`) with one worker per device.
+///
+/// Every device runs its instruction list from `schedule.json` once per step on its own thread
+/// (backend `inproc`: messages move between threads without copies; all-reduce is a ring).
+/// The data of a step is random from `--seed` (floats standard normal, integer inputs uniform
+/// in [0, high)) unless `--inputs` gives it; the same data is used every step. Prints the loss
+/// of every step and where each device spent its time.
+///
+/// `--check` also runs the unpartitioned reference program on one device with the same data,
+/// optimizer and steps, and compares every parameter: `max_abs_diff` = max |a - b|,
+/// `max_rel_diff` = max over parameters of max|a - b| / max|b|; exit 1 if it exceeds 1e-4.
+/// The first failing device stops the run (every other worker within a second) and its error
+/// names the device, the instruction and the step.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The compiled program (written by `pipec compile -o OUTDIR`).
+    pub outdir: PathBuf,
+    /// Training steps to run.
+    #[arg(long, default_value_t = 1)]
+    pub steps: usize,
+    /// One array per data input at the global batch, keyed by input name (else random data).
+    #[arg(long, value_name = "DATA.npz")]
+    pub inputs: Option<PathBuf>,
+    /// Seed of the random data.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Compare every parameter with the single-device reference run (exit 1 above 1e-4).
+    #[arg(long)]
+    pub check: bool,
+    /// Write a Chrome/Perfetto trace (one track per device, one event per instruction).
+    #[arg(long, value_name = "TRACE.json")]
+    pub trace: Option<PathBuf>,
+    /// Seconds a receive or all-reduce waits before the run fails.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    pub timeout: f64,
+    /// Transport between workers: `inproc` (threads in this process).
+    #[arg(long, default_value = "inproc")]
+    pub backend: String,
+    /// Executor of the stage pieces: `reference` (default) or `tract`.
+    #[arg(long, default_value = "reference")]
+    pub executor: String,
+}
+
+/// Run the command.
+pub fn run(a: RunArgs) -> Result<ExitCode> {
+    if a.backend != "inproc" {
+        bail!(
+            "--backend {}: unknown backend (this build has: inproc)",
+            a.backend
+        );
+    }
+    if !(a.timeout.is_finite() && a.timeout > 0.0) {
+        bail!("--timeout {}: must be a positive number of seconds", a.timeout);
+    }
+    let lp = dist::load(&a.outdir)?;
+    let inputs = match &a.inputs {
+        Some(p) => Some(
+            pipec_runtime::npz::read(p)?
+                .into_iter()
+                .collect::<dist::Data>(),
+        ),
+        None => None,
+    };
+    let opts = RunOptions {
+        steps: a.steps,
+        seed: a.seed,
+        inputs,
+        timeout: Duration::from_secs_f64(a.timeout),
+        trace: a.trace.is_some(),
+        executor: a.executor.clone(),
+    };
+    let p = &lp.program;
+    println!(
+        "{}: {} devices, {} stages, batch {} = {} x {} ({}, {})",
+        a.outdir.display(),
+        p.devices.len(),
+        p.stages.len(),
+        p.batch,
+        p.micro_batches,
+        p.micro_batch,
+        p.schedule,
+        p.optimizer
+    );
+    let r = dist::run(&lp, &opts).context("the run failed")?;
+    for (i, l) in r.losses.iter().enumerate() {
+        println!("step {}: loss {l:.6e}", i + 1);
+    }
+    println!(
+        "{} steps in {:.3} s ({:.1} samples/s)",
+        a.steps,
+        r.wall_s,
+        (a.steps as f64 * p.batch as f64) / r.wall_s.max(1e-9)
+    );
+    println!("device  prepare_s  compute_s  comm_s  other_s  total_s");
+    for t in &r.timings {
+        println!(
+            "{:>6}  {:>9.3}  {:>9.3}  {:>6.3}  {:>7.3}  {:>7.3}",
+            t.device, t.prepare_s, t.compute_s, t.comm_s, t.other_s, t.total_s
+        );
+    }
+    if let (Some(path), Some(t)) = (&a.trace, &r.trace) {
+        let text = serde_json::to_string(&t.to_json())?;
+        super::write_atomic(path, text.as_bytes())?;
+        println!("trace: {}", path.display());
+    }
+    if a.check {
+        let rep = dist::check(&lp, &r, &a.executor).context("--check")?;
+        for (i, l) in rep.ref_losses.iter().enumerate() {
+            println!("reference step {}: loss {l:.6e}", i + 1);
+        }
+        for (name, abs, rel) in &rep.params {
+            println!("  {name}: abs {abs:.3e} rel {rel:.3e}");
+        }
+        println!("max_abs_diff {:.6e}", rep.max_abs_diff);
+        println!("max_rel_diff {:.6e}", rep.max_rel_diff);
+        if !rep.ok {
+            println!(
+                "check FAILED: max_rel_diff {:.3e} > {:.0e}",
+                rep.max_rel_diff,
+                dist::check::TOLERANCE
+            );
+            return Ok(ExitCode::from(1));
+        }
+        println!("check ok (max_rel_diff <= {:.0e})", dist::check::TOLERANCE);
+    }
+    Ok(ExitCode::SUCCESS)
+}

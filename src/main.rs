@@ -25,6 +25,7 @@ enum Command {
     Plan(cli::plan::PlanArgs),
     Grad(cli::grad::GradArgs),
     Compare(cli::compare::CompareArgs),
+    Compile(cli::compile::CompileArgs),
     Run(cli::run::RunArgs),
 }
 
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cli::plan::run(a),
         Command::Grad(a) => cli::grad::run(a),
         Command::Compare(a) => cli::compare::run(a),
+        Command::Compile(a) => cli::compile::run(a),
         Command::Run(a) => cli::run::run(a),
     };
     match result {

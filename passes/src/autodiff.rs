@@ -47,6 +47,9 @@ pub struct Autodiff {
     pub loss: Option<LossKind>,
     /// Also differentiate with respect to floating-point graph inputs (`grad/<input>`).
     pub wrt_inputs: bool,
+    /// With `wrt_inputs`: only the graph inputs with these names (codegen differentiates a
+    /// stage with respect to the activations it receives, not its data or cotangent inputs).
+    pub wrt_only: Option<Vec<String>>,
 }
 
 impl Default for Autodiff {
@@ -54,6 +57,7 @@ impl Default for Autodiff {
         Autodiff {
             loss: Some(LossKind::MeanSquare),
             wrt_inputs: false,
+            wrt_only: None,
         }
     }
 }
@@ -164,12 +168,14 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         .filter(|v| g.ty(*v).dtype.is_float())
         .collect();
     if opts.wrt_inputs {
-        params.extend(
-            g.inputs
-                .iter()
-                .copied()
-                .filter(|v| g.ty(*v).dtype.is_float() && Some(*v) != label),
-        );
+        params.extend(g.inputs.iter().copied().filter(|v| {
+            g.ty(*v).dtype.is_float()
+                && Some(*v) != label
+                && opts
+                    .wrt_only
+                    .as_ref()
+                    .is_none_or(|names| names.iter().any(|n| n == g.name(*v)))
+        }));
     }
     // Values that depend on a parameter through differentiable operands.
     let mut varied: HashSet<Value> = params.iter().copied().collect();

@@ -3,6 +3,7 @@
 //! manager.
 
 pub mod autodiff;
+pub mod codegen;
 pub mod cost;
 pub mod dce;
 pub mod fold_constants;

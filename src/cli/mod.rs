@@ -1,6 +1,7 @@
 //! Command implementations and the helpers they share.
 
 pub mod compare;
+pub mod compile;
 pub mod grad;
 pub mod inspect;
 pub mod opt;

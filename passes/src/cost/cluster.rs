@@ -374,7 +374,7 @@ pub const PRESETS: &[Preset] = &[
     },
     Preset {
         name: "cpu",
-        summary: "this machine: one device per CPU core, shared memory 10 GB/s",
+        summary: "this machine: one device per CPU core (--devices N > cores oversubscribes), shared memory 10 GB/s",
         build: || {
             let n = cores();
             homogeneous(
@@ -663,6 +663,15 @@ impl Cluster {
     pub fn take(mut self, n: usize) -> Result<Cluster> {
         if n == 0 {
             return Err(Error::Usage("--devices 0: need at least one device".into()));
+        }
+        if n > self.devices.len() && self.name == "cpu" {
+            // The `cpu` preset may be oversubscribed: N worker devices sharing this machine's
+            // cores (what `pipec run` executes on), each with its share of the memory.
+            return Ok(homogeneous(
+                "cpu",
+                cpu_core(machine_memory() / n as u64),
+                vec![level("shm", n, 10e9, 1e-6)],
+            ));
         }
         if n > self.devices.len() {
             return Err(Error::Usage(format!(

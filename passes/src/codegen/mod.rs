@@ -1,0 +1,703 @@
+//! `insert-comm` and codegen: from a forward model and a plan (stages, replicas, devices,
+//! schedule) to a [`Program`] — per-stage forward/backward/step modules and every device's
+//! instruction list with its sends, receives, split/concat, accumulation, all-reduces and step.
+//!
+//! - **Requires**: a forward module with inferred shapes whose data inputs carry one batch symbol
+//!   on axis 0 (the symbol of the first input's axis 0); the plan's stages given as op indices
+//!   into `module.graph.order` (what [`crate::cost::analytic::from_module`] names nodes by);
+//!   the micro-batch divisible by every stage's replica count.
+//! - **Guarantees** (checked by [`pipec_compiler::program::verify`] before returning):
+//!   1. *Stages*: each stage's ops, plus duplicated **side computations** it reads from other
+//!      stages (ops that do not depend on a float parameter or a float activation, and
+//!      `Shape`/`Size`/`Constant*`: masks, position ids, shape arithmetic — cheap, and their
+//!      values may depend on the slice size, so they must be computed where they are used);
+//!      everything else a stage reads from another stage is a **cross value** and is sent.
+//!   2. *Pieces* ([`pieces`]): forward, backward (of `J_s`, see [`pieces`]) and optimizer step
+//!      per stage; parameters are graph inputs; a **tied parameter** (read by several stages,
+//!      e.g. GPT-2's `wte` in the embedding and the LM head) is held by each of them, each
+//!      computes its share of the gradient, one all-reduce sums the shares over every holder
+//!      (all replicas of all holding stages), and every holder applies the same step, so the
+//!      copies stay identical.
+//!   3. *Communication* ([`insert_comm`]): per micro-batch, one message per (cross value,
+//!      producer replica, consumer replica) whose sample ranges overlap (DAPPLE's even slices:
+//!      1→n split, n→1 concat, n→m both), rows cut by [`pipec_compiler::program::Slice`] and
+//!      reassembled by `Concat`; batch-independent cross values go whole from producer replica
+//!      `j mod r_p` to consumer replica `j`, and their cotangents come back and are summed;
+//!      cotangents flow back along the same routes. Skip edges (stage 0 → stage 3) are just
+//!      cross values whose consumer is not the next stage: nothing special.
+//!   4. *Order*: per stage, the schedule's forward/backward order ([`crate::sim::schedule::fb_order`]
+//!      with the warm-up `K_s` of the schedule kind at the stage's depth: GPipe all forwards
+//!      first; 1F1B / DAPPLE / GraphPipe early backward), receives just before the compute that
+//!      reads them, sends right after the compute that makes them, gradient accumulation after
+//!      each backward, then the all-reduces (in one global order) and the step.
+//!   5. *Scaling*: the loss of a slice is pre-scaled by `1/(M·r)` (mean losses) or `1/M` (sum),
+//!      so every gradient of a step is the plain sum over micro-batches, replicas and holders,
+//!      equal to single-device training with gradient accumulation (DAPPLE's equivalence).
+//! - **Fails** with the value, stage or flag at fault: a cross value with the batch on an axis
+//!   other than 0 between stages of different replica counts; a micro-batch not divisible by a
+//!   replica count; an op without gradient rule; a schedule the verifier rejects.
+
+pub mod insert_comm;
+pub mod pieces;
+
+use crate::loss::LossKind;
+use crate::optimizer::OptimizerKind;
+use crate::plan::StageSpec;
+use crate::sim::ScheduleKind;
+pub use insert_comm::Replication;
+use pipec_compiler::ir::{DType, Dim, Module, Op, TensorData, TensorType, Value, ValueDef};
+use pipec_compiler::program::{
+    self, DataInput, Piece, Program, ReferenceProgram, StageProgram, PROGRAM_VERSION,
+};
+use pipec_compiler::{Error, Result};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+/// What `pipec compile` asks for.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    pub model_name: String,
+    pub planner: String,
+    pub batch: u64,
+    pub micro_batch: u64,
+    pub schedule: ScheduleKind,
+    pub loss: LossKind,
+    pub optimizer: OptimizerKind,
+    /// The `--optimizer` text, recorded in the program.
+    pub optimizer_spec: String,
+}
+
+/// A compiled program with the modules and data its files hold.
+pub struct Compiled {
+    pub program: Program,
+    /// `(path relative to OUTDIR, module)` for every piece and the reference.
+    pub modules: Vec<(String, Module)>,
+    /// Initial value of every float initializer, by name (`weights.npz`).
+    pub weights: Vec<(String, TensorData)>,
+    /// Intermediate IR for `--dump-ir`: `(name, module)` in pass order.
+    pub dumps: Vec<(String, Module)>,
+}
+
+/// How a cross value is laid out over a stage's replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Axis 0 carries the batch: replicas hold row slices.
+    Rows,
+    /// No batch axis: every replica holds the whole value.
+    Whole,
+    /// The batch is on another axis: only exchangeable between equal replica counts.
+    Other,
+}
+
+/// The batch symbol: axis 0 of the first data input.
+fn batch_symbol(m: &Module) -> Result<String> {
+    let g = &m.graph;
+    let first = g
+        .inputs
+        .iter()
+        .find(|v| !g.initializers.contains_key(*v))
+        .ok_or_else(|| Error::msg("codegen: the model has no data input"))?;
+    match g.ty(*first).shape.as_deref().and_then(|s| s.first()) {
+        Some(Dim::Sym(s)) if s.syms.len() == 1 && s.coeff == 1 => Ok(s.syms[0].clone()),
+        _ => Err(Error::named(
+            g.name(*first),
+            "codegen: the first data input needs a symbolic batch on axis 0 (re-export the model with a dynamic batch axis)",
+        )),
+    }
+}
+
+/// Concrete dims of `ty` with the batch symbol bound to `n` (`-1` where a dim stays unknown).
+pub fn concrete_dims(ty: &TensorType, batch: &str, n: u64) -> Vec<i64> {
+    ty.shape
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .map(|d| match d {
+            Dim::Known(k) => *k,
+            Dim::Sym(s) if s.syms.iter().all(|x| x == batch) => {
+                s.coeff * (n as i64).pow(s.syms.len() as u32)
+            }
+            Dim::Sym(_) => -1,
+        })
+        .collect()
+}
+
+/// The layout of a value of type `ty`.
+pub fn layout(ty: &TensorType, batch: &str) -> Layout {
+    let has = |d: &Dim| matches!(d, Dim::Sym(s) if s.syms.iter().any(|x| x == batch));
+    let dims = ty.shape.as_deref().unwrap_or(&[]);
+    match dims.iter().position(has) {
+        None => Layout::Whole,
+        Some(0) if !dims[1..].iter().any(has) => Layout::Rows,
+        Some(_) => Layout::Other,
+    }
+}
+
+/// Side computations: ops that need no float parameter and no float activation (computed from
+/// constants, integer data and shapes), plus `Shape`, `Size` and constants.
+fn side_ops(m: &Module) -> HashSet<Op> {
+    let g = &m.graph;
+    let mut heavy: HashSet<Value> = HashSet::new();
+    for (v, t) in &g.initializers {
+        if t.dtype.is_float() {
+            heavy.insert(*v);
+        }
+    }
+    for &v in &g.inputs {
+        if g.ty(v).dtype.is_float() && !g.initializers.contains_key(&v) {
+            heavy.insert(v);
+        }
+    }
+    let mut side = HashSet::new();
+    for &op in &g.order {
+        let d = &g.ops[op];
+        let always = matches!(
+            d.op_type.as_str(),
+            "Shape" | "Size" | "Constant" | "ConstantOfShape"
+        );
+        let reads_heavy = d.inputs.iter().flatten().any(|v| heavy.contains(v));
+        if always || !reads_heavy {
+            side.insert(op);
+        } else {
+            heavy.extend(d.outputs.iter().copied());
+        }
+    }
+    side
+}
+
+/// One stage after extraction.
+struct StageBuild {
+    ops: Vec<Op>,
+    /// Values it receives from other stages (in first-use order).
+    inputs: Vec<Value>,
+    /// Values it sends, with the consumer stages.
+    outputs: Vec<(Value, Vec<usize>)>,
+}
+
+/// Compile `m` under the plan's stages (see the module doc).
+pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result<Compiled> {
+    let g = &m.graph;
+    let batch_sym = batch_symbol(m)?;
+    let (b, mb) = (opts.batch, opts.micro_batch);
+    if mb == 0 || b % mb != 0 {
+        return Err(Error::Usage(format!(
+            "--micro-batch {mb}: must be >= 1 and divide --batch {b}"
+        )));
+    }
+    let nmb = b / mb;
+    // Dense device numbering.
+    let mut used: Vec<usize> = specs.iter().flat_map(|s| s.devices.clone()).collect();
+    used.sort_unstable();
+    let dense: HashMap<usize, usize> = used.iter().enumerate().map(|(i, d)| (*d, i)).collect();
+    let stage_devices: Vec<Vec<usize>> = specs
+        .iter()
+        .map(|s| s.devices.iter().map(|d| dense[d]).collect())
+        .collect();
+    // PipeDream's replicas take whole micro-batches round robin (1F1B-RR); the others cut
+    // each micro-batch into even slices (DAPPLE), falling back to round robin when the
+    // micro-batch does not divide over the replicas.
+    let replication: Vec<Replication> = stage_devices
+        .iter()
+        .map(|devs| {
+            let r = devs.len() as u64;
+            if r > 1 && (opts.planner == "pipedream" || mb % r != 0) {
+                Replication::RoundRobin
+            } else {
+                Replication::Slices
+            }
+        })
+        .collect();
+    // Op -> stage.
+    let mut stage_of: HashMap<Op, usize> = HashMap::new();
+    for (s, sp) in specs.iter().enumerate() {
+        for &n in &sp.nodes {
+            let op = *g.order.get(n).ok_or_else(|| {
+                Error::msg(format!(
+                    "codegen: stage {s} names node index {n} out of range"
+                ))
+            })?;
+            stage_of.insert(op, s);
+        }
+    }
+    if let Some(op) = g.order.iter().find(|o| !stage_of.contains_key(o)) {
+        return Err(Error::node(
+            &g.ops[*op].name,
+            &g.ops[*op].op_type,
+            "codegen: op is in no stage",
+        ));
+    }
+    let side = side_ops(m);
+    let pos: HashMap<Op, usize> = g.order.iter().enumerate().map(|(i, o)| (*o, i)).collect();
+    let y0 = *g
+        .outputs
+        .first()
+        .ok_or_else(|| Error::msg("codegen: the model has no output"))?;
+    let y0_stage = match g.values[y0].def {
+        ValueDef::Result(op, _) => stage_of[&op],
+        _ => {
+            return Err(Error::named(
+                g.name(y0),
+                "codegen: the first output is not computed",
+            ))
+        }
+    };
+    // Stage op sets with duplicated side computations.
+    let ns = specs.len();
+    let mut builds: Vec<StageBuild> = Vec::with_capacity(ns);
+    for s in 0..ns {
+        let mut set: BTreeSet<usize> = g
+            .order
+            .iter()
+            .filter(|o| stage_of[o] == s)
+            .map(|o| pos[o])
+            .collect();
+        let mut work: Vec<usize> = set.iter().copied().collect();
+        let mut inputs: Vec<Value> = Vec::new();
+        let mut seen_in: HashSet<Value> = HashSet::new();
+        while let Some(i) = work.pop() {
+            let d = &g.ops[g.order[i]];
+            for &v in d.inputs.iter().flatten() {
+                if let ValueDef::Result(p, _) = g.values[v].def {
+                    if set.contains(&pos[&p]) {
+                        continue;
+                    }
+                    if side.contains(&p) {
+                        set.insert(pos[&p]);
+                        work.push(pos[&p]);
+                    } else if seen_in.insert(v) {
+                        inputs.push(v);
+                    }
+                }
+            }
+        }
+        inputs.sort_by_key(|v| match g.values[*v].def {
+            ValueDef::Result(p, k) => (pos[&p], k),
+            _ => (0, 0),
+        });
+        let ops: Vec<Op> = set.iter().map(|i| g.order[*i]).collect();
+        builds.push(StageBuild {
+            ops,
+            inputs,
+            outputs: vec![],
+        });
+    }
+    // Producers of cross values.
+    let mut consumers: BTreeMap<(usize, Value), Vec<usize>> = BTreeMap::new();
+    for (s, bld) in builds.iter().enumerate() {
+        for &v in &bld.inputs {
+            let ValueDef::Result(p, k) = g.values[v].def else {
+                continue;
+            };
+            let ps = stage_of[&p];
+            let _ = k;
+            consumers.entry((ps, v)).or_default().push(s);
+        }
+    }
+    for ((ps, v), cs) in consumers {
+        builds[ps].outputs.push((v, cs));
+    }
+    for bld in &mut builds {
+        bld.outputs.sort_by_key(|(v, _)| match g.values[*v].def {
+            ValueDef::Result(p, k) => (pos[&p], k),
+            _ => (0, 0),
+        });
+    }
+    // Stage DAG order (consumers before producers for the backward).
+    let mut preds: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); ns];
+    for (s, bld) in builds.iter().enumerate() {
+        for (_, cs) in &bld.outputs {
+            for &c in cs {
+                if c != s {
+                    preds[c].insert(s);
+                }
+            }
+        }
+    }
+    let topo = topo_order(&preds)?;
+    // Forward modules.
+    let mut fwd_modules: Vec<Module> = Vec::with_capacity(ns);
+    for (s, bld) in builds.iter().enumerate() {
+        let mut outs: Vec<Value> = bld.outputs.iter().map(|(v, _)| *v).collect();
+        if s == y0_stage && !outs.contains(&y0) {
+            outs.push(y0);
+        }
+        let fm = pieces::extract(m, &bld.ops, &outs, false, &format!("s{s}"))?;
+        fwd_modules.push(fm);
+    }
+    // Pieces, consumers first.
+    let mut built: Vec<Option<pieces::Pieces>> = (0..ns).map(|_| None).collect();
+    // For a cross value v sent by s: consumer stages that send back a cotangent.
+    let mut cot_from: HashMap<(usize, Value), Vec<usize>> = HashMap::new();
+    // A slice's share of the mini-batch loss (module doc, 5.).
+    let slices_per_mb = |s: usize| match (replication[s], &opts.loss) {
+        (Replication::RoundRobin, _) | (_, LossKind::Sum) => 1.0,
+        (Replication::Slices, _) => stage_devices[s].len() as f64,
+    };
+    let loss_scale = |s: usize| 1.0 / (nmb as f64 * slices_per_mb(s));
+    for &s in topo.iter().rev() {
+        let bld = &builds[s];
+        let mut cots: Vec<(String, String)> = Vec::new();
+        for (v, cs) in &bld.outputs {
+            for &c in cs {
+                let differentiates = built[c]
+                    .as_ref()
+                    .is_some_and(|p| p.input_grads.iter().any(|(x, _)| x == g.name(*v)));
+                if differentiates {
+                    cots.push((g.name(*v).to_string(), cot_name(g.name(*v), c)));
+                    cot_from.entry((s, *v)).or_default().push(c);
+                }
+            }
+        }
+        let wrt: Vec<String> = bld
+            .inputs
+            .iter()
+            .filter(|v| g.ty(**v).dtype.is_float())
+            .map(|v| g.name(*v).to_string())
+            .collect();
+        let y0n = g.name(y0).to_string();
+        let spec = pieces::TrainSpec {
+            forward: &fwd_modules[s],
+            loss: (s == y0_stage).then(|| (y0n.as_str(), &opts.loss, loss_scale(s))),
+            cotangents: &cots,
+            wrt: &wrt,
+        };
+        let p = pieces::stage_pieces(&spec, &format!("s{s}"))
+            .map_err(|e| Error::msg(format!("stage {s}: {e}")))?;
+        built[s] = Some(p);
+    }
+    let built: Vec<pieces::Pieces> = built.into_iter().flatten().collect();
+    // Trainable parameters and their holders.
+    let param_ty: HashMap<String, TensorType> = g
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(v, _)| (g.name(*v).to_string(), g.ty(*v).clone()))
+        .collect();
+    let mut trainable: BTreeSet<String> = BTreeSet::new();
+    for p in &built {
+        for (pn, gn) in &p.param_grads {
+            if gn != &format!("grad/{pn}") {
+                return Err(Error::named(
+                    gn,
+                    format!("codegen: gradient of '{pn}' is not named 'grad/{pn}'"),
+                ));
+            }
+            trainable.insert(pn.clone());
+        }
+    }
+    let mut modules: Vec<(String, Module)> = Vec::new();
+    let mut stages: Vec<StageProgram> = Vec::with_capacity(ns);
+    let mut holders: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (s, p) in built.iter().enumerate() {
+        let mut held: BTreeSet<String> = BTreeSet::new();
+        for md in std::iter::once(&p.fwd).chain(p.bwd.as_ref()) {
+            for &v in &md.graph.inputs {
+                let n = md.graph.name(v);
+                if param_ty.contains_key(n) {
+                    held.insert(n.to_string());
+                }
+            }
+        }
+        let step_params: Vec<(String, TensorType)> = held
+            .iter()
+            .filter(|n| trainable.contains(*n))
+            .map(|n| (n.clone(), param_ty[n].clone()))
+            .collect();
+        for (n, _) in &step_params {
+            holders
+                .entry(n.clone())
+                .or_default()
+                .extend(stage_devices[s].iter().copied());
+        }
+        let fwd_file = format!("stages/s{s}.fwd.onnx");
+        let fwd = piece(&fwd_file, &p.fwd);
+        modules.push((fwd_file, p.fwd.clone()));
+        let bwd = match &p.bwd {
+            Some(bm) => {
+                let f = format!("stages/s{s}.bwd.onnx");
+                let pc = piece(&f, bm);
+                modules.push((f, bm.clone()));
+                Some(pc)
+            }
+            None => None,
+        };
+        let (step, updates, state_init, step_counter) = if step_params.is_empty() {
+            (None, vec![], vec![], None)
+        } else {
+            let sp = pieces::step_piece(&step_params, &opts.optimizer, m, &format!("s{s}.step"))?;
+            let f = format!("stages/s{s}.step.onnx");
+            let pc = piece(&f, &sp.module);
+            modules.push((f, sp.module));
+            (Some(pc), sp.updates, sp.state_init, sp.step_counter)
+        };
+        let loss = p.loss.as_ref().map(|l| {
+            let f = match opts.loss {
+                LossKind::Sum => 1.0,
+                _ => loss_scale(s),
+            };
+            (l.clone(), f)
+        });
+        stages.push(StageProgram {
+            id: s,
+            devices: stage_devices[s].clone(),
+            fwd,
+            bwd,
+            step,
+            params: held.into_iter().collect(),
+            updates,
+            state_init,
+            step_counter,
+            loss,
+        });
+    }
+    // Data inputs.
+    let mut data_inputs = Vec::new();
+    let gather_tables = gather_index_bounds(m);
+    for &v in &g.inputs {
+        if g.initializers.contains_key(&v) {
+            continue;
+        }
+        let ty = g.ty(v);
+        let lay = layout(ty, &batch_sym);
+        data_inputs.push(DataInput {
+            name: g.name(v).to_string(),
+            dtype: ty.dtype.to_string(),
+            shape: concrete_dims(ty, &batch_sym, b),
+            batch_axis: (lay == Layout::Rows).then_some(0),
+            high: (!ty.dtype.is_float()).then(|| gather_tables.get(&v).copied().unwrap_or(2)),
+        });
+    }
+    if let LossKind::CrossEntropy(label) = &opts.loss {
+        if !data_inputs.iter().any(|d| &d.name == label) {
+            let yt = g.ty(y0);
+            let mut dims = concrete_dims(yt, &batch_sym, b);
+            let classes = dims.pop().unwrap_or(2);
+            data_inputs.push(DataInput {
+                name: label.clone(),
+                dtype: DType::I64.to_string(),
+                shape: dims,
+                batch_axis: Some(0),
+                high: Some(classes.max(1)),
+            });
+        }
+    }
+    // Reference program.
+    let reference = {
+        let all_ops: Vec<Op> = g.order.clone();
+        let whole = pieces::extract(m, &all_ops, &[y0], false, "reference")?;
+        let y0n = g.name(y0).to_string();
+        let spec = pieces::TrainSpec {
+            forward: &whole,
+            loss: Some((y0n.as_str(), &opts.loss, 1.0 / nmb as f64)),
+            cotangents: &[],
+            wrt: &[],
+        };
+        let p = pieces::stage_pieces(&spec, "reference")?;
+        let t = &p.training;
+        let mut outs: Vec<Value> = Vec::new();
+        let names = t.graph.values_by_name();
+        let loss_name = p.loss.clone().unwrap_or_default();
+        outs.push(names[loss_name.as_str()]);
+        let mut grads = Vec::new();
+        for (pn, gn) in &p.param_grads {
+            outs.push(names[gn.as_str()]);
+            grads.push((gn.clone(), pn.clone()));
+        }
+        let train = pieces::extract(t, &t.graph.order, &outs, true, "reference.train")?;
+        let rp: Vec<(String, TensorType)> = p
+            .param_grads
+            .iter()
+            .map(|(pn, _)| (pn.clone(), param_ty[pn].clone()))
+            .collect();
+        let sp = pieces::step_piece(&rp, &opts.optimizer, m, "reference.step")?;
+        let tf = "reference/train.onnx".to_string();
+        let sf = "reference/step.onnx".to_string();
+        let rprog = ReferenceProgram {
+            train: piece(&tf, &train),
+            step: piece(&sf, &sp.module),
+            updates: sp.updates,
+            state_init: sp.state_init,
+            step_counter: sp.step_counter,
+            loss: (
+                loss_name,
+                match opts.loss {
+                    LossKind::Sum => 1.0,
+                    _ => 1.0 / nmb as f64,
+                },
+            ),
+            grads,
+        };
+        modules.push((tf, train));
+        modules.push((sf, sp.module));
+        rprog
+    };
+    let ctx = insert_comm::Context {
+        m,
+        batch_sym: &batch_sym,
+        micro_batch: mb,
+        micro_batches: nmb,
+        schedule: opts.schedule,
+        stage_devices: &stage_devices,
+        preds: &preds,
+        stage_outputs: builds
+            .iter()
+            .map(|b| b.outputs.iter().map(|(v, cs)| (*v, cs.clone())).collect())
+            .collect(),
+        stage_inputs: builds.iter().map(|b| b.inputs.clone()).collect(),
+        cot_from: &cot_from,
+        stages: &stages,
+        data_inputs: &data_inputs,
+        replication: &replication,
+        holders: &holders,
+        input_grads: built.iter().map(|p| p.input_grads.clone()).collect(),
+        param_grads: built.iter().map(|p| p.param_grads.clone()).collect(),
+    };
+    let devices = insert_comm::device_programs(&ctx)?;
+    let program = Program {
+        version: PROGRAM_VERSION,
+        model: opts.model_name.clone(),
+        planner: opts.planner.clone(),
+        schedule: opts.schedule.name().to_string(),
+        batch: b,
+        micro_batch: mb,
+        micro_batches: nmb,
+        loss: opts.loss.to_string(),
+        optimizer: opts.optimizer_spec.clone(),
+        data_inputs,
+        weights: "weights.npz".into(),
+        stages,
+        devices,
+        reference: Some(reference),
+    };
+    program::verify(&program)
+        .map_err(|e| Error::msg(format!("codegen produced a bad schedule: {e}")))?;
+    let weights: Vec<(String, TensorData)> = g
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(v, t)| (g.name(*v).to_string(), t.clone()))
+        .collect();
+    let mut dumps = Vec::new();
+    let mut annotated = m.clone();
+    for (op, s) in &stage_of {
+        annotated.graph.ops[*op].attrs.insert(
+            "pipec.stage".into(),
+            pipec_compiler::ir::Attr::Int(*s as i64),
+        );
+    }
+    dumps.push(("partition".to_string(), annotated));
+    for (s, p) in built.iter().enumerate() {
+        dumps.push((format!("training-s{s}"), p.training.clone()));
+    }
+    Ok(Compiled {
+        program,
+        modules,
+        weights,
+        dumps,
+    })
+}
+
+/// The cotangent input name for value `v` coming back from stage `consumer`.
+pub fn cot_name(v: &str, consumer: usize) -> String {
+    format!("cot/{v}/s{consumer}")
+}
+
+fn piece(file: &str, m: &Module) -> Piece {
+    Piece {
+        file: file.to_string(),
+        inputs: m
+            .graph
+            .inputs
+            .iter()
+            .map(|v| m.graph.name(*v).to_string())
+            .collect(),
+        outputs: m
+            .graph
+            .outputs
+            .iter()
+            .map(|v| m.graph.name(*v).to_string())
+            .collect(),
+    }
+}
+
+/// Kahn order of the stage DAG (ties to the lower id).
+fn topo_order(preds: &[BTreeSet<usize>]) -> Result<Vec<usize>> {
+    let n = preds.len();
+    let mut indeg: Vec<usize> = preds.iter().map(|p| p.len()).collect();
+    let mut succ = vec![Vec::new(); n];
+    for (s, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succ[p].push(s);
+        }
+    }
+    let mut ready: BTreeSet<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
+    let mut out = Vec::with_capacity(n);
+    while let Some(s) = ready.pop_first() {
+        out.push(s);
+        for &t in &succ[s] {
+            indeg[t] -= 1;
+            if indeg[t] == 0 {
+                ready.insert(t);
+            }
+        }
+    }
+    if out.len() != n {
+        return Err(Error::msg(
+            "codegen: the stage graph has a cycle (a stage is not convex)",
+        ));
+    }
+    Ok(out)
+}
+
+/// For integer data inputs used as `Gather` indices: the size of the gathered axis (random
+/// data must stay in range).
+fn gather_index_bounds(m: &Module) -> HashMap<Value, i64> {
+    let g = &m.graph;
+    let mut out: HashMap<Value, i64> = HashMap::new();
+    // Follow a few index-preserving ops (Cast, Reshape, Unsqueeze, Squeeze, Flatten) back to an input.
+    let root = |mut v: Value| -> Value {
+        for _ in 0..8 {
+            match g.values[v].def {
+                ValueDef::Result(p, _)
+                    if matches!(
+                        g.ops[p].op_type.as_str(),
+                        "Cast" | "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" | "Identity"
+                    ) =>
+                {
+                    match g.ops[p].inputs.first().copied().flatten() {
+                        Some(u) => v = u,
+                        None => break,
+                    }
+                }
+                _ => break,
+            }
+        }
+        v
+    };
+    for &op in &g.order {
+        let d = &g.ops[op];
+        if d.op_type != "Gather" {
+            continue;
+        }
+        let (Some(Some(data)), Some(Some(idx))) = (d.inputs.first(), d.inputs.get(1)) else {
+            continue;
+        };
+        let axis = d.int_attr("axis").unwrap_or(0);
+        let Some(dims) = g.ty(*data).static_dims() else {
+            continue;
+        };
+        let ax = if axis < 0 {
+            axis + dims.len() as i64
+        } else {
+            axis
+        };
+        let Some(&n) = dims.get(ax as usize) else {
+            continue;
+        };
+        let r = root(*idx);
+        if matches!(g.values[r].def, ValueDef::Input(_)) {
+            let e = out.entry(r).or_insert(n);
+            *e = (*e).min(n);
+        }
+    }
+    out
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The issue-7 equivalence matrix: for every bundled model x planner x device count x number of
+micro-batches x optimizer x schedule, `pipec compile` then execute and compare every parameter
+with single-device training after 3 steps (max norm-wise relative difference <= 1e-4).
+
+Executors: `--runner ort` (default) uses scripts/ort_program.py (onnxruntime, independent of
+pipec's runtime); `--runner pipec` uses `pipec run OUTDIR --steps 3 --check`.
+
+Usage: python3 scripts/compile_matrix.py [--pipec target/debug/pipec] [--runner ort|pipec]
+         [--quick] [--out matrix.md]
+Writes a markdown table (one row per case: result, stages/replicas, max_rel_diff, seconds).
+"""
+import argparse
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ["mlp4", "inception_mini", "resnet18", "gpt2_tiny", "mmt_tiny", "dlrm_tiny"]
+PLANNERS = ["straight", "dp", "pipedream", "dapple", "bapipe", "gpp"]
+DEVICES = [2, 4, 8]
+MICRO_BATCHES = [1, 4, 8]
+OPTIMIZERS = ["sgd:lr=0.01,momentum=0.9", "adam:lr=0.001"]
+SCHEDULES = ["gpipe", "1f1b", "gpp"]
+
+
+def case_list(quick):
+    for model, planner, dev, M, opt, sched in itertools.product(
+        MODELS, PLANNERS, DEVICES, MICRO_BATCHES, OPTIMIZERS, SCHEDULES
+    ):
+        if sched == "gpp" and planner not in ("gpp",):
+            continue  # the DAG schedule applies to GraphPipe's stage DAGs
+        if sched != "gpp" and planner == "gpp" and sched != "1f1b":
+            continue
+        if quick:
+            # one optimizer per (model, planner), alternating; M in {1, 4}
+            if M == 8 or (OPTIMIZERS.index(opt) + PLANNERS.index(planner) + DEVICES.index(dev)) % 2:
+                continue
+        yield model, planner, dev, M, opt, sched
+
+
+def run_case(pipec, runner, model, planner, dev, M, opt, sched):
+    mb = dev if model != "resnet18" else max(2, dev // 2)  # micro-batch divisible by replicas
+    batch = mb * M
+    d = tempfile.mkdtemp(prefix="pipec-matrix-")
+    out = os.path.join(d, "o")
+    t0 = time.time()
+    args = [pipec, "compile", os.path.join(ROOT, "onnx-models", model + ".onnx"),
+            "--cluster", "8@1e10", "--device-kind", "cpu-core", "--devices", str(dev),
+            "--planner", planner, "--batch", str(batch), "--micro-batch", str(mb),
+            "--optimizer", opt, "--schedule", sched, "-o", out]
+    r = subprocess.run(args, capture_output=True, text=True)
+    if r.returncode != 0:
+        shutil.rmtree(d, ignore_errors=True)
+        return "compile-error", "", None, time.time() - t0, r.stderr.strip().splitlines()[-1:]
+    prog = json.load(open(os.path.join(out, "schedule.json")))
+    shape = ":".join(str(len(s["devices"])) for s in prog["stages"])
+    if runner == "ort":
+        cmd = [sys.executable, os.path.join(ROOT, "scripts", "ort_program.py"), out, "--steps", "3", "--no-checker"]
+    else:
+        cmd = [pipec, "run", out, "--steps", "3", "--check"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    m = re.search(r"max_rel_diff[ =:]*([0-9.eE+-]+)", r.stdout + r.stderr)
+    rel = float(m.group(1)) if m else None
+    shutil.rmtree(d, ignore_errors=True)
+    status = "pass" if r.returncode == 0 else "FAIL"
+    return status, shape, rel, time.time() - t0, (r.stdout + r.stderr).strip().splitlines()[-1:]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pipec", default=os.path.join(ROOT, "target", "debug", "pipec"))
+    ap.add_argument("--runner", default="ort", choices=["ort", "pipec"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    rows = []
+    counts = {}
+    for c in case_list(a.quick):
+        status, shape, rel, secs, tail = run_case(a.pipec, a.runner, *c)
+        counts[status] = counts.get(status, 0) + 1
+        line = f"| {' | '.join(map(str, c))} | {status} | {shape} | {rel if rel is not None else '-'} | {secs:.1f} |"
+        if status != "pass":
+            line += f" {tail[0][:120] if tail else ''}"
+        rows.append(line)
+        print(line, flush=True)
+    head = "| model | planner | devices | M | optimizer | schedule | result | replicas per stage | max_rel_diff | s |\n|---|---|---|---|---|---|---|---|---|---|"
+    text = head + "\n" + "\n".join(rows) + f"\n\nTotals: {counts}\n"
+    if a.out:
+        open(a.out, "w").write(text)
+    print(f"Totals: {counts}")
+    sys.exit(0 if counts.get("FAIL", 0) == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

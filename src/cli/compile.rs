@@ -1,0 +1,236 @@
+//! `pipec compile MODEL --cluster C --planner P --batch B --micro-batch b [--loss KIND]
+//! [--optimizer SPEC] [--dump-ir DIR] -o OUTDIR` (cli.md): plan, build the per-stage pieces,
+//! insert communication, verify the schedule, and write OUTDIR atomically.
+//!
+//! OUTDIR: `plan.json` (as `plan --json`), `schedule.json` (the program, see
+//! `pipec_compiler::program`), `weights.npz` (initial parameters), `stages/s{i}.{fwd,bwd,step}.onnx`,
+//! `reference/{train,step}.onnx` (the unpartitioned program `pipec run --check` compares with),
+//! `program.mlir` (every piece as MLIR, plus the schedule).
+
+use super::plan::{render, resolve_cluster};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use pipec_compiler::program::Program;
+use pipec_passes::codegen::{self, CompileOptions};
+use pipec_passes::cost::analytic::{self, AnalyticOptions};
+use pipec_passes::cost::Optimizer as MemOptimizer;
+use pipec_passes::loss::LossKind;
+use pipec_passes::optimizer::OptimizerKind;
+use pipec_passes::plan::PlanOptions;
+use pipec_passes::planners;
+use pipec_passes::sim::ScheduleKind;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Compile MODEL into one program per device: plan it, cut the training graph into per-stage
+/// forward/backward/step ONNX pieces, insert every send/recv, split/concat, accumulation,
+/// all-reduce and optimizer step, verify the schedule statically, and write OUTDIR atomically
+/// (a failed compile leaves no OUTDIR). Run the result with `pipec run OUTDIR`.
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// The model (`.onnx`, or textual IR `.mlir`).
+    pub model: PathBuf,
+    /// Cluster: preset name (`pipec plan --list-clusters`), TOML file, or `N1@BW1,N2@BW2,...`.
+    #[arg(long)]
+    pub cluster: String,
+    /// Use only the first N devices of the cluster.
+    #[arg(long)]
+    pub devices: Option<usize>,
+    /// Planner: gpp, dapple, pipedream, bapipe, dp, straight, gpp-seq.
+    #[arg(long)]
+    pub planner: String,
+    /// Global mini-batch (samples per step).
+    #[arg(long)]
+    pub batch: u64,
+    /// Micro-batch size (divides --batch; each stage's replicas split it evenly).
+    #[arg(long = "micro-batch")]
+    pub micro_batch: u64,
+    /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp (default: the planner's own).
+    #[arg(long)]
+    pub schedule: Option<String>,
+    /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.
+    #[arg(long, default_value = "mean-square")]
+    pub loss: String,
+    /// Optimizer: sgd:lr=0.01[,momentum=0.9][,weight_decay=0] or adam:lr=0.001[,beta1=..].
+    #[arg(long, default_value = "sgd:lr=0.01")]
+    pub optimizer: String,
+    /// Device kind for an inline `N@BW` cluster (default V100-16GB).
+    #[arg(long = "device-kind")]
+    pub device_kind: Option<String>,
+    /// Write the IR after every step as DIR/NN-name.mlir.
+    #[arg(long = "dump-ir", value_name = "DIR")]
+    pub dump_ir: Option<PathBuf>,
+    /// Output directory (written atomically).
+    #[arg(short = 'o', long = "output", value_name = "OUTDIR")]
+    pub output: PathBuf,
+    /// Print the plan summary.
+    #[arg(long)]
+    pub verbose: bool,
+}
+
+/// Run `pipec compile`.
+pub fn run(a: CompileArgs) -> Result<ExitCode> {
+    let loss: LossKind = a.loss.parse().map_err(|e| anyhow!("--loss: {e}"))?;
+    let optimizer: OptimizerKind = a
+        .optimizer
+        .parse()
+        .map_err(|e| anyhow!("--optimizer: {e}"))?;
+    if a.batch == 0 {
+        bail!("--batch 0: must be >= 1");
+    }
+    if a.micro_batch == 0 || !a.batch.is_multiple_of(a.micro_batch) {
+        bail!(
+            "--micro-batch {}: must be >= 1 and divide --batch {}",
+            a.micro_batch,
+            a.batch
+        );
+    }
+    let schedule = match a.schedule.as_deref() {
+        None => None,
+        Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
+            let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+            anyhow!("--schedule {s}: one of {}", names.join(", "))
+        })?),
+    };
+    let planner = planners::by_name(&a.planner)?;
+    let cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
+    let m = super::load_module(&a.model)?;
+    let name = a.model.display().to_string();
+    let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let mut opts = PlanOptions::new(a.batch);
+    opts.micro_batch = Some(a.micro_batch);
+    opts.schedule = schedule;
+    opts.optimizer = match &optimizer {
+        OptimizerKind::Adam { .. } => MemOptimizer::Adam,
+        OptimizerKind::Sgd { momentum, .. } if *momentum > 0.0 => MemOptimizer::Momentum,
+        OptimizerKind::Sgd { .. } => MemOptimizer::Sgd,
+    };
+    let plan = planner
+        .plan(&g, &cluster, &opts)
+        .with_context(|| format!("{name}: planner '{}' failed", a.planner))?;
+    plan.verify(&g, &cluster)
+        .with_context(|| format!("planner '{}' produced an invalid plan", a.planner))?;
+    let specs = plan.specs(&g)?;
+    let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
+    let copts = CompileOptions {
+        model_name: a
+            .model
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        planner: a.planner.clone(),
+        batch: a.batch,
+        micro_batch: plan.micro_batch,
+        schedule: kind,
+        loss,
+        optimizer,
+        optimizer_spec: a.optimizer.clone(),
+    };
+    let compiled =
+        codegen::compile(&m, &specs, &copts).with_context(|| format!("{name}: compile failed"))?;
+    if let Some(dir) = &a.dump_ir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("{}: cannot create", dir.display()))?;
+        let mut n = 0;
+        let mut dump = |label: &str, md: &pipec_compiler::ir::Module| -> Result<()> {
+            let p = dir.join(format!("{n:02}-{label}.mlir"));
+            n += 1;
+            std::fs::write(&p, pipec_compiler::text::print(md))
+                .with_context(|| format!("{}: cannot write", p.display()))
+        };
+        dump("import", &m)?;
+        for (label, md) in &compiled.dumps {
+            dump(label, md)?;
+        }
+        for (file, md) in &compiled.modules {
+            let label = file.trim_end_matches(".onnx").replace(['/', '.'], "-");
+            dump(&label, md)?;
+        }
+    }
+    write_outdir(&a.output, &plan, &compiled)?;
+    if a.verbose {
+        eprint!("{}", render(&plan));
+    }
+    println!(
+        "compiled {} for {} devices ({} stages, {} micro-batches of {}, schedule {}) into {}",
+        name,
+        compiled.program.devices.len(),
+        compiled.program.stages.len(),
+        compiled.program.micro_batches,
+        compiled.program.micro_batch,
+        compiled.program.schedule,
+        a.output.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The whole program as MLIR: each piece as a nested `builtin.module` named after its file,
+/// and the schedule as a module attribute.
+fn program_mlir(p: &Program, compiled: &codegen::Compiled) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "// pipec program: {} on {} devices, {} stages, schedule {}\n",
+        p.model,
+        p.devices.len(),
+        p.stages.len(),
+        p.schedule
+    ));
+    for (file, md) in &compiled.modules {
+        s.push_str(&format!("// ---- {file}\n"));
+        s.push_str(&pipec_compiler::text::print(md));
+        if !s.ends_with('\n') {
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// Write OUTDIR into a temporary sibling directory and rename it into place.
+fn write_outdir(out: &Path, plan: &pipec_passes::plan::Plan, c: &codegen::Compiled) -> Result<()> {
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let base = out
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .ok_or_else(|| anyhow!("-o {}: not a directory name", out.display()))?;
+    if !parent.exists() {
+        bail!("-o {}: parent directory does not exist", out.display());
+    }
+    let tmp = parent.join(format!(".{base}.tmp{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let result = (|| -> Result<()> {
+        std::fs::create_dir_all(tmp.join("stages"))?;
+        std::fs::create_dir_all(tmp.join("reference"))?;
+        std::fs::write(tmp.join("plan.json"), serde_json::to_string_pretty(plan)?)?;
+        std::fs::write(tmp.join("schedule.json"), c.program.to_json())?;
+        pipec_runtime::npz::write_npz(&tmp.join("weights.npz"), &c.weights)
+            .map_err(|e| anyhow!("weights.npz: {e}"))?;
+        for (file, md) in &c.modules {
+            pipec_compiler::onnx::export::save(md, &tmp.join(file))
+                .with_context(|| format!("{file}: cannot export"))?;
+        }
+        std::fs::write(tmp.join("program.mlir"), program_mlir(&c.program, c))?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e.context(format!(
+            "{}: cannot write the compiled program",
+            out.display()
+        )));
+    }
+    if out.exists() {
+        std::fs::remove_dir_all(out)
+            .with_context(|| format!("{}: cannot replace the existing directory", out.display()))?;
+    }
+    std::fs::rename(&tmp, out).with_context(|| {
+        let _ = std::fs::remove_dir_all(&tmp);
+        format!(
+            "{}: cannot move the compiled program into place",
+            out.display()
+        )
+    })?;
+    Ok(())
+}

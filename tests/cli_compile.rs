@@ -1,0 +1,314 @@
+//! `pipec compile`: OUTDIR contents, static schedule verification, determinism, atomic failure,
+//! and numeric equivalence of the emitted program with single-device training, checked by an
+//! independent onnxruntime executor of schedule.json (`scripts/ort_program.py`, which also runs
+//! `onnx.checker.check_model(full_check=True)` on every emitted file).
+
+mod common;
+
+use common::{model, pipec, pipec_ok, python_with_onnx, root, tempdir};
+use pipec_compiler::program::{self, Instr, Program};
+use std::path::Path;
+use std::process::Command;
+
+const CPU8: &[&str] = &["--cluster", "8@1e10", "--device-kind", "cpu-core"];
+
+fn compile(
+    name: &str,
+    planner: &str,
+    devices: usize,
+    batch: u64,
+    mb: u64,
+    extra: &[&str],
+    out: &Path,
+) {
+    let m = model(&format!("{name}.onnx"));
+    let (d, b, mbs) = (devices.to_string(), batch.to_string(), mb.to_string());
+    let mut args = vec!["compile", m.to_str().unwrap()];
+    args.extend_from_slice(CPU8);
+    args.extend_from_slice(&[
+        "--devices",
+        &d,
+        "--planner",
+        planner,
+        "--batch",
+        &b,
+        "--micro-batch",
+        &mbs,
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    args.extend_from_slice(extra);
+    pipec_ok(&args);
+}
+
+fn load(out: &Path) -> Program {
+    let text = std::fs::read_to_string(out.join("schedule.json")).unwrap();
+    Program::from_json(&text, "schedule.json").unwrap()
+}
+
+#[test]
+fn outdir_has_every_piece_and_a_verified_schedule() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile("mlp4", "straight", 2, 8, 2, &[], &out);
+    for f in ["plan.json", "schedule.json", "weights.npz", "program.mlir"] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    let p = load(&out);
+    program::verify(&p).unwrap();
+    assert_eq!(p.devices.len(), 2);
+    assert_eq!(p.micro_batches, 4);
+    for st in &p.stages {
+        assert!(out.join(&st.fwd.file).is_file());
+        assert!(out.join(&st.bwd.as_ref().unwrap().file).is_file());
+        assert!(out.join(&st.step.as_ref().unwrap().file).is_file());
+    }
+    // 1F1B on the first of two stages: two forwards before the first backward.
+    let d0: Vec<&Instr> = p.devices[0]
+        .instructions
+        .iter()
+        .filter(|i| matches!(i, Instr::Compute { .. }))
+        .collect();
+    let fwd_first = d0
+        .iter()
+        .take_while(
+            |i| matches!(i, Instr::Compute { pass, .. } if *pass == program::PieceKind::Fwd),
+        )
+        .count();
+    assert_eq!(fwd_first, 2, "{d0:?}");
+    // Every activation sent forward comes back as a cotangent.
+    let sends = p.devices[0]
+        .instructions
+        .iter()
+        .filter(|i| matches!(i, Instr::Send { .. }))
+        .count();
+    let recvs = p.devices[0]
+        .instructions
+        .iter()
+        .filter(|i| matches!(i, Instr::Recv { .. }))
+        .count();
+    assert_eq!((sends, recvs), (4, 4));
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["planner"], "straight");
+}
+
+#[test]
+fn compile_is_deterministic() {
+    let t = tempdir();
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    compile("gpt2_tiny", "straight", 4, 4, 1, &[], &a);
+    compile("gpt2_tiny", "straight", 4, 4, 1, &[], &b);
+    for f in [
+        "schedule.json",
+        "plan.json",
+        "stages/s0.fwd.onnx",
+        "stages/s3.bwd.onnx",
+        "program.mlir",
+    ] {
+        let (x, y) = (
+            std::fs::read(a.join(f)).unwrap(),
+            std::fs::read(b.join(f)).unwrap(),
+        );
+        if f == "plan.json" {
+            // search_time_s is measured; everything else must agree.
+            let strip = |v: &[u8]| {
+                let mut j: serde_json::Value = serde_json::from_slice(v).unwrap();
+                j["search_time_s"] = 0.into();
+                j
+            };
+            assert_eq!(strip(&x), strip(&y));
+        } else {
+            assert!(x == y, "{f} differs between two compiles");
+        }
+    }
+}
+
+#[test]
+fn tied_embedding_is_all_reduced_across_the_stages_that_hold_it() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile("gpt2_tiny", "straight", 4, 4, 1, &[], &out);
+    let p = load(&out);
+    let holders: Vec<usize> = p
+        .stages
+        .iter()
+        .filter(|s| s.params.iter().any(|n| n == "transformer.wte.weight"))
+        .map(|s| s.id)
+        .collect();
+    assert!(
+        holders.len() >= 2,
+        "wte should be held by the first and the last stage: {holders:?}"
+    );
+    let group = p.devices[holders[0]]
+        .instructions
+        .iter()
+        .find_map(|i| match i {
+            Instr::AllReduce { group, tensors, .. }
+                if tensors.iter().any(|t| t == "grad/transformer.wte.weight") =>
+            {
+                Some(group.clone())
+            }
+            _ => None,
+        });
+    assert_eq!(group, Some(holders.clone()));
+}
+
+#[test]
+fn bad_inputs_fail_cleanly_without_outdir() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let m = model("mlp4.onnx");
+    let ms = m.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "compile",
+                ms,
+                "--planner",
+                "straight",
+                "--batch",
+                "8",
+                "--micro-batch",
+                "3",
+                "-o",
+                o,
+            ],
+            "--micro-batch 3",
+        ),
+        (
+            vec![
+                "compile",
+                "/nonexistent.onnx",
+                "--planner",
+                "straight",
+                "--batch",
+                "8",
+                "--micro-batch",
+                "2",
+                "-o",
+                o,
+            ],
+            "nonexistent",
+        ),
+        (
+            vec![
+                "compile",
+                ms,
+                "--planner",
+                "nope",
+                "--batch",
+                "8",
+                "--micro-batch",
+                "2",
+                "-o",
+                o,
+            ],
+            "--planner nope",
+        ),
+        (
+            vec![
+                "compile",
+                ms,
+                "--planner",
+                "straight",
+                "--batch",
+                "8",
+                "--micro-batch",
+                "2",
+                "--optimizer",
+                "rmsprop",
+                "-o",
+                o,
+            ],
+            "--optimizer",
+        ),
+    ];
+    for (args, _) in &mut cases {
+        args.extend_from_slice(CPU8);
+    }
+    for (args, needle) in cases {
+        let r = pipec(&args);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists(), "a failed compile left {}", out.display());
+    }
+}
+
+/// Compile, then execute with onnxruntime (independent of pipec's runtime) and compare every
+/// parameter with single-device training after 3 steps.
+fn ort_check(name: &str, planner: &str, devices: usize, batch: u64, mb: u64, extra: &[&str]) {
+    let Some(py) = python_with_onnx() else { return };
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile(name, planner, devices, batch, mb, extra, &out);
+    let r = Command::new(py)
+        .arg(root().join("scripts/ort_program.py"))
+        .arg(&out)
+        .args(["--steps", "3"])
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        r.status.success(),
+        "{name}/{planner}/{devices}: {so}\n{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(so.contains("max_rel_diff"), "{so}");
+}
+
+#[test]
+fn ort_oracle_mlp4_dapple_momentum() {
+    ort_check(
+        "mlp4",
+        "dapple",
+        4,
+        8,
+        4,
+        &["--optimizer", "sgd:lr=0.1,momentum=0.9"],
+    );
+}
+
+#[test]
+fn ort_oracle_gpt2_tied_straight_adam() {
+    ort_check(
+        "gpt2_tiny",
+        "straight",
+        4,
+        4,
+        1,
+        &["--optimizer", "adam:lr=0.001", "--schedule", "gpipe"],
+    );
+}
+
+#[test]
+fn ort_oracle_dlrm_gpp_dag() {
+    ort_check(
+        "dlrm_tiny",
+        "gpp",
+        4,
+        8,
+        4,
+        &["--optimizer", "sgd:lr=0.1,momentum=0.9"],
+    );
+}
+
+#[test]
+fn ort_oracle_mmt_pipedream_round_robin() {
+    ort_check(
+        "mmt_tiny",
+        "pipedream",
+        8,
+        16,
+        4,
+        &["--optimizer", "adam:lr=0.001"],
+    );
+}
+
+#[test]
+fn ort_oracle_inception_straight_skips() {
+    ort_check("inception_mini", "straight", 4, 8, 2, &[]);
+}

@@ -312,3 +312,79 @@ fn ort_oracle_mmt_pipedream_round_robin() {
 fn ort_oracle_inception_straight_skips() {
     ort_check("inception_mini", "straight", 4, 8, 2, &[]);
 }
+
+/// `pipec compile` then `pipec run --check` (pipec's own runtime, in-process transport).
+fn run_check(name: &str, planner: &str, devices: usize, batch: u64, mb: u64, extra: &[&str]) {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile(name, planner, devices, batch, mb, extra, &out);
+    let so = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    assert!(so.contains("max_rel_diff"), "{so}");
+}
+
+#[test]
+fn run_check_gpt2_tied_gpipe_adam() {
+    run_check(
+        "gpt2_tiny",
+        "straight",
+        4,
+        4,
+        1,
+        &["--schedule", "gpipe", "--optimizer", "adam:lr=0.001"],
+    );
+}
+
+#[test]
+fn run_check_uneven_replication_momentum() {
+    // dapple on 8 devices gives mlp4 a 1:1:6 plan: a 1 -> 6 split and its concat back.
+    run_check(
+        "mlp4",
+        "dapple",
+        8,
+        12,
+        6,
+        &["--optimizer", "sgd:lr=0.1,momentum=0.9"],
+    );
+}
+
+#[test]
+fn run_check_round_robin_and_dag() {
+    run_check("mmt_tiny", "pipedream", 8, 16, 4, &[]);
+    run_check("dlrm_tiny", "gpp", 4, 8, 4, &["--schedule", "gpp"]);
+    run_check("inception_mini", "straight", 2, 4, 1, &[]);
+}
+
+#[test]
+fn edited_deadlocking_schedule_and_missing_file_fail_fast() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile("mlp4", "straight", 2, 4, 2, &[], &out);
+    // Swap device 1's first receive behind its first send: device 1 now waits on itself.
+    let path = out.join("schedule.json");
+    let mut p = load(&out);
+    let list = &mut p.devices[1].instructions;
+    let r = list
+        .iter()
+        .position(|i| matches!(i, Instr::Recv { .. }))
+        .unwrap();
+    let s = list
+        .iter()
+        .position(|i| matches!(i, Instr::Send { .. }))
+        .unwrap();
+    let recv = list.remove(r);
+    list.insert(s, recv);
+    std::fs::write(&path, p.to_json()).unwrap();
+    let t0 = std::time::Instant::now();
+    let r = pipec(&["run", out.to_str().unwrap(), "--steps", "1"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_ne!(r.status.code(), Some(0), "{err}");
+    assert!(err.contains("device"), "{err}");
+    assert!(t0.elapsed().as_secs() < 30, "took {:?}", t0.elapsed());
+    // A missing piece is named.
+    compile("mlp4", "straight", 2, 4, 2, &[], &out);
+    std::fs::remove_file(out.join("stages/s1.bwd.onnx")).unwrap();
+    let r = pipec(&["run", out.to_str().unwrap(), "--steps", "1"]);
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{err}");
+    assert!(err.contains("s1.bwd.onnx"), "{err}");
+}

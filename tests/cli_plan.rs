@@ -117,6 +117,51 @@ fn plan_options_schedule_and_trace() {
         .is_some_and(|e| e.len() > 16 * 16));
 }
 
+/// `--schedule gpipe-recompute` / `1f1b-recompute`: same order as GPipe / 1F1B, the backward
+/// re-runs the forward (slower) and only stage inputs stay in flight (less memory); pipedream's
+/// default schedule is 1F1B-RR.
+#[test]
+fn plan_recompute_and_round_robin_schedules() {
+    let run = |planner: &str, schedule: Option<&str>| -> serde_json::Value {
+        let mut args = vec![
+            "plan",
+            "onnx-models/resnet18.onnx",
+            "--cluster",
+            "dapple-a",
+            "--devices",
+            "4",
+            "--batch",
+            "32",
+            "--micro-batch",
+            "4",
+            "--planner",
+            planner,
+            "--json",
+        ];
+        if let Some(s) = schedule {
+            args.extend(["--schedule", s]);
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_pipec"))
+            .current_dir(root())
+            .args(&args)
+            .output()
+            .expect("run pipec");
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_slice(&o.stdout).expect("json")
+    };
+    for (base, rc) in [("gpipe", "gpipe-recompute"), ("1f1b", "1f1b-recompute")] {
+        let a = run("straight", Some(base));
+        let b = run("straight", Some(rc));
+        assert_eq!(b["schedule"], rc);
+        let t = |v: &serde_json::Value| v["iteration_time_s"].as_f64().expect("t");
+        let m = |v: &serde_json::Value| v["peak_memory_bytes"].as_u64().expect("m");
+        assert!(t(&b) > t(&a), "{rc}: {} vs {}", t(&b), t(&a));
+        assert!(m(&b) < m(&a), "{rc}: {} vs {}", m(&b), m(&a));
+    }
+    let p = run("pipedream", None);
+    assert_eq!(p["schedule"], "1f1b-rr");
+}
+
 #[test]
 fn list_clusters() {
     let o = pipec(&["plan", "--list-clusters"]);

@@ -26,7 +26,8 @@ pub struct Stage {
     /// Most micro-batches in flight on one replica (forward done, backward not) in the simulation.
     pub in_flight: usize,
     /// Forward + backward seconds of one micro-batch on one replica (its `micro_batch/replicas`
-    /// slice), on the slowest of its devices.
+    /// slice; the whole micro-batch under `1f1b-rr`), on the slowest of its devices; with a
+    /// re-computing schedule the backward includes the re-run forward.
     pub compute_time_s: f64,
     /// Peak memory of the stage's most loaded replica in the simulation.
     pub peak_memory_bytes: u64,
@@ -285,9 +286,18 @@ impl Plan {
             )));
         }
         let m = batch / micro_batch;
-        let sg = StageGraph::from_specs(g, cluster, &specs, micro_batch as f64, opts.optimizer);
+        let sg = StageGraph::from_specs_for(
+            g,
+            cluster,
+            &specs,
+            micro_batch as f64,
+            opts.optimizer,
+            schedule,
+        );
         let sched = sim::schedule::generate(&sg, schedule, m as usize);
         let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+        // The figures the simulator ran on (re-computation adds the forward to the backward).
+        let sg = sg.for_schedule(schedule);
         let mut stages = Vec::with_capacity(specs.len());
         let topo_pos: Vec<usize> = {
             let mut p = vec![0; g.len()];

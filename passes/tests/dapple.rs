@@ -141,10 +141,11 @@ fn heavy_weights_at_the_end_stay_unreplicated() {
     assert!(s.stages.len() >= 2, "{:?}", s.stages);
     let last = s.stages.last().expect("stage");
     assert_eq!(last.2.len(), 1, "{:?}", s.stages);
-    let dp = dapple::evaluate(&g, &c, &opts, 32, &[(0, 9, (0..16).collect())]).0;
+    let all = s.cuts.last();
+    let dp = dapple::evaluate(&g, &c, &opts, 32, &s.cuts, &[(0, all, (0..16).collect())]).0;
     assert!(s.latency < dp, "{} vs DP {dp}", s.latency);
     // evaluate() agrees with the search on the plan it found.
-    let (l, _) = dapple::evaluate(&g, &c, &opts, 32, &s.stages);
+    let (l, _) = dapple::evaluate(&g, &c, &opts, 32, &s.cuts, &s.stages);
     assert!((l - s.latency).abs() < 1e-9 * l, "{l} vs {}", s.latency);
 }
 
@@ -186,12 +187,14 @@ fn plans_on_the_dapple_profiles_verify() {
             assert!(!plan.out_of_memory, "{name} {preset}");
             assert!(["dapple-a", "dapple-b"].contains(&plan.schedule.as_str()));
             // The plan is no worse than DP under the planner's own objective.
+            let fam = dapple::cuts(&g, &c);
             let dp = dapple::evaluate(
                 &g,
                 &c,
                 &opts,
                 plan.micro_batch,
-                &[(0, g.len(), (0..16).collect())],
+                &fam,
+                &[(0, fam.last(), (0..16).collect())],
             )
             .0;
             assert!(plan.objective_s <= dp * (1.0 + 1e-9), "{name} {preset}");

@@ -41,7 +41,8 @@ pub struct PlanArgs {
     /// Micro-batch size (must divide the batch; default: the planner's choice).
     #[arg(long = "micro-batch")]
     pub micro_batch: Option<u64>,
-    /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp (default: the planner's own).
+    /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
+    /// 1f1b-rr (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file
@@ -238,14 +239,15 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         .with_context(|| format!("planner '{planner_name}' produced an invalid plan"))?;
     if let Some(path) = &a.trace {
         let specs = plan.specs(&g)?;
-        let sg = StageGraph::from_specs(
+        let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
+        let sg = StageGraph::from_specs_for(
             &g,
             &cluster,
             &specs,
             plan.micro_batch as f64,
             opts.optimizer,
+            kind,
         );
-        let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
         let sched = sim::schedule::generate(&sg, kind, plan.micro_batches as usize);
         let res = sim::simulate(&sg, &sched, &cluster, opts.allreduce)?;
         let text = serde_json::to_string(&sim::trace::chrome_trace(&res))?;

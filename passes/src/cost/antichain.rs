@@ -20,6 +20,10 @@
 //!
 //! [`Linearization::for_graph`] tries the first and falls back to the second.
 //!
+//! [`Cuts`] is the form the DAPPLE search uses: a family of down-sets (the antichain DAG's states
+//! together with given prefixes of the topological order), sorted by size, where a stage is
+//! `D(j) \ D(i)` for any nested pair `D(i) ⊊ D(j)`, with per-position prefix sums ([`CutSums`]).
+//!
 //! Nodes can be *excluded* (PipeDream drops `Input*` sources and `__getitem__` sinks before
 //! building the states); excluded nodes are in no down-set and the planner places them itself.
 
@@ -74,6 +78,10 @@ impl BitSet {
     /// Number of elements.
     pub fn count(&self) -> usize {
         self.0.iter().map(|w| w.count_ones() as usize).sum()
+    }
+    /// Whether every element of `self` is in `o`.
+    pub fn is_subset(&self, o: &BitSet) -> bool {
+        self.0.iter().zip(&o.0).all(|(a, b)| a & !b == 0)
     }
 }
 
@@ -444,6 +452,60 @@ impl Linearization {
             .unwrap_or_else(|| Linearization::topo_chain(g, excluded, max_states, weight))
     }
 
+    /// A topological order of every node of `g` through the longest chain of nested states
+    /// `D(s_1) ⊊ D(s_2) ⊊ ...` (ties: the least summed `cut_bytes` of its states), each step's
+    /// new nodes in [`CostGraph::topo_order`], excluded and leftover nodes last: every state of
+    /// the chain is a prefix of the order, so a chain planner cutting it (BaPipe) has the
+    /// antichain states among its cut candidates.
+    pub fn chain_order(&self, g: &CostGraph, cut_bytes: impl Fn(usize) -> f64) -> Vec<NodeId> {
+        let s = self.states.len();
+        // (states on the longest chain ending at j, −summed cut bytes), predecessor.
+        let mut best: Vec<(usize, f64)> = Vec::with_capacity(s);
+        let mut prev: Vec<Option<usize>> = vec![None; s];
+        for j in 0..s {
+            let mut b = (1usize, -cut_bytes(j));
+            for &k in self.ancestors(j) {
+                let k = k as usize;
+                let c = (best[k].0 + 1, best[k].1 - cut_bytes(j));
+                if c.0 > b.0 || (c.0 == b.0 && c.1 > b.1) {
+                    b = c;
+                    prev[j] = Some(k);
+                }
+            }
+            best.push(b);
+        }
+        let mut path = Vec::new();
+        let mut at = (0..s).max_by(|&a, &b| {
+            best[a]
+                .0
+                .cmp(&best[b].0)
+                .then(best[a].1.total_cmp(&best[b].1))
+                .then(b.cmp(&a))
+        });
+        while let Some(j) = at {
+            path.push(j);
+            at = prev[j];
+        }
+        path.reverse();
+        let n = g.len();
+        let mut placed = vec![false; n];
+        let mut order = Vec::with_capacity(n);
+        for &j in &path {
+            for &u in g.topo_order() {
+                if !placed[u] && self.states[j].down.contains(u) {
+                    placed[u] = true;
+                    order.push(u);
+                }
+            }
+        }
+        for &u in g.topo_order() {
+            if !placed[u] {
+                order.push(u);
+            }
+        }
+        order
+    }
+
     /// The nodes of `D(b) \ D(a)` (`a = None`: all of `D(b)`), ascending.
     pub fn nodes_between(&self, a: Option<usize>, b: usize) -> Vec<NodeId> {
         self.states[b]
@@ -451,6 +513,187 @@ impl Linearization {
             .iter()
             .filter(|&x| a.is_none_or(|a| !self.states[a].down.contains(x)))
             .collect()
+    }
+}
+
+/// Cut candidates for planners that cut a DAG into a sequence of stages `D(p_1) \ D(p_0)`,
+/// `D(p_2) \ D(p_1)`, ... with nested down-sets `∅ = D(p_0) ⊊ D(p_1) ⊊ ... ⊊ D(p_k) = V`
+/// (DAPPLE, §4: "contiguous" stages of a DAG). Positions are sorted by down-set size, so `i < j`
+/// whenever `D(i) ⊊ D(j)`; position 0 is `∅`, the last is every node. Every stage such a sequence
+/// defines is convex (a difference of two down-sets), so skips and branches cross stage
+/// boundaries correctly, and the bytes crossing a boundary are those leaving `D(p)` ([`CutSums`]).
+#[derive(Clone, Debug)]
+pub struct Cuts {
+    /// The down-set of every position.
+    pub down: Vec<BitSet>,
+    /// `below[j]`: the positions `i` with `D(i) ⊊ D(j)`.
+    below: Vec<BitSet>,
+    /// How many positions are antichain-DAG states (0 when the DAG was over its budget).
+    pub antichain_states: usize,
+}
+
+/// Prefix sums over the positions of a [`Cuts`] family at one batch and device kind: the same
+/// figures as [`super::Chain`], with `[i, j)` meaning `D(j) \ D(i)` (valid when
+/// [`Cuts::valid`]`(i, j)`).
+#[derive(Clone, Debug)]
+pub struct CutSums {
+    pub fwd: Vec<f64>,
+    pub bwd: Vec<f64>,
+    pub params: Vec<f64>,
+    pub saved: Vec<f64>,
+    /// Bytes leaving `D(p)` (every output of a node in `D(p)` read outside it, once per node).
+    pub cut: Vec<f64>,
+}
+
+impl CutSums {
+    /// The last position (positions are `0..=len()`, as for [`super::Chain`]).
+    pub fn len(&self) -> usize {
+        self.fwd.len().saturating_sub(1)
+    }
+    /// True when there is no node.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Forward + backward seconds of `D(j) \ D(i)`.
+    pub fn compute(&self, i: usize, j: usize) -> f64 {
+        (self.fwd[j] - self.fwd[i]) + (self.bwd[j] - self.bwd[i])
+    }
+    /// Parameter bytes of `D(j) \ D(i)`.
+    pub fn parameter_bytes(&self, i: usize, j: usize) -> f64 {
+        self.params[j] - self.params[i]
+    }
+    /// Saved activation bytes of `D(j) \ D(i)`.
+    pub fn saved_bytes(&self, i: usize, j: usize) -> f64 {
+        self.saved[j] - self.saved[i]
+    }
+}
+
+impl Cuts {
+    /// The antichain DAG's states of `g` (no node excluded) when there are at most
+    /// `max_antichain_states`, together with the prefixes of [`CostGraph::topo_order`] of the
+    /// given lengths, plus `∅` and every node; duplicates removed, sorted by size (ties: the
+    /// antichain states first, in their order, then the prefixes).
+    pub fn new(g: &CostGraph, topo_prefixes: &[usize], max_antichain_states: usize) -> Cuts {
+        let n = g.len();
+        let mut sets: Vec<BitSet> = vec![BitSet::new(n)];
+        let mut antichain_states = 0;
+        if let Some(lin) = Linearization::antichain_dag(g, &vec![false; n], max_antichain_states) {
+            for st in &lin.states {
+                // Only predecessor-closed sets are cuts.
+                if st
+                    .down
+                    .iter()
+                    .all(|u| g.preds(u).all(|v| st.down.contains(v)))
+                {
+                    sets.push(st.down.clone());
+                    antichain_states += 1;
+                }
+            }
+        }
+        let order = g.topo_order();
+        for &len in topo_prefixes {
+            let mut d = BitSet::new(n);
+            for &u in &order[..len.min(n)] {
+                d.insert(u);
+            }
+            sets.push(d);
+        }
+        let mut all = BitSet::new(n);
+        for u in 0..n {
+            all.insert(u);
+        }
+        sets.push(all);
+        let mut seen: std::collections::HashSet<BitSet> = Default::default();
+        let mut uniq: Vec<(usize, usize, BitSet)> = Vec::with_capacity(sets.len());
+        for (i, d) in sets.into_iter().enumerate() {
+            if seen.insert(d.clone()) {
+                uniq.push((d.count(), i, d));
+            }
+        }
+        uniq.sort_by_key(|(c, i, _)| (*c, *i));
+        let down: Vec<BitSet> = uniq.into_iter().map(|(_, _, d)| d).collect();
+        let p = down.len();
+        let below = (0..p)
+            .map(|j| {
+                let mut b = BitSet::new(p);
+                for (i, d) in down.iter().enumerate().take(j) {
+                    if d.is_subset(&down[j]) {
+                        b.insert(i);
+                    }
+                }
+                b
+            })
+            .collect();
+        Cuts {
+            down,
+            below,
+            antichain_states,
+        }
+    }
+
+    /// Number of positions (`∅` and the full set included).
+    pub fn positions(&self) -> usize {
+        self.down.len()
+    }
+
+    /// The last position (every node).
+    pub fn last(&self) -> usize {
+        self.down.len() - 1
+    }
+
+    /// Whether `D(i) ⊊ D(j)`, i.e. `[i, j)` is a stage.
+    pub fn valid(&self, i: usize, j: usize) -> bool {
+        self.below[j].contains(i)
+    }
+
+    /// The nodes of `D(j) \ D(i)`, ascending.
+    pub fn nodes(&self, i: usize, j: usize) -> Vec<NodeId> {
+        self.down[j]
+            .iter()
+            .filter(|&u| !self.down[i].contains(u))
+            .collect()
+    }
+
+    /// Prefix sums at `batch` samples on `kind`.
+    pub fn sums(&self, g: &CostGraph, batch: f64, kind: &super::DeviceKind) -> CutSums {
+        let n = g.len();
+        let s = g.scale(batch);
+        let per: Vec<(f64, f64)> = (0..n).map(|u| g.times(u, batch, kind)).collect();
+        let out_bytes: Vec<f64> = (0..n)
+            .map(|u| {
+                g.out_edges(u)
+                    .iter()
+                    .map(|&e| g.edges[e].bytes)
+                    .fold(0.0, f64::max)
+                    * s
+            })
+            .collect();
+        let p = self.down.len();
+        let mut out = CutSums {
+            fwd: Vec::with_capacity(p),
+            bwd: Vec::with_capacity(p),
+            params: Vec::with_capacity(p),
+            saved: Vec::with_capacity(p),
+            cut: Vec::with_capacity(p),
+        };
+        for d in &self.down {
+            let (mut f, mut b, mut pa, mut sa, mut c) = (0.0, 0.0, 0.0, 0.0, 0.0);
+            for u in d.iter() {
+                f += per[u].0;
+                b += per[u].1;
+                pa += g.nodes[u].parameter_bytes;
+                sa += g.nodes[u].saved_bytes * s;
+                if g.succs(u).any(|v| !d.contains(v)) {
+                    c += out_bytes[u];
+                }
+            }
+            out.fwd.push(f);
+            out.bwd.push(b);
+            out.params.push(pa);
+            out.saved.push(sa);
+            out.cut.push(c);
+        }
+        out
     }
 }
 

@@ -421,8 +421,15 @@ impl CostGraph {
 
     /// Prefix sums over the topological order at `batch` samples on `kind` (see [`Chain`]).
     pub fn chain(&self, batch: f64, kind: &DeviceKind) -> Chain {
+        self.chain_in(&self.topo, batch, kind)
+    }
+
+    /// Prefix sums over another topological order of every node (e.g.
+    /// [`antichain::Linearization::chain_order`]), at `batch` samples on `kind`.
+    pub fn chain_in(&self, order: &[NodeId], batch: f64, kind: &DeviceKind) -> Chain {
         let n = self.len();
-        let order = self.topo.clone();
+        debug_assert_eq!(order.len(), n);
+        let order = order.to_vec();
         let mut pos = vec![0usize; n];
         for (i, &u) in order.iter().enumerate() {
             pos[u] = i;

@@ -1,8 +1,13 @@
 //! `bapipe`: BaPipe's balanced partition and schedule exploration (Zhao et al., "BaPipe:
 //! Exploration of Balanced Pipeline Parallelism for DNN Training", §III) for a **chain of possibly
 //! different devices**: device `n` runs stage `n` (no replication, BaPipe's 1-D daisy chain), the
-//! layers in the cost graph's topological order ([`CostGraph::chain`]), each stage costed on its
-//! own device kind.
+//! layers in a topological order, each stage costed on its own device kind.
+//!
+//! Layer orders ([`orders`]): the order through the longest chain of PipeDream's antichain-DAG
+//! states ([`crate::cost::antichain::Linearization::chain_order`], when the DAG has at most
+//! [`MAX_ANTICHAIN_STATES`] states), so that the antichain cuts of branches and skips are cut
+//! candidates, and the cost graph's own topological order ([`CostGraph::chain`]) when it differs;
+//! the exploration below runs on each and keeps the fastest in simulation.
 //!
 //! # Balanced partition (§III-B)
 //! 1. **Inter-layer partition (Eq. 1).** With `T_n` the time of one micro-batch through the whole
@@ -41,6 +46,7 @@
 //! SNO `(M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR`, SO `(M+N−1)(F+B) + (N−1)·2SR`.
 
 use super::Planner;
+use crate::cost::antichain::Linearization;
 use crate::cost::memory::stage_memory;
 use crate::cost::{Chain, Cluster, CostGraph, NodeId};
 use crate::plan::{Plan, PlanOptions, StageSpec};
@@ -93,14 +99,26 @@ pub struct Chains {
 }
 
 impl Chains {
-    /// Prefix sums for the first `n` devices of `cluster` at `micro_batch` samples.
+    /// Prefix sums for the first `n` devices of `cluster` at `micro_batch` samples, over the cost
+    /// graph's topological order.
     pub fn new(g: &CostGraph, cluster: &Cluster, n: usize, micro_batch: f64) -> Chains {
+        Chains::new_in(g, cluster, n, micro_batch, g.topo_order())
+    }
+
+    /// [`Chains::new`] over another topological order of every node.
+    pub fn new_in(
+        g: &CostGraph,
+        cluster: &Cluster,
+        n: usize,
+        micro_batch: f64,
+        order: &[NodeId],
+    ) -> Chains {
         let mut by_kind: Vec<Option<Chain>> = vec![None; cluster.kinds.len()];
         let mut chains = Vec::with_capacity(n);
         for d in 0..n {
             let k = cluster.devices[d].kind;
             let c = by_kind[k]
-                .get_or_insert_with(|| g.chain(micro_batch, &cluster.kinds[k]))
+                .get_or_insert_with(|| g.chain_in(order, micro_batch, &cluster.kinds[k]))
                 .clone();
             chains.push(c);
         }
@@ -400,6 +418,8 @@ pub struct Candidate {
     pub micro_batch: u64,
     pub schedule: ScheduleKind,
     pub bounds: Vec<usize>,
+    /// The layer order `bounds` cut (one of [`orders`]).
+    pub order: Vec<NodeId>,
     pub balance: Balance,
     /// Simulated iteration seconds.
     pub simulated_s: f64,
@@ -431,42 +451,45 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
         None => vec![ScheduleKind::OneFOneB, ScheduleKind::OneFOneBSo],
     };
     let mut out: Vec<Candidate> = Vec::new();
-    for mb in mbs {
-        let m = (batch / mb) as usize;
-        let ch = Chains::new(g, cluster, k, mb as f64);
-        let bal = balance(g, &ch, k);
-        for &kind in &kinds {
-            let factor = if kind == ScheduleKind::OneFOneBSo {
-                2
-            } else {
-                1
-            };
-            let Some(bounds) = fit_memory(cluster, &ch, &bal.bounds, factor, m, opts) else {
-                continue;
-            };
-            let specs = specs_of(g, &bounds);
-            let sg = StageGraph::from_specs(g, cluster, &specs, mb as f64, opts.optimizer);
-            let sched = sim::schedule::generate(&sg, kind, m);
-            let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
-            // The simulated peak has the last word on memory.
-            if (0..bounds.len() - 1)
-                .any(|d| res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64)
-            {
-                continue;
+    for order in orders(g) {
+        for &mb in &mbs {
+            let m = (batch / mb) as usize;
+            let ch = Chains::new_in(g, cluster, k, mb as f64, &order);
+            let bal = balance(g, &ch, k);
+            for &kind in &kinds {
+                let factor = if kind == ScheduleKind::OneFOneBSo {
+                    2
+                } else {
+                    1
+                };
+                let Some(bounds) = fit_memory(cluster, &ch, &bal.bounds, factor, m, opts) else {
+                    continue;
+                };
+                let specs = specs_of(&order, &bounds);
+                let sg = StageGraph::from_specs(g, cluster, &specs, mb as f64, opts.optimizer);
+                let sched = sim::schedule::generate(&sg, kind, m);
+                let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+                // The simulated peak has the last word on memory.
+                if (0..bounds.len() - 1).any(|d| {
+                    res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64
+                }) {
+                    continue;
+                }
+                let (comp, _) = ch.times(&bounds);
+                let fb = comp.iter().copied().fold(0.0, f64::max);
+                let sr = (0..bounds.len().saturating_sub(2))
+                    .map(|s| ch.transfer(s, bounds[s + 1]))
+                    .fold(0.0, f64::max);
+                out.push(Candidate {
+                    micro_batch: mb,
+                    schedule: kind,
+                    table2_s: table2_time(kind, m, bounds.len() - 1, fb, sr),
+                    bounds,
+                    order: order.clone(),
+                    balance: bal.clone(),
+                    simulated_s: res.iteration_time_s,
+                });
             }
-            let (comp, _) = ch.times(&bounds);
-            let fb = comp.iter().copied().fold(0.0, f64::max);
-            let sr = (0..bounds.len().saturating_sub(2))
-                .map(|s| ch.transfer(s, bounds[s + 1]))
-                .fold(0.0, f64::max);
-            out.push(Candidate {
-                micro_batch: mb,
-                schedule: kind,
-                table2_s: table2_time(kind, m, bounds.len() - 1, fb, sr),
-                bounds,
-                balance: bal.clone(),
-                simulated_s: res.iteration_time_s,
-            });
         }
     }
     // Best first; 1F1B-SNO unless 1F1B-SO is more than 0.5% faster at the same micro-batch.
@@ -476,6 +499,7 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
             if let Some(i) = out.iter().position(|c| {
                 c.schedule == ScheduleKind::OneFOneB
                     && c.micro_batch == best.micro_batch
+                    && c.order == best.order
                     && c.simulated_s <= best.simulated_s * 1.005
             }) {
                 let c = out.remove(i);
@@ -486,8 +510,37 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
     Ok(out)
 }
 
-fn specs_of(g: &CostGraph, bounds: &[usize]) -> Vec<StageSpec> {
-    let order = g.topo_order();
+/// Largest antichain DAG whose chain order [`orders`] uses.
+pub const MAX_ANTICHAIN_STATES: usize = 512;
+
+/// The layer orders BaPipe partitions (see the module doc): the antichain chain order, then the
+/// topological order if different.
+pub fn orders(g: &CostGraph) -> Vec<Vec<NodeId>> {
+    let mut out = Vec::with_capacity(2);
+    if let Some(lin) = Linearization::antichain_dag(g, &vec![false; g.len()], MAX_ANTICHAIN_STATES)
+    {
+        // Bytes leaving each state's down-set (ties between equally long chains).
+        let cut = |j: usize| -> f64 {
+            let d = &lin.states[j].down;
+            d.iter()
+                .filter(|&u| g.succs(u).any(|v| !d.contains(v)))
+                .map(|u| {
+                    g.out_edges(u)
+                        .iter()
+                        .map(|&e| g.edges[e].bytes)
+                        .fold(0.0, f64::max)
+                })
+                .sum()
+        };
+        out.push(lin.chain_order(g, cut));
+    }
+    if out.first().is_none_or(|o| o.as_slice() != g.topo_order()) {
+        out.push(g.topo_order().to_vec());
+    }
+    out
+}
+
+fn specs_of(order: &[NodeId], bounds: &[usize]) -> Vec<StageSpec> {
     (0..bounds.len() - 1)
         .map(|s| StageSpec {
             nodes: order[bounds[s]..bounds[s + 1]].to_vec(),
@@ -506,7 +559,7 @@ impl Planner for BaPipe {
         let cands = explore(g, cluster, opts)?;
         let (specs, mb, kind, objective) = match cands.first() {
             Some(c) => (
-                specs_of(g, &c.bounds),
+                specs_of(&c.order, &c.bounds),
                 c.micro_batch,
                 c.schedule,
                 c.table2_s,
@@ -522,7 +575,7 @@ impl Planner for BaPipe {
                 let fb = comp.iter().copied().fold(0.0, f64::max);
                 let m = (opts.batch.max(1) / mb) as usize;
                 (
-                    specs_of(g, &bal.bounds),
+                    specs_of(g.topo_order(), &bal.bounds),
                     mb,
                     kind,
                     table2_time(kind, m, bal.bounds.len() - 1, fb, 0.0),

@@ -30,10 +30,16 @@
 //! the policies of §4.3 ([`place`]: Fresh-First, Append-First, Scatter-First on the hierarchical
 //! cluster), and the rest `[j', N)` on the remaining devices; Eq. 2 of the new plan gives
 //! `T_PL(j', g + g')`, and each state `(j', g + g')` memoises its best plan (the split points,
-//! replica counts and placements to backtrack). The answer is the best state over all (Eq. 4). The
-//! layer order is the cost graph's topological order ([`CostGraph::chain`]); graphs with more than
-//! [`MAX_CUTS`] positions are cut only at compute quantiles (the profiles have ≤ 96 layers and are
-//! searched exactly).
+//! replica counts and placements to backtrack). The answer is the best state over all (Eq. 4).
+//!
+//! Cut candidates ([`cuts`], a [`Cuts`] family): the states of PipeDream's antichain DAG
+//! ([`crate::cost::antichain`], when it has at most [`MAX_ANTICHAIN_STATES`]) together with the
+//! prefixes of the topological order (every prefix for graphs of at most [`MAX_CUTS`] nodes, else
+//! the compute quantiles). A "cut `j`" is a down-set `D(j)`; a split of `[i, N)` at `j` needs
+//! `D(i) ⊊ D(j)`, and stages are the differences `D(j) \ D(i)`, so branches and skips of a DAG
+//! cross stage boundaries correctly and the communication stage carries every byte leaving
+//! `D(j)`. Since the topological prefixes are in the family, the search's optimum is never worse
+//! than on the plain topological chain.
 //!
 //! # Memory
 //! A stage is feasible when one replica's parameters, gradients, optimizer state, communication
@@ -63,6 +69,7 @@
 //! Objective: `L` of Eq. 2 for the chosen plan.
 
 use super::Planner;
+use crate::cost::antichain::{CutSums, Cuts};
 use crate::cost::comm::allreduce_time;
 use crate::cost::memory::stage_memory;
 use crate::cost::{AllReduceAlgo, Chain, Cluster, CostGraph};
@@ -72,8 +79,11 @@ use pipec_compiler::{Error, Result};
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// Most cut positions the search considers (see the module doc).
+/// Most prefixes of the topological order the search considers (see the module doc).
 pub const MAX_CUTS: usize = 96;
+
+/// Largest antichain DAG whose states are added to the cut candidates (see the module doc).
+pub const MAX_ANTICHAIN_STATES: usize = 256;
 
 /// The `dapple` planner. `rerank`: how many of the best plans by Eq. 2 the simulator re-ranks
 /// (1 = the paper's planner alone: the plan with the least `L`).
@@ -272,14 +282,17 @@ struct State {
     complete_ok: bool,
 }
 
-/// A plan as `(first position, end position, devices)` per stage over [`CostGraph::topo_order`].
+/// A plan as `(start position, end position, devices)` per stage over a [`Cuts`] family: the stage
+/// is `D(end) \ D(start)`.
 pub type StagePlan = Vec<(usize, usize, Vec<usize>)>;
 
 /// What the search found (for tests and the notes).
 #[derive(Clone, Debug)]
 pub struct Search {
-    /// `(first node position, end position, devices)` per stage, over [`CostGraph::topo_order`].
+    /// `(start position, end position, devices)` per stage, over [`Search::cuts`].
     pub stages: StagePlan,
+    /// The cut candidates the positions refer to ([`cuts`]).
+    pub cuts: Cuts,
     /// Eq. 2 of the plan.
     pub latency: f64,
     /// Pivot stage among the latency-model stages (compute and communication, interleaved).
@@ -301,10 +314,10 @@ struct Ctx<'a> {
     cluster: &'a Cluster,
     opts: &'a PlanOptions,
     /// `chains[r]`: prefix sums at the slice `micro_batch / r` (index 0 unused).
-    chains: Vec<Chain>,
-    /// Whole-micro-batch chain (cut bytes for communication stages).
-    whole: Chain,
-    cuts: Vec<usize>,
+    chains: Vec<CutSums>,
+    /// Whole-micro-batch sums (cut bytes for communication stages).
+    whole: CutSums,
+    family: &'a Cuts,
     m: usize,
     mem_check: bool,
     ar_cache: HashMap<u128, (Affine, Affine)>,
@@ -468,8 +481,28 @@ impl Ctx<'_> {
     }
 }
 
+/// The cut candidates of `g` (see the module doc): antichain-DAG states and topological prefixes
+/// (compute quantiles at the reference batch on device 0's kind when `g` has more than
+/// [`MAX_CUTS`] nodes).
+pub fn cuts(g: &CostGraph, cluster: &Cluster) -> Cuts {
+    let ch = g.chain(g.reference_batch, cluster.kind_of(0));
+    Cuts::new(g, &candidate_cuts(&ch), MAX_ANTICHAIN_STATES)
+}
+
 /// Run DAPPLE's search (see the module doc) at micro-batch `mb`.
 pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> Result<Search> {
+    let family = cuts(g, cluster);
+    search_with(g, cluster, opts, mb, &family)
+}
+
+/// [`search`] over a given cut family.
+pub fn search_with(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    mb: u64,
+    family: &Cuts,
+) -> Result<Search> {
     let ndev = cluster.len();
     if ndev > 128 {
         return Err(Error::Usage(format!(
@@ -483,18 +516,18 @@ pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> 
     let m = (batch / mb.max(1)).max(1) as usize;
     let kind = cluster.kind_of(0);
     let mut chains = Vec::with_capacity(ndev + 1);
-    for r in 0..=ndev {
-        chains.push(g.chain(mb as f64 / r.max(1) as f64, kind));
+    chains.push(family.sums(g, mb as f64, kind));
+    for r in 1..=ndev {
+        chains.push(family.sums(g, mb as f64 / r as f64, kind));
     }
-    let whole = g.chain(mb as f64, kind);
+    let whole = chains[1].clone();
     let n = whole.len();
-    let cuts = candidate_cuts(&whole);
     let mut ctx = Ctx {
         cluster,
         opts,
         chains,
         whole,
-        cuts,
+        family,
         m,
         mem_check: true,
         ar_cache: HashMap::new(),
@@ -550,25 +583,28 @@ pub fn search(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, mb: u64) -> 
         states,
         fits,
         candidates,
+        cuts: family.clone(),
     })
 }
 
-/// Eq. 2 for a given plan: `stages` as `(start, end, devices)` over the topological order, at
-/// micro-batch `mb`. Returns `L` and the pivot (over compute and communication stages).
+/// Eq. 2 for a given plan: `stages` as `(start, end, devices)` over the cut family `family`
+/// ([`cuts`]), at micro-batch `mb`. Returns `L` and the pivot (over compute and communication
+/// stages).
 pub fn evaluate(
     g: &CostGraph,
     cluster: &Cluster,
     opts: &PlanOptions,
     mb: u64,
+    family: &Cuts,
     stages: &[(usize, usize, Vec<usize>)],
 ) -> (f64, usize) {
     let kind = cluster.kind_of(0);
     let m = (opts.batch.max(1) / mb.max(1)).max(1) as usize;
-    let whole = g.chain(mb as f64, kind);
+    let whole = family.sums(g, mb as f64, kind);
     let mut lat = Vec::new();
     for (x, (i, j, devs)) in stages.iter().enumerate() {
         let r = devs.len().max(1);
-        let ch = g.chain(mb as f64 / r as f64, kind);
+        let ch = family.sums(g, mb as f64 / r as f64, kind);
         if x > 0 {
             let prev = &stages[x - 1].2;
             let t = crate::cost::comm::redistribute_time(cluster, prev, devs, whole.cut[*i]);
@@ -625,7 +661,7 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
     } else {
         (1u128 << ndev) - 1
     };
-    let k = ctx.cuts.len() - 1;
+    let k = ctx.family.positions() - 1;
     let n = ctx.whole.len();
     // states[c]: cut index c -> used mask -> best state.
     let mut states: Vec<HashMap<u128, State>> = vec![HashMap::new(); k + 1];
@@ -687,7 +723,7 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
             if nfree < 2 {
                 continue;
             }
-            let i = ctx.cuts[c];
+            let i = c;
             let nstages = st.stages.len() + 2;
             // Earlier stages' feasibility depends only on the new stage count.
             if !st
@@ -720,7 +756,10 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
                     let (r_rest, l_rest) = (rest.count_ones() as usize, ctx.ar_lines(rest));
                     #[allow(clippy::needless_range_loop)] // c2 indexes cuts and states
                     for c2 in c + 1..k {
-                        let j = ctx.cuts[c2];
+                        let j = c2;
+                        if !ctx.family.valid(i, j) {
+                            continue;
+                        }
                         let new_stage = PlannedStage {
                             start: i,
                             end: j,
@@ -825,10 +864,11 @@ impl Planner for Dapple {
 
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
+        let family = cuts(g, cluster);
         // Candidates (micro-batch, stages, L), best L first.
         let mut pool: Vec<(u64, StagePlan, f64)> = Vec::new();
         for mb in micro_batch_candidates(g, opts)? {
-            let s = search(g, cluster, opts, mb)?;
+            let s = search_with(g, cluster, opts, mb, &family)?;
             for (st, l) in s.candidates {
                 pool.push((mb, st, l));
             }
@@ -838,15 +878,14 @@ impl Planner for Dapple {
         if self.rerank > 1 {
             // Pure data parallelism (the search's base state) is always re-ranked too, at every
             // micro-batch tried.
-            let dp = vec![(0, g.len(), (0..cluster.len()).collect::<Vec<_>>())];
+            let dp = vec![(0, family.last(), (0..cluster.len()).collect::<Vec<_>>())];
             for mb in micro_batch_candidates(g, opts)? {
                 if !pool.iter().any(|p| p.0 == mb && p.1 == dp) {
-                    let l = evaluate(g, cluster, opts, mb, &dp).0;
+                    let l = evaluate(g, cluster, opts, mb, &family, &dp).0;
                     pool.push((mb, dp.clone(), l));
                 }
             }
         }
-        let order = g.topo_order();
         let kinds: Vec<ScheduleKind> = match opts.schedule {
             Some(k) => vec![k],
             None => vec![ScheduleKind::DappleA, ScheduleKind::DappleB],
@@ -856,7 +895,7 @@ impl Planner for Dapple {
             let specs: Vec<StageSpec> = stages
                 .iter()
                 .map(|(i, j, devs)| StageSpec {
-                    nodes: order[*i..*j].to_vec(),
+                    nodes: family.nodes(*i, *j),
                     devices: devs.clone(),
                 })
                 .collect();

@@ -142,7 +142,14 @@ pub fn simulate_as_chain(
     specs: &[StageSpec],
     schedule: ScheduleKind,
 ) -> Result<()> {
-    let sg = StageGraph::from_specs(g, cluster, specs, plan.micro_batch as f64, opts.optimizer);
+    let sg = StageGraph::from_specs_for(
+        g,
+        cluster,
+        specs,
+        plan.micro_batch as f64,
+        opts.optimizer,
+        schedule,
+    );
     let mut edges = sg.edges.clone();
     for i in 1..specs.len() {
         if !edges.iter().any(|e| e.src == i - 1 && e.dst == i) {

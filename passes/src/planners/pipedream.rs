@@ -39,9 +39,12 @@
 //! by [`PipeDreamOptions::max_work`] ([`states_for_budget`]); a graph whose antichain DAG is
 //! larger is planned on its topological chain coarsened to that many positions.
 //!
-//! Execution: replicated stages take whole micro-batches round robin (1F1B-RR) in PipeDream; the
-//! shared simulator splits every micro-batch over a stage's replicas instead, which has the same
-//! steady-state throughput. Default micro-batch: `M ≥ 4·stages`, schedule 1F1B.
+//! Execution: replicated stages take whole micro-batches round robin, PipeDream's 1F1B-RR (§3.3):
+//! the default schedule is `1f1b-rr` ([`ScheduleKind::OneFOneBRr`]: replica `k` of a stage with
+//! `r` replicas runs micro-batches `m ≡ k (mod r)` at the full micro-batch size), so a stage
+//! accepts one micro-batch every `T/r`, the optimizer's stage time. The simulation is the
+//! synchronous flush variant (gradients all-reduced after the last backward; no weight stashing).
+//! Default micro-batch: `M ≥ 4·stages`.
 
 use super::Planner;
 use crate::cost::antichain::{pipedream_exclusions, Linearization};
@@ -548,7 +551,7 @@ impl Planner for PipeDream {
             opts,
             specs,
             mb,
-            opts.schedule.unwrap_or(ScheduleKind::OneFOneB),
+            opts.schedule.unwrap_or(ScheduleKind::OneFOneBRr),
             objective,
             search,
         )

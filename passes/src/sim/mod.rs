@@ -18,8 +18,11 @@
 //!   reserves its sender's and receiver's channels together, as a rendezvous send does);
 //! - a replicated stage splits every micro-batch evenly over its replicas (DAPPLE §3.3, GraphPipe
 //!   §7.5), with split/concat traffic between stages of different replica counts
-//!   ([`comm::redistribute`]); gradients are accumulated and all-reduced once, after the last
-//!   backward (synchronous, no weight stashing).
+//!   ([`comm::redistribute`]); under `1f1b-rr` (PipeDream's 1F1B-RR) replicas instead take whole
+//!   micro-batches round robin (stage graph from [`StageGraph::from_specs_for`]); gradients are
+//!   accumulated and all-reduced once, after the last backward (synchronous, no weight stashing);
+//! - the re-computing kinds (`gpipe-recompute`, `1f1b-recompute`) run on
+//!   [`StageGraph::with_recomputation`] of the given graph (`B' = B + F`, stage inputs saved).
 //!
 //! Checked closed forms (tests in `passes/tests/sim_closed_forms.rs`): for `S` equal stages, `M`
 //! micro-batches and free communication, GPipe and 1F1B take `(M+S−1)(F+B)` with bubble
@@ -132,6 +135,41 @@ impl StageGraph {
         micro_batch: f64,
         opt: Optimizer,
     ) -> StageGraph {
+        Self::build(g, cluster, specs, micro_batch, opt, true)
+    }
+
+    /// Cost a planner's stages for the schedule `kind`: as [`StageGraph::from_specs`], except
+    /// that under round robin (`1f1b-rr`) every replica runs the whole micro-batch. Apply
+    /// [`StageGraph::for_schedule`] to get the figures the simulator uses.
+    pub fn from_specs_for(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+        opt: Optimizer,
+        kind: ScheduleKind,
+    ) -> StageGraph {
+        Self::build(g, cluster, specs, micro_batch, opt, !kind.round_robin())
+    }
+
+    /// The stage graph the simulator runs `kind` on: itself, or
+    /// [`StageGraph::with_recomputation`] for the re-computing kinds.
+    pub fn for_schedule(&self, kind: ScheduleKind) -> std::borrow::Cow<'_, StageGraph> {
+        if kind.recompute() {
+            std::borrow::Cow::Owned(self.with_recomputation())
+        } else {
+            std::borrow::Cow::Borrowed(self)
+        }
+    }
+
+    fn build(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+        opt: Optimizer,
+        split: bool,
+    ) -> StageGraph {
         let mut stage_of = vec![usize::MAX; g.len()];
         for (s, sp) in specs.iter().enumerate() {
             for &n in &sp.nodes {
@@ -141,7 +179,7 @@ impl StageGraph {
         let mut stages = Vec::with_capacity(specs.len());
         for sp in specs {
             let mask = g.mask(&sp.nodes);
-            let r = sp.devices.len().max(1);
+            let r = if split { sp.devices.len().max(1) } else { 1 };
             let slice = micro_batch / r as f64;
             let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
             let (mut fwd, mut bwd, mut step) = (Vec::new(), Vec::new(), Vec::new());
@@ -223,6 +261,33 @@ impl StageGraph {
             st.saved_bytes = input.min(st.saved_bytes);
         }
         out
+    }
+
+    /// Per stage, the most workers (replicas summed over the stages) on a path from it to a sink,
+    /// itself included: PipeDream's "number of machines" that 1F1B-RR's warm-up divides.
+    pub fn workers_to_sink(&self) -> Vec<usize> {
+        let n = self.stages.len();
+        let mut w: Vec<usize> = self.stages.iter().map(|s| s.devices.len()).collect();
+        // Stage ids are not necessarily topological: relax until stable (at most n rounds).
+        for _ in 0..n {
+            let mut changed = false;
+            for s in 0..n {
+                let best = self.out_edges[s]
+                    .iter()
+                    .map(|&e| w[self.edges[e].dst])
+                    .max()
+                    .unwrap_or(0)
+                    + self.stages[s].devices.len();
+                if best > w[s] {
+                    w[s] = best;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        w
     }
 
     /// Per stage, the number of stages on the longest path from it to a sink (a sink has 1).
@@ -416,6 +481,8 @@ pub fn simulate(
     cluster: &Cluster,
     algo: AllReduceAlgo,
 ) -> Result<SimResult> {
+    let costed = sg.for_schedule(sched.kind);
+    let sg: &StageGraph = &costed;
     let ndev = cluster.len();
     if sched.programs.len() > ndev {
         return Err(Error::msg(format!(

@@ -14,9 +14,28 @@
 //! | `dapple-b` | `min(2·depth(s) − 1, M)` | DAPPLE policy B `K_i = min(2(S − i) − 1, D)` |
 //! | `1f1b-so` | `min(2·depth(s), M)` | BaPipe 1F1B-SO: warm-up doubled, features `2(N−i+1)a` |
 //! | `gpp` | `min(depth(s), M)` on the stage DAG | GraphPipe App. A.1, default row: `i_x = max_y i_y + b` |
+//! | `gpipe-recompute` | `M`, backward re-runs the forward | GPipe §2.3 re-materialisation |
+//! | `1f1b-recompute` | `min(depth(s), M)`, backward re-runs the forward | DAPPLE "+ RC" (Table 6) |
+//! | `1f1b-rr` | `min(⌈W(s)/r_s⌉, M_k)` of the replica's own micro-batches | PipeDream 1F1B-RR (§3.3, NOAM) |
 //!
-//! Re-computation (GPipe's, DAPPLE's "RC") is orthogonal to the order: apply
-//! [`StageGraph::with_recomputation`] to the stage graph before generating any of these.
+//! **Re-computation** (GPipe's re-materialisation, DAPPLE's "RC"): the `*-recompute` kinds emit the
+//! same instruction order as their base kind, and a `Backward` stands for "re-run the forward of
+//! the micro-batch from its saved stage input, then the backward". The simulator costs them on
+//! [`StageGraph::with_recomputation`] (`B' = B + F`, only the stage input saved per in-flight
+//! micro-batch): GPipe with `S` equal stages takes `(M + S − 1)(2F + B)` instead of
+//! `(M + S − 1)(F + B)`, and its activation memory drops from `M·a_s` to `M·in_s + a_s`
+//! (GPipe §2.3: `O(N + L/K · N/M)` instead of `O(N·L/K)`).
+//!
+//! **Round robin** (`1f1b-rr`, PipeDream's 1F1B-RR, §3.3 "each stage replica processes a whole
+//! minibatch; minibatches are assigned round robin"): replica `k` of a stage with `r` replicas runs
+//! the micro-batches `m ≡ k (mod r)` at the *full* micro-batch size (no split/concat), each
+//! micro-batch going from replica `m mod r_s` to replica `m mod r_t`. Its warm-up generalises
+//! PipeDream's `NOAM = ⌈(# machines) / (# machines in the input stage)⌉` to every stage: with
+//! `W(s)` the most workers (replicas summed) on a path from `s` to a sink, a replica runs
+//! `⌈W(s)/r_s⌉` of its own forwards before its first backward. In steady state a stage with
+//! per-micro-batch time `T_s` on one replica then accepts one micro-batch every `T_s / r_s`, the
+//! stage time of PipeDream's optimizer (`A(j, m) = T/m`); the slowest `T_s / r_s` sets the pace.
+//! All other kinds split every micro-batch evenly over a stage's replicas (DAPPLE §3.3).
 //!
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
@@ -34,17 +53,26 @@ pub enum ScheduleKind {
     DappleB,
     OneFOneBSo,
     Gpp,
+    /// GPipe with re-computation of the forward during the backward.
+    GPipeRecompute,
+    /// 1F1B (policy A) with re-computation.
+    OneFOneBRecompute,
+    /// PipeDream's 1F1B with whole micro-batches given to replicas round robin.
+    OneFOneBRr,
 }
 
 impl ScheduleKind {
     /// All kinds, in `--schedule` order.
-    pub const ALL: [ScheduleKind; 6] = [
+    pub const ALL: [ScheduleKind; 9] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::DappleA,
         ScheduleKind::DappleB,
         ScheduleKind::OneFOneBSo,
         ScheduleKind::Gpp,
+        ScheduleKind::GPipeRecompute,
+        ScheduleKind::OneFOneBRecompute,
+        ScheduleKind::OneFOneBRr,
     ];
 
     /// The `--schedule` name.
@@ -56,7 +84,24 @@ impl ScheduleKind {
             ScheduleKind::DappleB => "dapple-b",
             ScheduleKind::OneFOneBSo => "1f1b-so",
             ScheduleKind::Gpp => "gpp",
+            ScheduleKind::GPipeRecompute => "gpipe-recompute",
+            ScheduleKind::OneFOneBRecompute => "1f1b-recompute",
+            ScheduleKind::OneFOneBRr => "1f1b-rr",
         }
+    }
+
+    /// Whether the backward re-runs the forward (only stage inputs are kept in flight).
+    pub fn recompute(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::GPipeRecompute | ScheduleKind::OneFOneBRecompute
+        )
+    }
+
+    /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
+    /// even slice of every micro-batch.
+    pub fn round_robin(self) -> bool {
+        self == ScheduleKind::OneFOneBRr
     }
 
     /// Parse a `--schedule` name.
@@ -67,8 +112,12 @@ impl ScheduleKind {
     /// Warm-up forwards `K` of a stage at `depth` (stages to the sink, ≥ 1) with `m` micro-batches.
     pub fn warmup(self, depth: usize, m: usize) -> usize {
         let k = match self {
-            ScheduleKind::GPipe => m,
-            ScheduleKind::OneFOneB | ScheduleKind::DappleA | ScheduleKind::Gpp => depth,
+            ScheduleKind::GPipe | ScheduleKind::GPipeRecompute => m,
+            ScheduleKind::OneFOneB
+            | ScheduleKind::DappleA
+            | ScheduleKind::Gpp
+            | ScheduleKind::OneFOneBRecompute
+            | ScheduleKind::OneFOneBRr => depth,
             ScheduleKind::DappleB => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
         };
@@ -126,7 +175,7 @@ pub enum Instr {
 pub struct Schedule {
     pub kind: ScheduleKind,
     pub micro_batches: usize,
-    /// Warm-up forwards `K_s` per stage.
+    /// Warm-up forwards `K_s` per stage (for `1f1b-rr`: of one replica's own micro-batches).
     pub warmup: Vec<usize>,
     /// `programs[d]`: the ordered instructions of device `d`.
     pub programs: Vec<Vec<Instr>>,
@@ -155,6 +204,9 @@ pub fn fb_order(k: usize, m: usize) -> Vec<(bool, usize)> {
 
 /// Generate the instruction lists of every device for `m` micro-batches.
 pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
+    if kind.round_robin() {
+        return generate_round_robin(sg, kind, m);
+    }
     let ndev = sg
         .stages
         .iter()
@@ -238,6 +290,104 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                                 });
                             }
                         }
+                    }
+                }
+            }
+            if r > 1 {
+                prog.push(Instr::AllReduce {
+                    stage: s,
+                    group: st.devices.clone(),
+                    bytes: st.parameter_bytes,
+                });
+            }
+            prog.push(Instr::OptimizerStep { stage: s });
+        }
+    }
+    Schedule {
+        kind,
+        micro_batches: m,
+        warmup,
+        programs,
+    }
+}
+
+/// The micro-batches replica `k` of `r` runs under round robin: `k, k + r, k + 2r, ... < m`.
+pub fn round_robin_micro_batches(k: usize, r: usize, m: usize) -> Vec<usize> {
+    (k..m).step_by(r.max(1)).collect()
+}
+
+/// PipeDream's 1F1B-RR (see the module doc): replica `k` of stage `s` runs the micro-batches
+/// `m ≡ k (mod r_s)` whole, in 1F1B order with `⌈W(s)/r_s⌉` warm-up forwards.
+fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
+    let ndev = sg
+        .stages
+        .iter()
+        .flat_map(|s| s.devices.iter().copied())
+        .max()
+        .map_or(0, |d| d + 1);
+    let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
+    let workers = sg.workers_to_sink();
+    let mut warmup = Vec::with_capacity(sg.stages.len());
+    for (s, st) in sg.stages.iter().enumerate() {
+        let r = st.devices.len().max(1);
+        let k = workers[s].div_ceil(r).max(1);
+        warmup.push(k.min(m.div_ceil(r)).max(1));
+        for (j, &d) in st.devices.iter().enumerate() {
+            let mine = round_robin_micro_batches(j, r, m);
+            let prog = &mut programs[d];
+            for (fwd, local) in fb_order(k, mine.len()) {
+                let mb = mine[local];
+                if fwd {
+                    for &e in &sg.in_edges[s] {
+                        let ed = &sg.edges[e];
+                        let src = &sg.stages[ed.src].devices;
+                        prog.push(Instr::Recv {
+                            dir: Dir::Act,
+                            stage: s,
+                            from: ed.src,
+                            mb,
+                            peer: src[mb % src.len()],
+                            bytes: ed.bytes,
+                        });
+                    }
+                    prog.push(Instr::Forward { stage: s, mb });
+                    for &e in &sg.out_edges[s] {
+                        let ed = &sg.edges[e];
+                        let dst = &sg.stages[ed.dst].devices;
+                        prog.push(Instr::Send {
+                            dir: Dir::Act,
+                            stage: s,
+                            to: ed.dst,
+                            mb,
+                            peer: dst[mb % dst.len()],
+                            bytes: ed.bytes,
+                        });
+                    }
+                } else {
+                    for &e in &sg.out_edges[s] {
+                        let ed = &sg.edges[e];
+                        let dst = &sg.stages[ed.dst].devices;
+                        prog.push(Instr::Recv {
+                            dir: Dir::Grad,
+                            stage: s,
+                            from: ed.dst,
+                            mb,
+                            peer: dst[mb % dst.len()],
+                            bytes: ed.bytes,
+                        });
+                    }
+                    prog.push(Instr::Backward { stage: s, mb });
+                    for &e in &sg.in_edges[s] {
+                        let ed = &sg.edges[e];
+                        let src = &sg.stages[ed.src].devices;
+                        prog.push(Instr::Send {
+                            dir: Dir::Grad,
+                            stage: s,
+                            to: ed.src,
+                            mb,
+                            peer: src[mb % src.len()],
+                            bytes: ed.bytes,
+                        });
                     }
                 }
             }

@@ -65,7 +65,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         );
     }
     if !(a.timeout.is_finite() && a.timeout > 0.0) {
-        bail!("--timeout {}: must be a positive number of seconds", a.timeout);
+        bail!(
+            "--timeout {}: must be a positive number of seconds",
+            a.timeout
+        );
     }
     let lp = dist::load(&a.outdir)?;
     let inputs = match &a.inputs {

@@ -51,6 +51,9 @@ pub struct RunArgs {
     /// Transport between workers: `inproc` (threads in this process).
     #[arg(long, default_value = "inproc")]
     pub backend: String,
+    /// Write every parameter after the last step here (npz keyed by parameter name).
+    #[arg(short = 'o', long = "output", value_name = "PARAMS.npz")]
+    pub output: Option<PathBuf>,
     /// Executor of the stage pieces: `reference` (default) or `tract`.
     #[arg(long, default_value = "reference")]
     pub executor: String,
@@ -120,6 +123,16 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         let text = serde_json::to_string(&t.to_json())?;
         super::write_atomic(path, text.as_bytes())?;
         println!("trace: {}", path.display());
+    }
+    if let Some(path) = &a.output {
+        let entries: Vec<(String, pipec_runtime::Tensor)> = r
+            .params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let tmp = path.with_extension("npz.tmp");
+        pipec_runtime::npz::write(&tmp, &entries)?;
+        std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;
     }
     if a.check {
         let rep = dist::check(&lp, &r, &a.executor).context("--check")?;

@@ -1,0 +1,143 @@
+//! `pipec run`: a program from `pipec compile` checked against its reference (`--check`), the
+//! trace, and the exit codes on hand-built programs (`pipec_runtime::dist::fixtures`):
+//! 0 ok, 1 a failing check, 2 missing OUTDIR / file or a schedule that does not verify.
+
+mod common;
+
+use common::{model, pipec, pipec_ok, tempdir};
+use pipec_runtime::dist::fixtures::{write_linear, LinearSpec};
+
+#[test]
+fn compiled_mlp_runs_and_matches_the_reference() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let m = model("mlp4.onnx");
+    pipec_ok(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "8@1e10",
+        "--device-kind",
+        "cpu-core",
+        "--devices",
+        "4",
+        "--planner",
+        "dapple",
+        "--batch",
+        "16",
+        "--micro-batch",
+        "4",
+        "--optimizer",
+        "adam:lr=0.001",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let trace = dir.path().join("t.json");
+    let params = dir.path().join("p.npz");
+    let s = pipec_ok(&[
+        "run",
+        out.to_str().unwrap(),
+        "--steps",
+        "3",
+        "--check",
+        "--trace",
+        trace.to_str().unwrap(),
+        "-o",
+        params.to_str().unwrap(),
+    ]);
+    assert!(s.contains("step 3: loss"), "{s}");
+    assert!(s.contains("max_abs_diff") && s.contains("check ok"), "{s}");
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let evs = t["traceEvents"].as_array().unwrap();
+    for d in 0..4 {
+        assert!(
+            evs.iter().any(|e| e["pid"] == d && e["ph"] == "X"),
+            "device {d}"
+        );
+    }
+    let p = pipec_runtime::npz::read(&params).unwrap();
+    assert!(p.iter().any(|(k, _)| k == "net.0.weight"), "{p:?}");
+}
+
+#[test]
+fn hand_built_program_with_replicas_passes_check() {
+    let dir = tempdir();
+    write_linear(
+        dir.path(),
+        &LinearSpec {
+            replicas0: 2,
+            momentum: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = pipec_ok(&[
+        "run",
+        dir.path().to_str().unwrap(),
+        "--steps",
+        "2",
+        "--check",
+    ]);
+    assert!(s.contains("3 devices, 2 stages"), "{s}");
+    assert!(s.contains("check ok"), "{s}");
+}
+
+#[test]
+fn a_failing_check_exits_1() {
+    let a = tempdir();
+    let b = tempdir();
+    write_linear(a.path(), &LinearSpec::default()).unwrap();
+    write_linear(
+        b.path(),
+        &LinearSpec {
+            lr: 0.02,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The reference optimizer now uses another learning rate than the stages.
+    std::fs::copy(
+        b.path().join("reference/step.onnx"),
+        a.path().join("reference/step.onnx"),
+    )
+    .unwrap();
+    let out = pipec(&["run", a.path().to_str().unwrap(), "--check"]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{s}");
+    assert!(s.contains("check FAILED"), "{s}");
+}
+
+#[test]
+fn bad_input_exits_2_with_a_one_line_error() {
+    let dir = tempdir();
+    let out = pipec(&["run", dir.path().join("none").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.starts_with("error: ") && e.contains("not a directory"),
+        "{e}"
+    );
+
+    write_linear(dir.path(), &LinearSpec::default()).unwrap();
+    std::fs::remove_file(dir.path().join("stages/s0.step.onnx")).unwrap();
+    let out = pipec(&["run", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("stages/s0.step.onnx") && e.contains("missing"),
+        "{e}"
+    );
+
+    std::fs::write(dir.path().join("schedule.json"), "{}").unwrap();
+    let out = pipec(&["run", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("schedule.json") && !e.contains("panicked"),
+        "{e}"
+    );
+
+    let out = pipec(&["run", dir.path().to_str().unwrap(), "--backend", "tcp"]);
+    assert_eq!(out.status.code(), Some(2));
+}

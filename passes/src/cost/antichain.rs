@@ -462,14 +462,14 @@ impl Linearization {
         // (states on the longest chain ending at j, −summed cut bytes), predecessor.
         let mut best: Vec<(usize, f64)> = Vec::with_capacity(s);
         let mut prev: Vec<Option<usize>> = vec![None; s];
-        for j in 0..s {
+        for (j, pj) in prev.iter_mut().enumerate() {
             let mut b = (1usize, -cut_bytes(j));
             for &k in self.ancestors(j) {
                 let k = k as usize;
                 let c = (best[k].0 + 1, best[k].1 - cut_bytes(j));
                 if c.0 > b.0 || (c.0 == b.0 && c.1 > b.1) {
                     b = c;
-                    prev[j] = Some(k);
+                    *pj = Some(k);
                 }
             }
             best.push(b);

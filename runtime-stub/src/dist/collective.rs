@@ -40,6 +40,7 @@ trait Elem: Copy + std::ops::AddAssign + 'static {
     fn unwrap(t: Tensor) -> Option<Vec<Self>>;
     fn flatten(ts: &[&Tensor], out: &mut Vec<Self>);
     fn scatter(v: &[Self], ts: &mut [&mut Tensor]);
+    fn as_mut_slice(t: &mut Tensor) -> Option<&mut [Self]>;
 }
 
 macro_rules! elem {
@@ -52,25 +53,51 @@ macro_rules! elem {
             }
             fn unwrap(t: Tensor) -> Option<Vec<Self>> {
                 match t {
-                    Tensor::$v(a) => Some(a.into_iter().collect()),
+                    // Contiguous (the normal case): take the buffer, no element-wise walk.
+                    Tensor::$v(a) if a.is_standard_layout() => {
+                        let n = a.len();
+                        let (v, off) = a.into_raw_vec_and_offset();
+                        let o = off.unwrap_or(0);
+                        Some(if o == 0 && v.len() == n {
+                            v
+                        } else {
+                            v[o..o + n].to_vec()
+                        })
+                    }
+                    Tensor::$v(a) => Some(a.iter().copied().collect()),
                     _ => None,
                 }
             }
             fn flatten(ts: &[&Tensor], out: &mut Vec<Self>) {
                 for t in ts {
                     if let Tensor::$v(a) = t {
-                        out.extend(a.iter().copied());
+                        match a.as_slice() {
+                            Some(s) => out.extend_from_slice(s),
+                            None => out.extend(a.iter().copied()),
+                        }
                     }
+                }
+            }
+            fn as_mut_slice(t: &mut Tensor) -> Option<&mut [Self]> {
+                match t {
+                    Tensor::$v(a) => a.as_slice_mut(),
+                    _ => None,
                 }
             }
             fn scatter(v: &[Self], ts: &mut [&mut Tensor]) {
                 let mut at = 0;
                 for t in ts.iter_mut() {
                     if let Tensor::$v(a) = &mut **t {
-                        for (x, y) in a.iter_mut().zip(&v[at..]) {
-                            *x = *y;
+                        let n = a.len();
+                        match a.as_slice_mut() {
+                            Some(s) => s.copy_from_slice(&v[at..at + n]),
+                            None => {
+                                for (x, y) in a.iter_mut().zip(&v[at..]) {
+                                    *x = *y;
+                                }
+                            }
                         }
-                        at += a.len();
+                        at += n;
                     }
                 }
             }
@@ -111,25 +138,29 @@ fn ring_buffer<T: Elem>(
             "all-reduce (tag {id}) step {s}: device {left} sent {what}"
         ))
     };
-    // Reduce-scatter: after step s, chunk (pos - s - 1) holds the sum over s + 2 ranks.
+    // Reduce-scatter: a partial sum travels the ring; at step s rank `pos` receives chunk
+    // (pos - s - 1), adds its own part into the received buffer and forwards that same buffer
+    // (moved, no copy) at the next step. After n - 1 steps it holds the full sum of chunk
+    // (pos + 1).
+    let mut out: Vec<T> = buf[chunk(len, n, pos)].to_vec();
     for s in 0..n - 1 {
-        let send_c = chunk(len, n, (pos + n - s) % n);
-        ep.send(right, tag(s), T::wrap(buf[send_c].to_vec()))?;
+        ep.send(right, tag(s), T::wrap(out))?;
         let recv_c = chunk(len, n, (pos + 2 * n - s - 1) % n);
-        let got = T::unwrap(ep.recv(left, tag(s), timeout)?)
+        let mut got = T::unwrap(ep.recv(left, tag(s), timeout)?)
             .ok_or_else(|| bad("a tensor of another dtype", s))?;
         if got.len() != recv_c.len() {
             return Err(bad("a chunk of another length", s));
         }
-        for (x, y) in buf[recv_c].iter_mut().zip(got) {
-            *x += y;
+        for (g, x) in got.iter_mut().zip(&buf[recv_c]) {
+            *g += *x;
         }
+        out = got;
     }
-    // All-gather: rank pos owns the full sum of chunk (pos + 1); pass the sums around.
+    buf[chunk(len, n, (pos + 1) % n)].copy_from_slice(&out);
+    // All-gather: pass the full sums around; each received chunk is stored and forwarded.
     for s in 0..n - 1 {
         let step = n - 1 + s;
-        let send_c = chunk(len, n, (pos + 1 + n - s) % n);
-        ep.send(right, tag(step), T::wrap(buf[send_c].to_vec()))?;
+        ep.send(right, tag(step), T::wrap(out))?;
         let recv_c = chunk(len, n, (pos + n - s) % n);
         let got = T::unwrap(ep.recv(left, tag(step), timeout)?)
             .ok_or_else(|| bad("a tensor of another dtype", step))?;
@@ -137,6 +168,7 @@ fn ring_buffer<T: Elem>(
             return Err(bad("a chunk of another length", step));
         }
         buf[recv_c].copy_from_slice(&got);
+        out = got;
     }
     Ok(())
 }
@@ -150,6 +182,11 @@ fn ring_dtype<T: Elem>(
     ts: &mut [&mut Tensor],
     timeout: Duration,
 ) -> Result<(), CommError> {
+    if ts.len() == 1 {
+        if let Some(slice) = T::as_mut_slice(ts[0]) {
+            return ring_buffer(ep, group, pos, id, part0, slice, timeout);
+        }
+    }
     let mut buf: Vec<T> = Vec::with_capacity(ts.iter().map(|t| t.len()).sum());
     {
         let refs: Vec<&Tensor> = ts.iter().map(|t| &**t).collect();

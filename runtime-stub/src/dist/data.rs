@@ -54,7 +54,7 @@ pub fn slice_rows(t: &Tensor, lo: u64, hi: u64, of: u64) -> Result<Tensor, Strin
         .shape()
         .first()
         .ok_or_else(|| "cannot slice the rows of a 0-D tensor".to_string())? as u64;
-    if of == 0 || n % of != 0 {
+    if of == 0 || !n.is_multiple_of(of) {
         return Err(format!("a slice in {of} parts of {n} rows"));
     }
     slice_axis(t, 0, (lo * n / of) as usize, (hi * n / of) as usize)

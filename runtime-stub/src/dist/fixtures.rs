@@ -243,10 +243,10 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
     let mut lists: Vec<Vec<Instr>> = vec![Vec::new(); r0 + 1];
     let mut h_tags = vec![vec![0u32; r0]; mbs as usize];
     let mut dh_tags = vec![vec![0u32; r0]; mbs as usize];
-    for m in 0..mbs as usize {
-        for k in 0..r0 {
-            h_tags[m][k] = next();
-            dh_tags[m][k] = next();
+    for (hs, dhs) in h_tags.iter_mut().zip(dh_tags.iter_mut()) {
+        for (h, dh) in hs.iter_mut().zip(dhs.iter_mut()) {
+            *h = next();
+            *dh = next();
         }
     }
     let f32s = || "f32".to_string();
@@ -306,12 +306,12 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
     }
     let l = &mut lists[s1dev];
     for m in 0..mbs as u32 {
-        for k in 0..r0 {
+        for (k, &tag) in h_tags[m as usize].iter().enumerate() {
             l.push(Instr::Recv {
                 mb: m,
                 tensor: if r0 > 1 { format!("h.{k}") } else { "h".into() },
                 peer: k,
-                tag: h_tags[m as usize][k],
+                tag,
                 dtype: f32s(),
                 shape: vec![rows as i64, HID],
             });
@@ -331,7 +331,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
             pass: PieceKind::Bwd,
             mb: m,
         });
-        for k in 0..r0 {
+        for (k, &tag) in dh_tags[m as usize].iter().enumerate() {
             l.push(Instr::Send {
                 mb: m,
                 tensor: "dh".into(),
@@ -341,7 +341,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
                     hi: k as u64 + 1,
                     of: r0 as u64,
                 }),
-                tag: dh_tags[m as usize][k],
+                tag,
                 dtype: f32s(),
                 shape: vec![rows as i64, HID],
             });

@@ -453,7 +453,7 @@ pub fn run_with(
         losses,
         params,
         timings,
-        trace: opts.trace.then(|| trace::Trace { devices: n, events }),
+        trace: opts.trace.then_some(trace::Trace { devices: n, events }),
         wall_s,
         data,
     })

@@ -35,7 +35,7 @@ impl Trace {
             })
             .collect();
         let mut sorted: Vec<&Event> = self.events.iter().collect();
-        sorted.sort_by(|a, b| (a.device, a.step, a.index).cmp(&(b.device, b.step, b.index)));
+        sorted.sort_by_key(|e| (e.device, e.step, e.index));
         for e in sorted {
             let cat = e.name.split_whitespace().next().unwrap_or("instr");
             evs.push(json!({

@@ -388,3 +388,33 @@ fn edited_deadlocking_schedule_and_missing_file_fail_fast() {
     assert_eq!(r.status.code(), Some(2), "{err}");
     assert!(err.contains("s1.bwd.onnx"), "{err}");
 }
+
+#[test]
+fn run_check_in_f64_agrees_to_rounding() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile(
+        "inception_mini",
+        "dapple",
+        4,
+        8,
+        4,
+        &["--optimizer", "adam:lr=0.001"],
+        &out,
+    );
+    let so = pipec_ok(&[
+        "run",
+        out.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--check",
+        "--precision",
+        "f64",
+    ]);
+    let rel: f64 = so
+        .lines()
+        .find_map(|l| l.strip_prefix("max_rel_diff "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{so}"));
+    assert!(rel < 1e-10, "f64 pipeline vs f64 reference: {rel}");
+}

@@ -57,6 +57,12 @@ pub struct RunArgs {
     /// Executor of the stage pieces: `reference` (default) or `tract`.
     #[arg(long, default_value = "reference")]
     pub executor: String,
+    /// Arithmetic of the run (pipeline and `--check` reference alike): `f32` as compiled, or
+    /// `f64` (every piece, weight, data input and message widened), which separates real
+    /// mismatches from float32 rounding amplified by ill-conditioned training (e.g. Adam on
+    /// parameters whose gradient is near zero).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "f64"])]
+    pub precision: String,
 }
 
 /// Run the command.
@@ -73,12 +79,24 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
             a.timeout
         );
     }
-    let lp = dist::load(&a.outdir)?;
+    let mut lp = dist::load(&a.outdir)?;
+    let f64 = a.precision == "f64";
+    if f64 {
+        lp.widen_to_f64()?;
+    }
     let inputs = match &a.inputs {
         Some(p) => Some(
             pipec_runtime::npz::read(p)?
                 .into_iter()
-                .collect::<dist::Data>(),
+                .map(|(k, t)| {
+                    let t = if f64 && t.dtype() == pipec_compiler::ir::DType::F32 {
+                        t.cast(pipec_compiler::ir::DType::F64)?
+                    } else {
+                        t
+                    };
+                    Ok((k, t))
+                })
+                .collect::<pipec_runtime::error::Result<dist::Data>>()?,
         ),
         None => None,
     };

@@ -61,8 +61,15 @@ pub fn reference_run(
     })?;
     let ex = crate::exec::executor_by_name(executor)
         .ok_or_else(|| DistError::Input(format!("unknown executor '{executor}'")))?;
-    let train_m = super::import_piece(&lp.outdir, &r.train)?;
-    let step_m = super::import_piece(&lp.outdir, &r.step)?;
+    let mut train_m = super::import_piece(&lp.outdir, &r.train)?;
+    let mut step_m = super::import_piece(&lp.outdir, &r.step)?;
+    if lp.f64 {
+        let w = |m: &pipec_compiler::ir::Module| {
+            crate::exec::to_f64(m).map_err(|e| DistError::Input(e.to_string()))
+        };
+        train_m = w(&train_m)?;
+        step_m = w(&step_m)?;
+    }
     let mut train = ex
         .prepare(&train_m)
         .map_err(|e| err(format!("{}: {e}", r.train.file)))?;

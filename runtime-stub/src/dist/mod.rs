@@ -94,6 +94,53 @@ pub struct LoadedProgram {
     pub weights: BTreeMap<String, Tensor>,
     /// Per stage, indexed like `program.stages`.
     pub stages: Vec<StageModules>,
+    /// Every float32 piece, weight and message widened to float64 ([`LoadedProgram::widen_to_f64`]).
+    pub f64: bool,
+}
+
+impl LoadedProgram {
+    /// Run everything in float64 instead of float32: every piece (with
+    /// [`crate::exec::to_f64`]), the weights, the float data inputs and the declared dtypes of
+    /// every message; the `--check` reference is widened the same way. The pipeline and the
+    /// reference then differ only by float64 rounding, so `--check` can judge programs whose
+    /// float32 results are ill-conditioned (Adam on ResNet: a near-zero gradient's sign decides
+    /// a step of `lr`) without loosening the 1e-4 bound.
+    pub fn widen_to_f64(&mut self) -> Result<()> {
+        use pipec_compiler::ir::DType;
+        use pipec_compiler::program::Instr;
+        let w = |m: &Module| crate::exec::to_f64(m).map_err(|e| input_err(e.to_string()));
+        for st in &mut self.stages {
+            st.fwd = w(&st.fwd)?;
+            if let Some(b) = &st.bwd {
+                st.bwd = Some(w(b)?);
+            }
+            if let Some(b) = &st.step {
+                st.step = Some(w(b)?);
+            }
+        }
+        for t in self.weights.values_mut() {
+            if t.dtype() == DType::F32 {
+                *t = t.cast(DType::F64).map_err(|e| input_err(e.to_string()))?;
+            }
+        }
+        let widen = |d: &mut String| {
+            if data::parse_dtype(d) == Some(DType::F32) {
+                *d = "float64".into();
+            }
+        };
+        for di in &mut self.program.data_inputs {
+            widen(&mut di.dtype);
+        }
+        for dp in &mut self.program.devices {
+            for ins in &mut dp.instructions {
+                if let Instr::Send { dtype, .. } | Instr::Recv { dtype, .. } = ins {
+                    widen(dtype);
+                }
+            }
+        }
+        self.f64 = true;
+        Ok(())
+    }
 }
 
 /// Options of [`load_with`].
@@ -217,6 +264,7 @@ pub fn load_with(outdir: &Path, opts: LoadOptions) -> Result<LoadedProgram> {
         program,
         weights,
         stages,
+        f64: false,
     })
 }
 

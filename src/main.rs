@@ -26,6 +26,7 @@ enum Command {
     Grad(cli::grad::GradArgs),
     Compare(cli::compare::CompareArgs),
     Compile(cli::compile::CompileArgs),
+    Simulate(cli::simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +38,7 @@ fn main() -> ExitCode {
         Command::Grad(a) => cli::grad::run(a),
         Command::Compare(a) => cli::compare::run(a),
         Command::Compile(a) => cli::compile::run(a),
+        Command::Simulate(a) => cli::simulate::run(a),
     };
     match result {
         Ok(code) => code,

@@ -6,6 +6,7 @@ pub mod grad;
 pub mod inspect;
 pub mod opt;
 pub mod plan;
+pub mod simulate;
 
 use anyhow::{Context, Result};
 use pipec_compiler::ir::Module;

@@ -27,6 +27,7 @@ enum Command {
     Compare(cli::compare::CompareArgs),
     Compile(cli::compile::CompileArgs),
     Run(cli::run::RunArgs),
+    Simulate(cli::simulate::SimulateArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +40,7 @@ fn main() -> ExitCode {
         Command::Compare(a) => cli::compare::run(a),
         Command::Compile(a) => cli::compile::run(a),
         Command::Run(a) => cli::run::run(a),
+        Command::Simulate(a) => cli::simulate::run(a),
     };
     match result {
         Ok(code) => code,

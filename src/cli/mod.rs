@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod opt;
 pub mod plan;
 pub mod run;
+pub mod simulate;
 
 use anyhow::{Context, Result};
 use pipec_compiler::ir::Module;

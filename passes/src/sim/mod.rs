@@ -38,6 +38,7 @@
 //! micro-batches in flight per stage, and every task's start and end for the Chrome trace
 //! ([`trace::chrome_trace`]).
 
+pub mod replay;
 pub mod schedule;
 pub mod trace;
 

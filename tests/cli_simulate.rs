@@ -1,0 +1,86 @@
+//! `pipec simulate`: replay of a compiled program on the cost model.
+
+mod common;
+
+use common::{model, pipec, pipec_ok, tempdir};
+use serde_json::Value;
+
+const CPU8: &[&str] = &["--cluster", "8@1e10", "--device-kind", "cpu-core"];
+
+#[test]
+fn simulate_mlp4_straight_two_devices() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let m = model("mlp4.onnx");
+    let m = m.to_str().unwrap();
+    let cfg = [
+        "--devices",
+        "2",
+        "--planner",
+        "straight",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "2",
+    ];
+    let mut args = vec!["compile", m];
+    args.extend_from_slice(CPU8);
+    args.extend_from_slice(&cfg);
+    args.extend_from_slice(&["-o", out.to_str().unwrap()]);
+    pipec_ok(&args);
+
+    let trace = t.path().join("trace.json");
+    let mut args = vec!["simulate", out.to_str().unwrap(), "--json"];
+    args.extend_from_slice(CPU8);
+    args.extend_from_slice(&["--trace", trace.to_str().unwrap()]);
+    let v: Value = serde_json::from_str(&pipec_ok(&args)).unwrap();
+    let it = v["iteration_time_s"].as_f64().unwrap();
+    let bubble = v["bubble_fraction"].as_f64().unwrap();
+    assert!(it > 0.0, "iteration time {it}");
+    assert!((0.0..1.0).contains(&bubble), "bubble {bubble}");
+    let devs = v["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2);
+    for d in devs {
+        assert!(d["busy_s"].as_f64().unwrap() > 0.0);
+        assert!(d["peak_memory_bytes"].as_u64().unwrap() > 0);
+    }
+
+    let tr: Value = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let evs = tr["traceEvents"].as_array().unwrap();
+    for d in 0..2u64 {
+        assert!(
+            evs.iter()
+                .any(|e| e["ph"] == "X" && e["tid"].as_u64() == Some(d)),
+            "no trace event for device {d}"
+        );
+    }
+
+    // The planner's estimate for the same configuration, for comparison.
+    let mut args = vec!["plan", m, "--json"];
+    args.extend_from_slice(CPU8);
+    args.extend_from_slice(&cfg);
+    let plan: Value = serde_json::from_str(&pipec_ok(&args)).unwrap();
+    let planned = plan["iteration_time_s"].as_f64().unwrap();
+    println!(
+        "replayed {it:.6e} s, planned {planned:.6e} s, ratio {:.3}",
+        it / planned
+    );
+
+    // Text output mentions the iteration and every device.
+    let mut args = vec!["simulate", out.to_str().unwrap()];
+    args.extend_from_slice(CPU8);
+    let text = pipec_ok(&args);
+    assert!(text.contains("iteration"), "{text}");
+    assert!(text.contains("device  1"), "{text}");
+}
+
+#[test]
+fn simulate_missing_outdir_is_usage_error() {
+    let t = tempdir();
+    let missing = t.path().join("nope");
+    let out = pipec(&["simulate", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a directory"), "{err}");
+    assert!(err.contains("pipec compile"), "{err}");
+}

@@ -418,3 +418,26 @@ fn run_check_in_f64_agrees_to_rounding() {
         .unwrap_or_else(|| panic!("{so}"));
     assert!(rel < 1e-10, "f64 pipeline vs f64 reference: {rel}");
 }
+
+#[test]
+fn program_mlir_is_accepted_by_mlir_opt() {
+    let Some(opt) = common::mlir_opt() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "mlir-opt is required under CI"
+        );
+        return;
+    };
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile("dlrm_tiny", "gpp", 4, 8, 4, &[], &out);
+    let text = std::fs::read_to_string(out.join("program.mlir")).unwrap();
+    assert!(text.contains("module @schedule"), "no schedule module");
+    assert!(text.contains("\"pipec.all_reduce\"") || text.contains("\"pipec.send\""));
+    let r = Command::new(opt)
+        .arg("--allow-unregistered-dialect")
+        .arg(out.join("program.mlir"))
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}

@@ -164,24 +164,110 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The whole program as MLIR: each piece as a nested `builtin.module` named after its file,
-/// and the schedule as a module attribute.
+/// The whole program as MLIR (accepted by `mlir-opt --allow-unregistered-dialect`): every piece
+/// as a nested `builtin.module` named after its file (`@stages_s0_fwd`), then `module @schedule`
+/// with one function per device whose body is its instruction list as generic `pipec.*` ops
+/// (`"pipec.send"() {tensor = "...", peer = 1, tag = 7, mb = 0} : () -> ()`).
 fn program_mlir(p: &Program, compiled: &codegen::Compiled) -> String {
-    let mut s = String::new();
-    s.push_str(&format!(
-        "// pipec program: {} on {} devices, {} stages, schedule {}\n",
+    let q = |x: &str| serde_json::to_string(x).unwrap_or_default();
+    let ints = |v: &[i64]| {
+        let items: Vec<String> = v.iter().map(|x| format!("{x} : i64")).collect();
+        format!("[{}]", items.join(", "))
+    };
+    let mut s = format!(
+        "// pipec program: {} on {} devices, {} stages, {} micro-batches of {}, schedule {}\nmodule {{\n",
         p.model,
         p.devices.len(),
         p.stages.len(),
+        p.micro_batches,
+        p.micro_batch,
         p.schedule
-    ));
+    );
     for (file, md) in &compiled.modules {
-        s.push_str(&format!("// ---- {file}\n"));
-        s.push_str(&pipec_compiler::text::print(md));
-        if !s.ends_with('\n') {
+        let sym: String = file
+            .trim_end_matches(".onnx")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        s.push_str(&format!("  module @{sym} {{\n"));
+        for line in pipec_compiler::text::print(md).lines() {
+            s.push_str("    ");
+            s.push_str(line);
             s.push('\n');
         }
+        s.push_str("  }\n");
     }
+    s.push_str("  module @schedule {\n");
+    for d in &p.devices {
+        s.push_str(&format!(
+            "    func.func @device{}() attributes {{pipec.stage = {} : i64, pipec.replica = {} : i64}} {{\n",
+            d.device, d.stage, d.replica
+        ));
+        for ins in &d.instructions {
+            use pipec_compiler::program::Instr as I;
+            let attrs = match ins {
+                I::Load { mb, input, samples } => (
+                    "load",
+                    format!("mb = {mb} : i64, input = {}, samples = {}", q(input), ints(&[samples[0] as i64, samples[1] as i64])),
+                ),
+                I::Compute { pass, mb } => (
+                    "compute",
+                    format!("mb = {mb} : i64, pass = {}", q(&format!("{pass:?}").to_lowercase())),
+                ),
+                I::Send { mb, tensor, peer, slice, tag, dtype, shape } => (
+                    "send",
+                    format!(
+                        "mb = {mb} : i64, tensor = {}, peer = {peer} : i64, tag = {tag} : i64, dtype = {}, shape = {}{}",
+                        q(tensor),
+                        q(dtype),
+                        ints(shape),
+                        slice.map(|sl| format!(", slice = {}", ints(&[sl.lo as i64, sl.hi as i64, sl.of as i64]))).unwrap_or_default()
+                    ),
+                ),
+                I::Recv { mb, tensor, peer, tag, dtype, shape } => (
+                    "recv",
+                    format!(
+                        "mb = {mb} : i64, tensor = {}, peer = {peer} : i64, tag = {tag} : i64, dtype = {}, shape = {}",
+                        q(tensor),
+                        q(dtype),
+                        ints(shape)
+                    ),
+                ),
+                I::Concat { mb, inputs, output } | I::Sum { mb, inputs, output } => (
+                    if matches!(ins, I::Concat { .. }) { "concat" } else { "sum" },
+                    format!(
+                        "mb = {mb} : i64, inputs = [{}], output = {}",
+                        inputs.iter().map(|x| q(x)).collect::<Vec<_>>().join(", "),
+                        q(output)
+                    ),
+                ),
+                I::Accumulate { mb, tensors } | I::Free { mb, tensors } => (
+                    if matches!(ins, I::Accumulate { .. }) { "accumulate" } else { "free" },
+                    format!(
+                        "mb = {mb} : i64, tensors = [{}]",
+                        tensors.iter().map(|x| q(x)).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                I::AllReduce { group, tensors, tag } => (
+                    "all_reduce",
+                    format!(
+                        "group = {}, tag = {tag} : i64, tensors = [{}]",
+                        ints(&group.iter().map(|g| *g as i64).collect::<Vec<_>>()),
+                        tensors.iter().map(|x| q(x)).collect::<Vec<_>>().join(", ")
+                    ),
+                ),
+                I::Step => ("step", String::new()),
+            };
+            let body = if attrs.1.is_empty() {
+                String::new()
+            } else {
+                format!(" {{{}}}", attrs.1)
+            };
+            s.push_str(&format!("      \"pipec.{}\"(){body} : () -> ()\n", attrs.0));
+        }
+        s.push_str("      return\n    }\n");
+    }
+    s.push_str("  }\n}\n");
     s
 }
 

@@ -203,6 +203,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--no-checker", action="store_true")
+    ap.add_argument("--inputs", help="data npz (keys = data input names, global batch) instead of random")
+    ap.add_argument("--save-inputs", help="write the data used to this npz")
+    ap.add_argument("--against", help="also compare the final parameters with this npz (e.g. `pipec run -o`)")
     a = ap.parse_args()
     prog = json.load(open(os.path.join(a.outdir, "schedule.json")))
     if not a.no_checker:
@@ -211,7 +214,9 @@ def main():
                 if f.endswith(".onnx"):
                     onnx.checker.check_model(onnx.load(os.path.join(root, f)), full_check=True)
     w = dict(np.load(os.path.join(a.outdir, prog["weights"])))
-    data = make_data(prog, a.seed)
+    data = dict(np.load(a.inputs)) if a.inputs else make_data(prog, a.seed)
+    if a.save_inputs:
+        np.savez(a.save_inputs, **data)
     pp, pl = run_pipeline(a.outdir, prog, w, data, a.steps)
     rp, rl = run_reference(a.outdir, prog, w, data, a.steps)
     worst_abs = worst_rel = 0.0
@@ -223,7 +228,18 @@ def main():
     moved = max(float(np.max(np.abs(rp[p] - w[p]))) for p in pp if p in w)
     print(f"losses pipeline {['%.6g' % x for x in pl]} reference {['%.6g' % x for x in rl]}")
     print(f"params {len(pp)} max_abs_diff {worst_abs:.3e} max_rel_diff {worst_rel:.3e} (largest update {moved:.3e})")
-    sys.exit(0 if worst_rel <= a.tol else 1)
+    ok = worst_rel <= a.tol
+    if a.against:
+        other = dict(np.load(a.against))
+        w = 0.0
+        for p, v in pp.items():
+            if p not in other:
+                raise SystemExit(f"{a.against}: no parameter {p}")
+            d = float(np.max(np.abs(v.astype(np.float64) - other[p]))) if v.size else 0.0
+            w = max(w, d / max(float(np.max(np.abs(v))) if v.size else 0.0, 1e-12))
+        print(f"onnxruntime pipeline vs {a.against}: max_rel_diff {w:.3e}")
+        ok = ok and w <= a.tol
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -441,3 +441,58 @@ fn program_mlir_is_accepted_by_mlir_opt() {
         .unwrap();
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
 }
+
+/// onnxruntime runs every stage's forward and backward (the whole schedule) with the same numbers
+/// as pipec's executor: same data, same steps, final parameters compared.
+#[test]
+fn onnxruntime_and_pipec_runtime_agree_on_the_same_program() {
+    let Some(py) = python_with_onnx() else { return };
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile(
+        "gpt2_tiny",
+        "dapple",
+        4,
+        8,
+        4,
+        &["--optimizer", "sgd:lr=0.1,momentum=0.9"],
+        &out,
+    );
+    let data = t.path().join("data.npz");
+    let params = t.path().join("params.npz");
+    let script = root().join("scripts/ort_program.py");
+    let r = Command::new(py)
+        .arg(&script)
+        .arg(&out)
+        .args(["--steps", "2", "--no-checker", "--save-inputs"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    pipec_ok(&[
+        "run",
+        out.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--inputs",
+        data.to_str().unwrap(),
+        "-o",
+        params.to_str().unwrap(),
+    ]);
+    let r = Command::new(py)
+        .arg(&script)
+        .arg(&out)
+        .args(["--steps", "2", "--no-checker", "--inputs"])
+        .arg(&data)
+        .arg("--against")
+        .arg(&params)
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        r.status.success(),
+        "{so}{}",
+        String::from_utf8_lossy(&r.stderr)
+    );
+    assert!(so.contains("onnxruntime pipeline vs"), "{so}");
+}

@@ -28,6 +28,7 @@ DEVICES = [2, 4, 8]
 MICRO_BATCHES = [1, 4, 8]
 OPTIMIZERS = ["sgd:lr=0.01,momentum=0.9", "adam:lr=0.001"]
 SCHEDULES = ["gpipe", "1f1b", "gpp"]
+PRECISION = "f32"
 
 
 def case_list(quick):
@@ -64,7 +65,7 @@ def run_case(pipec, runner, model, planner, dev, M, opt, sched):
     if runner == "ort":
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "ort_program.py"), out, "--steps", "3", "--no-checker"]
     else:
-        cmd = [pipec, "run", out, "--steps", "3", "--check"]
+        cmd = [pipec, "run", out, "--steps", "3", "--check", "--precision", PRECISION]
     r = subprocess.run(cmd, capture_output=True, text=True)
     m = re.search(r"max_rel_diff[ =:]*([0-9.eE+-]+)", r.stdout + r.stderr)
     rel = float(m.group(1)) if m else None
@@ -79,10 +80,18 @@ def main():
     ap.add_argument("--runner", default="ort", choices=["ort", "pipec"])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--precision", default="f32", choices=["f32", "f64"],
+                    help="with --runner pipec: run pipeline and reference in f32 or f64")
+    ap.add_argument("--only", default=None, help="a file of `model planner devices M optimizer schedule` lines to run")
     a = ap.parse_args()
+    global PRECISION
+    PRECISION = a.precision
     rows = []
     counts = {}
-    for c in case_list(a.quick):
+    cases = list(case_list(a.quick))
+    if a.only:
+        cases = [tuple(int(x) if x.isdigit() else x for x in l.split()) for l in open(a.only) if l.strip()]
+    for c in cases:
         status, shape, rel, secs, tail = run_case(a.pipec, a.runner, *c)
         counts[status] = counts.get(status, 0) + 1
         line = f"| {' | '.join(map(str, c))} | {status} | {shape} | {rel if rel is not None else '-'} | {secs:.1f} |"

@@ -496,3 +496,18 @@ fn onnxruntime_and_pipec_runtime_agree_on_the_same_program() {
     );
     assert!(so.contains("onnxruntime pipeline vs"), "{so}");
 }
+
+#[test]
+fn round_robin_replicas_follow_the_stage_order_without_deadlock() {
+    // dapple gives dlrm_tiny 3:3:2 replicas on 8 devices; a micro-batch of 8 does not divide
+    // over 3, so those stages take whole micro-batches round robin. Each replica must keep the
+    // stage's 1F1B order restricted to its micro-batches (a per-replica warm-up deadlocked).
+    run_check(
+        "dlrm_tiny",
+        "dapple",
+        8,
+        32,
+        8,
+        &["--schedule", "1f1b", "--optimizer", "adam:lr=0.001"],
+    );
+}

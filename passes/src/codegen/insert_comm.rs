@@ -252,14 +252,14 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
         for (j, &dev) in devs.iter().enumerate() {
             let mut list: Vec<Instr> = Vec::new();
             let mut live: HashMap<u32, Vec<String>> = HashMap::new();
-            let mine: Vec<usize> = (0..nmb)
-                .filter(|&m| owned(mode, r, j, m, b).is_some())
-                .collect();
-            let k = cx.schedule.warmup(depth[s], mine.len());
-            for (fwd, li) in fb_order(k, mine.len()) {
-                let m = mine[li];
+            // The stage's order over all micro-batches; a round-robin replica keeps the events
+            // of its own micro-batches (so its order is consistent with its neighbours').
+            let k = cx.schedule.warmup(depth[s], nmb);
+            for (fwd, m) in fb_order(k, nmb) {
+                let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
+                    continue;
+                };
                 let mb = m as u32;
-                let (olo, ohi) = owned(mode, r, j, m, b).unwrap_or((0, b));
                 let own = ohi - olo;
                 if fwd {
                     let keep = live.entry(mb).or_default();

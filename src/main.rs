@@ -25,6 +25,7 @@ enum Command {
     Plan(cli::plan::PlanArgs),
     Grad(cli::grad::GradArgs),
     Compare(cli::compare::CompareArgs),
+    Profile(cli::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cli::plan::run(a),
         Command::Grad(a) => cli::grad::run(a),
         Command::Compare(a) => cli::compare::run(a),
+        Command::Profile(a) => cli::profile::run(a),
     };
     match result {
         Ok(code) => code,

@@ -5,6 +5,7 @@ pub mod grad;
 pub mod inspect;
 pub mod opt;
 pub mod plan;
+pub mod profile;
 
 use anyhow::{Context, Result};
 use pipec_compiler::ir::Module;

@@ -28,6 +28,7 @@ enum Command {
     Compile(cli::compile::CompileArgs),
     Run(cli::run::RunArgs),
     Simulate(cli::simulate::SimulateArgs),
+    Profile(cli::profile::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
         Command::Compile(a) => cli::compile::run(a),
         Command::Run(a) => cli::run::run(a),
         Command::Simulate(a) => cli::simulate::run(a),
+        Command::Profile(a) => cli::profile::run(a),
     };
     match result {
         Ok(code) => code,

@@ -89,6 +89,14 @@ pub struct TrainingGraph {
     /// Op counts.
     pub forward_ops: usize,
     pub backward_ops: usize,
+    /// For every backward op, the forward op it belongs to: the ops of that op's gradient rule,
+    /// the accumulation (`Add`/`Sum`) of the gradients of its results, and, for a parameter,
+    /// the accumulation of the parameter's gradient and its `grad/<param>` `Identity` (given to
+    /// the parameter's first reader, the node that owns the parameter in the cost graph).
+    /// Backward ops not in the map: the seed constant `dL/dL = 1`. `pipec profile` uses it to
+    /// attribute backward time to forward nodes; unlike the `<node>/grad` name prefix, it does
+    /// not depend on forward node names being present and unique.
+    pub grad_of: HashMap<Op, Op>,
 }
 
 impl Pass for Autodiff {
@@ -220,6 +228,7 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         contrib.remove(&v).map(|vs| b.sum(&vs))
     };
     for &op in order.iter().rev() {
+        b.grad_of = Some(op);
         let outs = b.g.ops[op].outputs.clone();
         let mut dys = Vec::with_capacity(outs.len());
         for &o in &outs {
@@ -269,6 +278,7 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
     }
     // Gradients of the parameters, named `grad/<param>`.
     b.prefix = String::new();
+    b.grad_of = None;
     let made: HashSet<Value> = b
         .made
         .iter()
@@ -277,6 +287,10 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
     let mut renamed: HashSet<Value> = HashSet::new();
     let mut grads = Vec::new();
     for &p in &params {
+        b.grad_of = order
+            .iter()
+            .copied()
+            .find(|&o| b.g.ops[o].inputs.contains(&Some(p)));
         let Some(gv) = take(&mut b, &mut contrib, p) else {
             continue;
         };
@@ -299,6 +313,12 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         renamed.insert(gv);
         grads.push((p, gv));
     }
+    let grad_of: HashMap<Op, Op> = b
+        .made
+        .iter()
+        .zip(&b.origins)
+        .filter_map(|(&o, f)| f.map(|f| (o, f)))
+        .collect();
     let bwd_ops: HashSet<Op> = b.made.iter().copied().collect();
     let backward_ops = b.made.len();
     let g = &mut m.graph;
@@ -367,5 +387,6 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         saved,
         forward_ops: fwd_count,
         backward_ops,
+        grad_of,
     })
 }

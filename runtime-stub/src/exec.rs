@@ -39,6 +39,20 @@ pub trait Prepared: Send {
     /// Run on the given graph inputs (by name, any order; every graph input is required).
     /// Returns the graph outputs by name, in graph-output order.
     fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>>;
+
+    /// Like [`Prepared::run`], and also returns the wall-clock seconds each op took, indexed by
+    /// its position in the graph's program order (`Graph::order`; 0 for ops the backend did not
+    /// run one by one). Only backends that execute op by op can do this (the reference
+    /// interpreter); the default returns an error. `pipec profile` uses it.
+    fn run_profiled(
+        &mut self,
+        inputs: &[(String, Tensor)],
+    ) -> Result<(Vec<(String, Tensor)>, Vec<f64>)> {
+        let _ = inputs;
+        Err(Error::Msg(
+            "this backend cannot time single ops (use the reference backend)".into(),
+        ))
+    }
 }
 
 /// The default backend (the reference interpreter; see the module doc for why).

@@ -4,7 +4,7 @@
 //! time). A planner that fails prints its error in its row; the command still succeeds. `--json`
 //! prints a list of `plan --json` objects (failed planners are left out).
 
-use super::plan::{load_cost_graph, resolve_cluster};
+use super::plan::{apply_measured_profile, load_cost_graph, resolve_cluster};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use pipec_passes::cost::Optimizer;
@@ -43,6 +43,10 @@ pub struct CompareArgs {
     /// Print a JSON list of `plan --json` objects.
     #[arg(long)]
     pub json: bool,
+    /// A measured profile of MODEL (`pipec profile -o prof.json`): plan with its seconds
+    /// instead of the analytic model.
+    #[arg(long, value_name = "PROF.json")]
+    pub profile: Option<PathBuf>,
 }
 
 /// One planner's outcome.
@@ -111,7 +115,10 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         .as_deref()
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
     let cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
-    let (g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    if let Some(p) = &a.profile {
+        apply_measured_profile(&mut g, model, p)?;
+    }
     let batch = match a.batch {
         Some(0) => bail!("--batch 0: must be >= 1"),
         Some(b) => b,

@@ -6,6 +6,7 @@ pub mod grad;
 pub mod inspect;
 pub mod opt;
 pub mod plan;
+pub mod profile;
 pub mod run;
 pub mod simulate;
 

@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::cluster::{device_kind_by_name, Cluster, PRESETS};
+use pipec_passes::cost::measured::{self, MeasuredProfile};
 use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
 use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
 use pipec_passes::plan::{Plan, PlanOptions};
@@ -67,6 +68,10 @@ pub struct PlanArgs {
     /// Write a Chrome/Perfetto trace of the simulated iteration to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// A measured profile of MODEL (`pipec profile -o prof.json`): plan with its forward and
+    /// backward seconds instead of the analytic model (scaled linearly from its batch).
+    #[arg(long, value_name = "PROF.json")]
+    pub profile: Option<PathBuf>,
 }
 
 /// Load MODEL as a cost graph; returns it with its reference (profile) batch.
@@ -99,6 +104,22 @@ fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, 
     let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     let batch = g.reference_batch.round().max(1.0) as u64;
     Ok((g, batch))
+}
+
+/// `--profile prof.json`: replace the works of an ONNX model's cost graph by the measured
+/// seconds of a `pipec profile` output (node names must match, in order).
+pub fn apply_measured_profile(g: &mut CostGraph, model: &Path, profile: &Path) -> Result<()> {
+    if model.extension().is_some_and(|e| e == "txt") {
+        bail!(
+            "--profile {}: MODEL is already a graph.txt profile; --profile needs an ONNX model",
+            profile.display()
+        );
+    }
+    let file = profile.display().to_string();
+    let text = std::fs::read_to_string(profile).with_context(|| format!("{file}: cannot read"))?;
+    let p = MeasuredProfile::parse(&text, &file)?;
+    measured::apply(g, &p, &file)?;
+    Ok(())
 }
 
 /// Resolve `--cluster`, `--device-kind` and `--devices`.
@@ -216,7 +237,10 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             anyhow!("--schedule {s}: one of {}", names.join(", "))
         })?),
     };
-    let (g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    if let Some(p) = &a.profile {
+        apply_measured_profile(&mut g, model, p)?;
+    }
     let batch = match a.batch {
         Some(0) => bail!("--batch 0: must be >= 1"),
         Some(b) => b,

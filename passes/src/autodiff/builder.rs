@@ -23,6 +23,11 @@ pub struct Builder<'g> {
     consts: HashMap<(DType, Vec<i64>, Vec<u64>), Value>,
     /// Ops made so far (in order).
     pub made: Vec<Op>,
+    /// The forward op whose backward the ops made now belong to (autodiff sets it while it
+    /// differentiates an op); recorded per made op in [`Builder::origins`].
+    pub grad_of: Option<Op>,
+    /// `grad_of` at the time each op of [`Builder::made`] was made (parallel to it).
+    pub origins: Vec<Option<Op>>,
 }
 
 impl<'g> Builder<'g> {
@@ -43,6 +48,8 @@ impl<'g> Builder<'g> {
             counter: 0,
             consts: HashMap::new(),
             made: Vec::new(),
+            grad_of: None,
+            origins: Vec::new(),
         }
     }
 
@@ -97,6 +104,7 @@ impl<'g> Builder<'g> {
             results,
         );
         self.made.push(op);
+        self.origins.push(self.grad_of);
         outs
     }
 

@@ -228,14 +228,20 @@ pub fn h100_80gb() -> DeviceKind {
     )
 }
 
-/// One core of this machine: 2×8-wide f32 FMA at ~3 GHz ≈ 96 GFLOP/s, ~10 GB/s of DRAM bandwidth,
-/// and an equal share of the machine's memory.
+/// One core of this machine as the reference executor uses it (single-threaded), with an equal
+/// share of the machine's memory. The figures are **measured** (`pipec profile --calibrate`,
+/// `scripts/profile_error.sh`, BENCHMARKS.md "Analytic vs measured"): a 1024³ f32 MatMul on the
+/// reference executor (matrixmultiply GEMM) ran at 7.1–8.0e10 FLOP/s → 75 GFLOP/s f32 (f64 taken
+/// as half); an f32 `Add` over 2²⁴ elements (two 64 MiB reads, one write) moved 3.0–3.9e9 B/s →
+/// 3.5 GB/s effective memory bandwidth (a streaming kernel of the interpreter, well below the
+/// DRAM's peak). Best of 3 runs each, on the shared 2-core development machine under load. (The
+/// earlier datasheet guess was 96 GFLOP/s and 10 GB/s.)
 pub fn cpu_core(mem_bytes: u64) -> DeviceKind {
     kind(
         "cpu-core",
         mem_bytes.max(1),
-        10e9,
-        &[(Precision::F32, 96e9), (Precision::F64, 48e9)],
+        3.5e9,
+        &[(Precision::F32, 75e9), (Precision::F64, 37.5e9)],
     )
 }
 

@@ -43,6 +43,7 @@ pub mod analytic;
 pub mod antichain;
 pub mod cluster;
 pub mod comm;
+pub mod measured;
 pub mod memory;
 pub mod profile;
 

@@ -197,6 +197,28 @@ struct RefProgram {
 
 impl Prepared for RefProgram {
     fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        self.exec(inputs, None)
+    }
+
+    fn run_profiled(
+        &mut self,
+        inputs: &[(String, Tensor)],
+    ) -> Result<(Vec<(String, Tensor)>, Vec<f64>)> {
+        let mut times = vec![0.0; self.graph.order.len()];
+        let out = self.exec(inputs, Some(&mut times))?;
+        Ok((out, times))
+    }
+}
+
+impl RefProgram {
+    /// Run the program; with `times`, also record each op's kernel seconds (operand lookup,
+    /// the kernel, and storing its results; not the freeing of dead values) at its position in
+    /// the order. Without it the only cost is one branch per op.
+    fn exec(
+        &self,
+        inputs: &[(String, Tensor)],
+        mut times: Option<&mut Vec<f64>>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let g = &self.graph;
         let (ins, _) = bind_inputs(g, inputs)?;
         let mut env: HashMap<Value, Tensor> = HashMap::new();
@@ -205,6 +227,7 @@ impl Prepared for RefProgram {
         }
         for (pos, &op) in g.order.iter().enumerate() {
             let d = &g.ops[op];
+            let start = times.is_some().then(std::time::Instant::now);
             let outs = {
                 let mut args: Vec<Option<&Tensor>> = Vec::with_capacity(d.inputs.len());
                 for v in &d.inputs {
@@ -242,6 +265,9 @@ impl Prepared for RefProgram {
             }
             for (v, t) in d.outputs.iter().zip(outs) {
                 env.insert(*v, t);
+            }
+            if let (Some(ts), Some(t0)) = (times.as_deref_mut(), start) {
+                ts[pos] = t0.elapsed().as_secs_f64();
             }
             for v in &self.frees[pos] {
                 env.remove(v);

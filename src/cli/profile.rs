@@ -1,0 +1,543 @@
+//! `pipec profile MODEL [--batch b] [--repeat N] [--warmup N] -o prof.json` (issue 4): time every
+//! op of the model, forward and backward, on the CPU executor, and write a measured profile that
+//! `pipec plan --profile` and `pipec compare --profile` use in place of the analytic costs.
+//!
+//! # Method
+//! 1. MODEL is imported (shapes inferred, verified) and costed by the analytic model; the
+//!    profile has one node per node of that cost graph (one per op of the program order, named
+//!    by the ONNX node name made unique), in its order.
+//! 2. A copy is specialised to batch `b` (the leading dim of the first graph input) and
+//!    differentiated (`autodiff`, mean-square loss on the first output). Every op of the
+//!    training graph is attributed: forward ops to their own node, backward ops to the forward
+//!    op whose gradient rule made them (plus the accumulation of its results' gradients; a
+//!    parameter's gradient accumulation goes to the parameter's first reader), loss ops and the
+//!    backward seed to no node (`pipec_passes::cost::measured`).
+//! 3. Inputs are random and fixed by `--seed`: floats uniform in [-1, 1); an integer input that
+//!    reaches a `Gather`'s indices (through views such as `Reshape`) is uniform in
+//!    `[0, rows of the gathered table)`, any other integer input is all ones (attention masks).
+//! 4. The reference interpreter runs the training graph `--warmup` times untimed, then
+//!    `--repeat` times with a timer around every op (`Prepared::run_profiled`; kernel time, not
+//!    freeing of dead values). Each op's time is its median over the repeats; a node's `fwd_s` is
+//!    its op's median, `bwd_s` the sum of the medians of the backward ops attributed to it.
+//!    The reference interpreter is single-threaded, so a profile is one core's times: the `cpu`
+//!    preset's devices.
+//!
+//! Output (`-o`): `{"model", "batch", "executor", "repeat", "warmup", "nodes": [{"name",
+//! "op_type", "fwd_s", "bwd_s", "output_bytes", "parameter_bytes"}], "total_fwd_s",
+//! "total_bwd_s", "loss_s", "unattributed_s"}`; everything but the measured seconds is
+//! deterministic.
+//!
+//! `--compare-analytic` prints the analytic (roofline on `--device-kind`, default `cpu-core`)
+//! against measured error table; `--from prof.json` takes the measurements from an earlier
+//! profile instead of running. `--calibrate` measures this machine's effective FLOP/s and
+//! memory bandwidth on the reference executor (the figures of the `cpu-core` device kind).
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use pipec_compiler::ir::{Attr, DType, Dim, Graph, Module, OpData, TensorData, TensorType, Value};
+use pipec_passes::autodiff::{differentiate, Autodiff};
+use pipec_passes::cost::analytic::{self, AnalyticOptions};
+use pipec_passes::cost::cluster::device_kind_by_name;
+use pipec_passes::cost::measured::{
+    self, attribute, error_report, error_rows, median, node_times, MeasuredNode, MeasuredProfile,
+};
+use pipec_passes::cost::CostGraph;
+use pipec_runtime::Tensor;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Time every op of MODEL, forward and backward, on the CPU executor; write a measured profile.
+///
+/// The model is differentiated (mean-square loss) and run on the reference interpreter with
+/// random inputs at --batch; each op is timed, the median over --repeat runs taken, and backward
+/// ops attributed to the forward node they differentiate. The profile (-o) lists every node of
+/// the model's cost graph with fwd_s, bwd_s (seconds at the profiled batch), output_bytes and
+/// parameter_bytes; `pipec plan --profile prof.json` plans with these times instead of the
+/// analytic model (scaled linearly from the profiled batch). --compare-analytic prints the
+/// analytic-vs-measured error distribution; --calibrate measures the machine's FLOP/s and memory
+/// bandwidth.
+#[derive(Args, Debug)]
+pub struct ProfileArgs {
+    /// The model (`.onnx` or `.mlir`).
+    pub model: Option<PathBuf>,
+    /// Samples per run (the leading dim of the first graph input; default: its static size, else 1).
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Timed runs; each op's time is the median over them.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: u32,
+    /// Untimed runs before the timed ones.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u32,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Executor backend (only `reference` can time single ops).
+    #[arg(long, default_value = "reference")]
+    pub executor: String,
+    /// Write the profile (JSON) here.
+    #[arg(short = 'o', long = "output", value_name = "PROF.json")]
+    pub output: Option<PathBuf>,
+    /// Print the analytic-vs-measured error table (median, p10/p90 of |ln(analytic/measured)|,
+    /// per op type, worst ops) to stdout.
+    #[arg(long = "compare-analytic")]
+    pub compare_analytic: bool,
+    /// With --compare-analytic: take the measurements from this profile instead of running.
+    #[arg(long, value_name = "PROF.json")]
+    pub from: Option<PathBuf>,
+    /// Device kind of the analytic side of --compare-analytic.
+    #[arg(long = "device-kind", default_value = "cpu-core")]
+    pub device_kind: String,
+    /// How many worst ops --compare-analytic lists.
+    #[arg(long, default_value_t = 10)]
+    pub worst: usize,
+    /// Measure this machine's effective f32 FLOP/s (a MatMul) and memory bandwidth (an Add over
+    /// large arrays) on the reference executor and print them; MODEL is not needed.
+    #[arg(long)]
+    pub calibrate: bool,
+}
+
+/// Run `pipec profile`.
+pub fn run(a: ProfileArgs) -> Result<ExitCode> {
+    if a.calibrate {
+        print!("{}", calibrate(a.repeat.max(1))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let model = a
+        .model
+        .as_deref()
+        .ok_or_else(|| anyhow!("MODEL: missing (an .onnx or .mlir file)"))?;
+    if !model.exists() {
+        bail!("{}: no such file", model.display());
+    }
+    if a.output.is_none() && !a.compare_analytic {
+        bail!("-o PROF.json: missing (or --compare-analytic)");
+    }
+    if a.from.is_some() && !a.compare_analytic {
+        bail!("--from: only with --compare-analytic");
+    }
+    if a.repeat == 0 {
+        bail!("--repeat 0: must be >= 1");
+    }
+    let m = super::load_module(model)?;
+    let name = model.display().to_string();
+    let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let prof = match &a.from {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("{}: cannot read", p.display()))?;
+            let prof = MeasuredProfile::parse(&text, &p.display().to_string())?;
+            // The same check `--profile` makes.
+            let mut check = g.clone();
+            measured::apply(&mut check, &prof, &p.display().to_string())?;
+            prof
+        }
+        None => {
+            if a.executor != "reference" {
+                bail!(
+                    "--executor {}: only the reference executor can time single ops",
+                    a.executor
+                );
+            }
+            measure(&m, &g, &name, &a)?
+        }
+    };
+    if let Some(out) = &a.output {
+        if a.from.is_none() {
+            let text = serde_json::to_string_pretty(&prof)? + "\n";
+            super::write_atomic(out, text.as_bytes())?;
+        }
+    }
+    if a.compare_analytic {
+        let kind = device_kind_by_name(&a.device_kind).ok_or_else(|| {
+            anyhow!(
+                "--device-kind {}: unknown device kind (V100-16GB, TitanX-12GB, H100-80GB, cpu-core)",
+                a.device_kind
+            )
+        })?;
+        let rows = error_rows(&g, &prof, &kind);
+        println!(
+            "analytic ({}: {:.3e} FLOP/s f32, {:.3e} B/s) vs measured ({}, batch {}, median of {}) for {}",
+            kind.name,
+            kind.peak(pipec_passes::cost::Precision::F32),
+            kind.memory_bandwidth,
+            prof.executor,
+            prof.batch,
+            prof.repeat,
+            prof.model
+        );
+        println!(
+            "totals: measured fwd {:.4e} s, bwd {:.4e} s (loss {:.2e} s, unattributed {:.2e} s)",
+            prof.total_fwd_s, prof.total_bwd_s, prof.loss_s, prof.unattributed_s
+        );
+        print!("{}", error_report(&rows, a.worst));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The batch to profile at and the symbol it binds (`None` for a static leading dim).
+fn resolve_batch(m: &Module, batch: Option<u64>) -> Result<(u64, Option<String>)> {
+    let g = &m.graph;
+    let first = g
+        .inputs
+        .iter()
+        .copied()
+        .find(|v| !g.initializers.contains_key(v));
+    let lead = first.and_then(|v| g.ty(v).shape.as_ref().and_then(|s| s.first().cloned()));
+    match lead {
+        Some(Dim::Known(k)) => {
+            let k = k.max(1) as u64;
+            match batch {
+                Some(b) if b != k => bail!(
+                    "--batch {b}: the model's batch dim is fixed at {k} (input '{}')",
+                    first.map(|v| g.name(v)).unwrap_or("")
+                ),
+                _ => Ok((k, None)),
+            }
+        }
+        Some(Dim::Sym(s)) if s.coeff == 1 && s.syms.len() == 1 => match batch {
+            Some(0) => bail!("--batch 0: must be >= 1"),
+            b => Ok((b.unwrap_or(1), Some(s.syms[0].clone()))),
+        },
+        _ => match batch {
+            Some(0) => bail!("--batch 0: must be >= 1"),
+            b => Ok((b.unwrap_or(1), None)),
+        },
+    }
+}
+
+/// Bind the batch symbol of every graph input; any other symbolic dim is an error.
+fn specialise(m: &mut Module, sym: Option<&str>, batch: u64) -> Result<()> {
+    let g = &mut m.graph;
+    for &v in &g.inputs.clone() {
+        if g.initializers.contains_key(&v) {
+            continue;
+        }
+        let name = g.name(v).to_string();
+        let Some(shape) = g.values[v].ty.shape.clone() else {
+            bail!("input '{name}': unranked; pipec profile needs the input shapes");
+        };
+        let mut dims = Vec::with_capacity(shape.len());
+        for d in shape {
+            dims.push(match d {
+                Dim::Known(k) => Dim::Known(k),
+                Dim::Sym(s) if s.syms.iter().all(|x| Some(x.as_str()) == sym) => {
+                    Dim::Known(s.coeff * (batch as i64).pow(s.syms.len() as u32))
+                }
+                Dim::Sym(s) => bail!(
+                    "input '{name}': symbolic dim '{}' (only the batch dim{} may be symbolic)",
+                    s.syms.join("*"),
+                    sym.map(|s| format!(" '{s}'")).unwrap_or_default()
+                ),
+            });
+        }
+        g.values[v].ty.shape = Some(dims);
+    }
+    pipec_compiler::shape::infer_shapes(m).context("shape inference at the profiled batch")?;
+    Ok(())
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+    }
+}
+
+/// Rows of the table a `Gather` indexes with `v` (following views), if any.
+fn gather_bound(g: &Graph, v: Value) -> Option<i64> {
+    let mut frontier = vec![v];
+    let mut seen = std::collections::HashSet::new();
+    let mut bound: Option<i64> = None;
+    while let Some(x) = frontier.pop() {
+        if !seen.insert(x) {
+            continue;
+        }
+        for &op in &g.order {
+            let d: &OpData = &g.ops[op];
+            for (i, inp) in d.inputs.iter().enumerate() {
+                if *inp != Some(x) {
+                    continue;
+                }
+                match (d.op_type.as_str(), i) {
+                    ("Gather", 1) => {
+                        let axis = d.int_attr("axis").unwrap_or(0);
+                        let rows = d.input(0).and_then(|t| {
+                            let s = g.ty(t).shape.as_ref()?;
+                            let a = if axis < 0 {
+                                axis + s.len() as i64
+                            } else {
+                                axis
+                            };
+                            s.get(usize::try_from(a).ok()?)?.known()
+                        });
+                        if let Some(r) = rows {
+                            bound = Some(bound.map_or(r, |b| b.min(r)));
+                        }
+                    }
+                    ("Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity", 0) => {
+                        frontier.extend(d.outputs.iter().copied());
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    bound.filter(|&b| b > 0)
+}
+
+fn random_input(g: &Graph, v: Value, rng: &mut Rng) -> Result<Tensor> {
+    let name = g.name(v);
+    let ty: &TensorType = g.ty(v);
+    let dims: Vec<i64> = ty
+        .shape
+        .as_ref()
+        .map(|s| s.iter().map(|d| d.known().unwrap_or(1).max(0)).collect())
+        .unwrap_or_default();
+    let n: usize = dims.iter().map(|&d| d as usize).product();
+    let data = match ty.dtype {
+        DType::F32 | DType::F64 => {
+            let vals: Vec<f32> = (0..n).map(|_| rng.unit() as f32).collect();
+            TensorData::from_f32(dims, &vals)
+        }
+        DType::I64 | DType::I32 | DType::Bool | DType::U8 => {
+            let vals: Vec<i64> = match gather_bound(g, v).filter(|_| ty.dtype != DType::Bool) {
+                Some(b) => (0..n).map(|_| (rng.next() % b as u64) as i64).collect(),
+                None => vec![1; n],
+            };
+            TensorData::from_i64(dims, &vals)
+        }
+        other => bail!("input '{name}': dtype {other} is not supported by pipec profile"),
+    };
+    let t = Tensor::from_tensor_data(&data).map_err(|e| anyhow!("input '{name}': {e}"))?;
+    Ok(if t.dtype() == ty.dtype {
+        t
+    } else {
+        t.cast(ty.dtype)
+            .map_err(|e| anyhow!("input '{name}': {e}"))?
+    })
+}
+
+/// A progress line on stderr: redrawn in place on a terminal, one line per run otherwise (only
+/// when runs are slow, so quick profiles stay quiet in scripts and tests).
+struct Progress {
+    tty: bool,
+    label: String,
+    total: u32,
+    start: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(label: String, total: u32) -> Progress {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+            label,
+            total,
+            start: Instant::now(),
+            shown: false,
+        }
+    }
+    fn tick(&mut self, done: u32, what: &str) {
+        let el = self.start.elapsed().as_secs_f64();
+        if !(self.tty || el > 5.0) {
+            return;
+        }
+        let eta = if done > 0 {
+            el / done as f64 * (self.total - done) as f64
+        } else {
+            0.0
+        };
+        let width = 24usize;
+        let fill = (done as usize * width) / self.total.max(1) as usize;
+        let bar = format!("{}{}", "#".repeat(fill), "-".repeat(width - fill));
+        let mut e = std::io::stderr().lock();
+        let line = format!(
+            "{}: [{bar}] {done}/{} runs ({what}), {el:.1} s, eta {eta:.0} s",
+            self.label, self.total
+        );
+        let _ = if self.tty {
+            write!(e, "\r{line}\x1b[K")
+        } else {
+            writeln!(e, "{line}")
+        };
+        self.shown = true;
+    }
+    fn finish(&self) {
+        if self.tty && self.shown {
+            let _ = writeln!(std::io::stderr());
+        }
+    }
+}
+
+/// Profile the module (see the module doc).
+fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<MeasuredProfile> {
+    let (batch, sym) = resolve_batch(m, a.batch)?;
+    let fwd_ops = m.graph.order.clone();
+    if fwd_ops.len() != g.len() {
+        bail!(
+            "internal: the cost graph has {} nodes for {} ops",
+            g.len(),
+            fwd_ops.len()
+        );
+    }
+    let mut t = m.clone();
+    specialise(&mut t, sym.as_deref(), batch)?;
+    let tg = differentiate(&mut t, &Autodiff::default())
+        .with_context(|| format!("{name}: cannot build the training graph"))?;
+    pipec_compiler::verify::verify(&t).context("the training graph does not verify")?;
+    let roles = attribute(&t, &fwd_ops, &tg.grad_of);
+    let mut rng = Rng::new(a.seed);
+    let mut inputs = Vec::new();
+    for &v in &t.graph.inputs {
+        if t.graph.initializers.contains_key(&v) {
+            continue;
+        }
+        inputs.push((
+            t.graph.name(v).to_string(),
+            random_input(&t.graph, v, &mut rng)?,
+        ));
+    }
+    let exec = pipec_runtime::executor_by_name(&a.executor)
+        .ok_or_else(|| anyhow!("--executor {}: unknown", a.executor))?;
+    let mut prog = exec.prepare(&t)?;
+    let n_ops = t.graph.order.len();
+    let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(a.repeat as usize); n_ops];
+    let total = a.warmup + a.repeat;
+    let mut bar = Progress::new(
+        format!("profile {} (batch {batch})", model_label(name)),
+        total,
+    );
+    for i in 0..total {
+        let warm = i < a.warmup;
+        bar.tick(i, if warm { "warm-up" } else { "timed" });
+        let (_, times) = prog
+            .run_profiled(&inputs)
+            .with_context(|| format!("{name}: the training graph failed to run"))?;
+        if !warm {
+            for (s, t) in samples.iter_mut().zip(times) {
+                s.push(t);
+            }
+        }
+    }
+    bar.tick(total, "done");
+    bar.finish();
+    let med: Vec<f64> = samples.iter().map(|s| median(s)).collect();
+    let (per, loss_s, unattributed_s) = node_times(&roles, &med, g.len());
+    let b = batch as f64;
+    let nodes: Vec<MeasuredNode> = g
+        .nodes
+        .iter()
+        .enumerate()
+        .zip(&per)
+        .map(|((i, n), &(f, bw))| MeasuredNode {
+            name: n.name.clone(),
+            op_type: n.op.clone(),
+            fwd_s: f,
+            bwd_s: bw,
+            output_bytes: g.activation_bytes(i, b),
+            parameter_bytes: n.parameter_bytes,
+        })
+        .collect();
+    Ok(MeasuredProfile {
+        model: name.to_string(),
+        batch,
+        executor: exec.name().to_string(),
+        repeat: a.repeat,
+        warmup: a.warmup,
+        total_fwd_s: per.iter().map(|p| p.0).sum(),
+        total_bwd_s: per.iter().map(|p| p.1).sum(),
+        nodes,
+        loss_s,
+        unattributed_s,
+    })
+}
+
+fn model_label(name: &str) -> String {
+    Path::new(name)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| name.to_string())
+}
+
+/// One-op module `out = op(a, b)` over f32 inputs of the given shapes.
+fn one_op(op_type: &str, a: &[i64], b: &[i64], out: &[i64]) -> Module {
+    let mut g = Graph::default();
+    let ty = |d: &[i64]| TensorType::known(DType::F32, d);
+    let x = g.add_input("a", ty(a));
+    let y = g.add_input("b", ty(b));
+    let (_, outs) = g.add_op(
+        OpData {
+            name: op_type.to_string(),
+            op_type: op_type.to_string(),
+            inputs: vec![Some(x), Some(y)],
+            attrs: [("pipec.phase".to_string(), Attr::String("fwd".into()))].into(),
+            ..Default::default()
+        },
+        vec![("out".into(), ty(out))],
+    );
+    g.outputs = outs;
+    let mut m = Module {
+        graph: g,
+        ..Default::default()
+    };
+    m.opset_imports.insert(String::new(), 17);
+    m
+}
+
+/// Best (minimum) seconds of `repeat` runs of a one-op module on the reference executor.
+fn time_one_op(m: &Module, repeat: u32) -> Result<f64> {
+    let mut rng = Rng::new(7);
+    let inputs: Vec<(String, Tensor)> = m
+        .graph
+        .inputs
+        .iter()
+        .map(|&v| {
+            Ok((
+                m.graph.name(v).to_string(),
+                random_input(&m.graph, v, &mut rng)?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let mut prog = pipec_runtime::default_executor().prepare(m)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..repeat + 1 {
+        let (_, times) = prog.run_profiled(&inputs)?;
+        best = best.min(times.iter().sum::<f64>());
+    }
+    Ok(best)
+}
+
+/// `--calibrate`: effective f32 FLOP/s of a 1024³ MatMul and memory bandwidth of an Add over
+/// 2²⁴-element arrays (3 × 64 MiB moved: two reads, one write), best of `repeat` runs each.
+fn calibrate(repeat: u32) -> Result<String> {
+    let n = 1024i64;
+    let mm = one_op("MatMul", &[n, n], &[n, n], &[n, n]);
+    let t_mm = time_one_op(&mm, repeat)?;
+    let flops = 2.0 * (n * n * n) as f64;
+    let e = 1i64 << 24;
+    let add = one_op("Add", &[e], &[e], &[e]);
+    let t_add = time_one_op(&add, repeat)?;
+    let bytes = 3.0 * 4.0 * e as f64;
+    Ok(format!(
+        "matmul {n}x{n}x{n} f32: {t_mm:.4} s, {:.3e} FLOP/s\nadd 2^24 f32 (3 x 64 MiB): {t_add:.4} s, {:.3e} B/s\n",
+        flops / t_mm,
+        bytes / t_add
+    ))
+}

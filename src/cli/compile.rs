@@ -66,6 +66,10 @@ pub struct CompileArgs {
     /// Print the plan summary.
     #[arg(long)]
     pub verbose: bool,
+    /// Plan with a measured profile of MODEL (`pipec profile -o prof.json`) instead of the
+    /// analytic cost model.
+    #[arg(long, value_name = "prof.json")]
+    pub profile: Option<PathBuf>,
 }
 
 /// Run `pipec compile`.
@@ -96,7 +100,10 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let m = super::load_module(&a.model)?;
     let name = a.model.display().to_string();
-    let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let mut g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    if let Some(p) = &a.profile {
+        super::plan::apply_measured_profile(&mut g, &a.model, p)?;
+    }
     let mut opts = PlanOptions::new(a.batch);
     opts.micro_batch = Some(a.micro_batch);
     opts.schedule = schedule;

@@ -44,16 +44,16 @@ pub trait Prepared: Send {
     /// its position in the graph's program order (`Graph::order`; 0 for ops the backend did not
     /// run one by one). Only backends that execute op by op can do this (the reference
     /// interpreter); the default returns an error. `pipec profile` uses it.
-    fn run_profiled(
-        &mut self,
-        inputs: &[(String, Tensor)],
-    ) -> Result<(Vec<(String, Tensor)>, Vec<f64>)> {
+    fn run_profiled(&mut self, inputs: &[(String, Tensor)]) -> Result<ProfiledRun> {
         let _ = inputs;
         Err(Error::Msg(
             "this backend cannot time single ops (use the reference backend)".into(),
         ))
     }
 }
+
+/// Outputs of a run by name, and the seconds of each op by position in the program order.
+pub type ProfiledRun = (Vec<(String, Tensor)>, Vec<f64>);
 
 /// The default backend (the reference interpreter; see the module doc for why).
 pub fn default_executor() -> Box<dyn Executor> {

@@ -329,7 +329,9 @@ pub fn error_report(rows: &[ErrorRow], worst: usize) -> String {
     s.push_str(&head);
     s.push_str(&line("all fwd", &ratio_stats(&fwd)));
     s.push_str(&line("all bwd", &ratio_stats(&bwd)));
-    let mut by_type: BTreeMap<&str, (Vec<(f64, f64)>, Vec<(f64, f64)>)> = BTreeMap::new();
+    // op type -> ((analytic, measured) forward pairs, backward pairs)
+    type Pairs = Vec<(f64, f64)>;
+    let mut by_type: BTreeMap<&str, (Pairs, Pairs)> = BTreeMap::new();
     for r in rows {
         let e = by_type.entry(r.op_type.as_str()).or_default();
         e.0.push((r.analytic_fwd_s, r.measured_fwd_s));

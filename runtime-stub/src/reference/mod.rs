@@ -200,10 +200,7 @@ impl Prepared for RefProgram {
         self.exec(inputs, None)
     }
 
-    fn run_profiled(
-        &mut self,
-        inputs: &[(String, Tensor)],
-    ) -> Result<(Vec<(String, Tensor)>, Vec<f64>)> {
+    fn run_profiled(&mut self, inputs: &[(String, Tensor)]) -> Result<crate::exec::ProfiledRun> {
         let mut times = vec![0.0; self.graph.order.len()];
         let out = self.exec(inputs, Some(&mut times))?;
         Ok((out, times))

@@ -410,7 +410,7 @@ mod tests {
         let w0 = w("w0", &[4, 4], &mut g);
         let w1 = w("w1", &[4, 3], &mut g);
         let b1 = w("b1", &[3], &mut g);
-        let mut op = |g: &mut Graph, name: &str, t: &str, ins: &[Value]| -> Value {
+        let op = |g: &mut Graph, name: &str, t: &str, ins: &[Value]| -> Value {
             let (_, outs) = g.add_op(
                 OpData {
                     name: name.into(),

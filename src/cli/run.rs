@@ -254,7 +254,11 @@ fn run_mpi(a: RunArgs) -> Result<ExitCode> {
         print_header(&a, &lp);
         println!(
             "backend mpi: {size} ranks ({})",
-            s.library_version().lines().next().unwrap_or("MPI").trim()
+            s.library_version()
+                .split(',')
+                .next()
+                .unwrap_or("MPI")
+                .trim()
         );
     }
     let code = match run_rank(&s, &lp, &opts) {

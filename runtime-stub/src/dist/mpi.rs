@@ -63,8 +63,7 @@ pub struct Session {
 impl Session {
     /// Initialize MPI (`None` if it was initialized before in this process).
     pub fn init() -> Option<Session> {
-        let (universe, threading) =
-            mpi::initialize_with_threading(mpi::Threading::Multiple)?;
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)?;
         let world = universe.world();
         Some(Session {
             world,
@@ -285,8 +284,7 @@ impl MpiEndpoint {
             .immediate_matched_probe_with_tag(P2P_TAG)
         {
             let (bytes, _status) = m.matched_receive_vec::<u8>();
-            let (tag, t) = decode(&bytes)
-                .map_err(|e| other(format!("from device {src}: {e}")))?;
+            let (tag, t) = decode(&bytes).map_err(|e| other(format!("from device {src}: {e}")))?;
             self.mailbox.entry((src, tag)).or_default().push_back(t);
             any = true;
         }

@@ -187,3 +187,36 @@ fn mpi_crashing_rank_ends_the_job_quickly() {
     );
     eprintln!("crashing rank: job ended after {:.2} s", wall.as_secs_f64());
 }
+
+#[test]
+fn mpi_dapple_with_a_replicated_stage_passes_check() {
+    // Stages 0 and 1 on one device each, stage 2 replicated on devices 2 and 3: the all-reduce
+    // runs on a sub-communicator that ranks 0 and 1 are not in.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let m = model("mlp4.onnx");
+    pipec_ok(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "8@1e10",
+        "--device-kind",
+        "cpu-core",
+        "--devices",
+        "4",
+        "--planner",
+        "dapple",
+        "--batch",
+        "16",
+        "--micro-batch",
+        "4",
+        "--optimizer",
+        "adam:lr=0.001",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let (o, wall) = mpirun(4, &out, &["--steps", "3", "--check"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
+    eprintln!("mpirun -np 4 dapple: {:.2} s", wall.as_secs_f64());
+}

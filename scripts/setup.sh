@@ -44,9 +44,11 @@ step() {  # step "description" cmd args...
 # libpolly-22-dev: `llvm-config --link-static --libnames` lists libPolly.a, which mlir-sys and
 # tblgen link.
 # libopenmpi-dev + openmpi-bin: the `mpi` cargo feature (rsmpi's mpi-sys binds Open MPI's mpi.h
-# with bindgen, i.e. the libclang above) and `mpirun` for `pipec run --backend mpi` and its tests.
+# with bindgen, i.e. the libclang above) and `mpirun` for `pipec run --backend mpi` and its tests;
+# openssh-client: Open MPI 4's mpirun refuses to start without an ssh/rsh agent, even on one node.
 APT_PKGS=(libmlir-22-dev mlir-22-tools llvm-22-dev libzstd-dev libz3-dev libxml2-dev zlib1g-dev
-          libclang1-22 libclang-common-22-dev libpolly-22-dev g++ libopenmpi-dev openmpi-bin)
+          libclang1-22 libclang-common-22-dev libpolly-22-dev g++ libopenmpi-dev openmpi-bin
+          openssh-client)
 apt_missing() {  # prints the packages of APT_PKGS that dpkg does not have installed
   local p
   for p in "${APT_PKGS[@]}"; do

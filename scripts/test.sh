@@ -18,4 +18,5 @@ echo "== MPI backend (feature 'mpi': rsmpi on Open MPI, pipec run --backend mpi 
 export LIBCLANG_PATH="${LIBCLANG_PATH:-/usr/lib/llvm-22/lib}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cargo clippy --workspace --features mpi --all-targets --quiet -- -D warnings
+cargo test --workspace --features mpi --quiet --lib dist::mpi
 cargo test --features mpi --quiet --test cli_mpi

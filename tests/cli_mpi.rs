@@ -220,3 +220,38 @@ fn mpi_dapple_with_a_replicated_stage_passes_check() {
     assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
     eprintln!("mpirun -np 4 dapple: {:.2} s", wall.as_secs_f64());
 }
+
+#[test]
+fn mpi_failing_check_exits_1() {
+    use pipec_runtime::dist::fixtures::{write_linear, LinearSpec};
+    // A 2-stage program whose reference optimizer uses another learning rate: rank 0's check
+    // fails, every rank exits 1 (the code is broadcast), so mpirun exits 1.
+    let a = tempdir();
+    let b = tempdir();
+    write_linear(a.path(), &LinearSpec::default()).unwrap();
+    write_linear(
+        b.path(),
+        &LinearSpec {
+            lr: 0.02,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    std::fs::copy(
+        b.path().join("reference/step.onnx"),
+        a.path().join("reference/step.onnx"),
+    )
+    .unwrap();
+    let n = pipec_runtime::dist::load(a.path())
+        .unwrap()
+        .program
+        .devices
+        .len();
+    let (o, _) = mpirun(n, a.path(), &["--check"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("check FAILED"),
+        "{}",
+        text(&o)
+    );
+}

@@ -729,3 +729,49 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
     ep.finish(opts.timeout).map_err(gather_err)?;
     Ok(result)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{ArrayD, IxDyn};
+
+    #[test]
+    fn messages_round_trip_every_dtype() {
+        let ts = [
+            Tensor::F32(
+                ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.5f32, -2., 0., 3., 4., 5.]).unwrap(),
+            ),
+            Tensor::F64(ArrayD::from_elem(IxDyn(&[]), 2.25)),
+            Tensor::I64(ArrayD::from_shape_vec(IxDyn(&[3]), vec![-1i64, 0, 1 << 40]).unwrap()),
+            Tensor::I32(ArrayD::from_shape_vec(IxDyn(&[0, 4]), vec![]).unwrap()),
+            Tensor::U8(ArrayD::from_shape_vec(IxDyn(&[2]), vec![7u8, 255]).unwrap()),
+            Tensor::Bool(ArrayD::from_shape_vec(IxDyn(&[1, 2]), vec![true, false]).unwrap()),
+        ];
+        for (k, t) in ts.iter().enumerate() {
+            let tag = Tag {
+                id: u32::MAX - k as u32,
+                part: k as u32,
+            };
+            let (tag2, t2) = decode(&encode(tag, t).unwrap()).unwrap();
+            assert_eq!((tag2, &t2), (tag, t));
+        }
+        // A transposed (non-standard layout) tensor is sent in logical row-major order.
+        let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), (0..6).map(|x| x as f32).collect()).unwrap();
+        let t = Tensor::F32(a.clone().reversed_axes());
+        let (_, t2) = decode(&encode(Tag::p2p(1), &t).unwrap()).unwrap();
+        assert_eq!(
+            t2,
+            Tensor::F32(a.reversed_axes().as_standard_layout().into_owned())
+        );
+    }
+
+    #[test]
+    fn malformed_messages_are_errors() {
+        assert!(decode(&[1, 2, 3]).is_err());
+        let mut b = encode(Tag::p2p(1), &Tensor::F32(ArrayD::zeros(IxDyn(&[4])))).unwrap();
+        b.pop();
+        assert!(decode(&b).is_err());
+        b[8] = 99;
+        assert!(decode(&b).is_err());
+    }
+}

@@ -43,8 +43,12 @@ step() {  # step "description" cmd args...
 # headers when building the `mlir` cargo feature (melior); g++ compiles tblgen's C++ shim;
 # libpolly-22-dev: `llvm-config --link-static --libnames` lists libPolly.a, which mlir-sys and
 # tblgen link.
+# libopenmpi-dev + openmpi-bin: the `mpi` cargo feature (rsmpi's mpi-sys binds Open MPI's mpi.h
+# with bindgen, i.e. the libclang above) and `mpirun` for `pipec run --backend mpi` and its tests;
+# openssh-client: Open MPI 4's mpirun refuses to start without an ssh/rsh agent, even on one node.
 APT_PKGS=(libmlir-22-dev mlir-22-tools llvm-22-dev libzstd-dev libz3-dev libxml2-dev zlib1g-dev
-          libclang1-22 libclang-common-22-dev libpolly-22-dev g++)
+          libclang1-22 libclang-common-22-dev libpolly-22-dev g++ libopenmpi-dev openmpi-bin
+          openssh-client)
 apt_missing() {  # prints the packages of APT_PKGS that dpkg does not have installed
   local p
   for p in "${APT_PKGS[@]}"; do
@@ -63,6 +67,7 @@ else
   step "apt-get install ${APT_PKGS[*]}" apt-get install -y -qq --no-install-recommends "${APT_PKGS[@]}"
 fi
 step "mlir-opt runs" /usr/lib/llvm-22/bin/mlir-opt --version
+step "mpirun runs" mpirun --allow-run-as-root --version
 
 # Debian's own python3 is "externally managed" (PEP 668); we install into it on purpose.
 PIP_FLAGS=(--quiet --disable-pip-version-check --no-input)

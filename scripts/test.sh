@@ -14,3 +14,9 @@ cargo test --workspace --quiet
 echo "== MLIR in-process (feature 'mlir': melior on LLVM 22)"
 cargo clippy -p pipec-compiler --features mlir --all-targets --quiet -- -D warnings
 cargo test -p pipec-compiler --features mlir --quiet --test mlir_feature
+echo "== MPI backend (feature 'mpi': rsmpi on Open MPI, pipec run --backend mpi under mpirun)"
+export LIBCLANG_PATH="${LIBCLANG_PATH:-/usr/lib/llvm-22/lib}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+cargo clippy --workspace --features mpi --all-targets --quiet -- -D warnings
+cargo test --workspace --features mpi --quiet --lib dist::mpi
+cargo test --features mpi --quiet --test cli_mpi

@@ -141,3 +141,17 @@ fn bad_input_exits_2_with_a_one_line_error() {
     let out = pipec(&["run", dir.path().to_str().unwrap(), "--backend", "tcp"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn backend_mpi_without_the_feature_is_a_clear_error() {
+    let dir = tempdir();
+    write_linear(dir.path(), &LinearSpec::default()).unwrap();
+    let out = pipec(&["run", dir.path().to_str().unwrap(), "--backend", "mpi"]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("built without MPI") && e.contains("--features mpi"),
+        "{e}"
+    );
+}

@@ -1,6 +1,7 @@
 //! `pipec run OUTDIR [--steps N] [--inputs DATA.npz] [--seed S] [--check] [--trace TRACE.json]
-//! [--timeout SECS] [--backend inproc]` (cli.md): executes a compiled program with one worker
-//! per device on this machine (`pipec_runtime::dist`).
+//! [--timeout SECS] [--backend inproc|mpi]` (cli.md): executes a compiled program with one worker
+//! per device: threads of this process (`inproc`), or one process per device under
+//! `mpirun -np N` (`mpi`, cargo feature `mpi`) (`pipec_runtime::dist`).
 //!
 //! Exit codes: 0 success; 1 `--check` found a relative difference above 1e-4; 2 bad input
 //! (missing OUTDIR or file, a schedule that does not verify, bad `--inputs`) or a failed run
@@ -16,7 +17,9 @@ use std::time::Duration;
 /// Execute a compiled program (the OUTDIR of `pipec compile`) with one worker per device.
 ///
 /// Every device runs its instruction list from `schedule.json` once per step on its own thread
-/// (backend `inproc`: messages move between threads without copies; all-reduce is a ring).
+/// (backend `inproc`: messages move between threads without copies; all-reduce is a ring), or,
+/// with `--backend mpi` under `mpirun -np DEVICES`, in its own process (rank = device; MPI
+/// point-to-point messages and MPI all-reduce; a failing rank aborts the whole job).
 /// The data of a step is random from `--seed` (floats standard normal, integer inputs uniform
 /// in [0, high)) unless `--inputs` gives it; the same data is used every step. Prints the loss
 /// of every step and where each device spent its time.
@@ -48,7 +51,9 @@ pub struct RunArgs {
     /// Seconds a receive or all-reduce waits before the run fails.
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     pub timeout: f64,
-    /// Transport between workers: `inproc` (threads in this process).
+    /// Transport between workers: `inproc` (threads in this process) or `mpi` (one process per
+    /// device: `mpirun -np DEVICES pipec run OUTDIR --backend mpi`; rank r runs device r, rank 0
+    /// prints the results and runs `--check`; needs a build with `--features mpi`).
     #[arg(long, default_value = "inproc")]
     pub backend: String,
     /// Write every parameter after the last step here (npz keyed by parameter name).
@@ -67,12 +72,19 @@ pub struct RunArgs {
 
 /// Run the command.
 pub fn run(a: RunArgs) -> Result<ExitCode> {
-    if a.backend != "inproc" {
-        bail!(
-            "--backend {}: unknown backend (this build has: inproc)",
-            a.backend
-        );
+    match a.backend.as_str() {
+        "inproc" => {}
+        "mpi" => return run_mpi(a),
+        other => bail!("--backend {other}: unknown backend (backends: inproc, mpi)"),
     }
+    let (lp, opts) = prepare(&a)?;
+    print_header(&a, &lp);
+    let r = dist::run(&lp, &opts).context("the run failed")?;
+    report(&a, &lp, &r)
+}
+
+/// Check the arguments, load OUTDIR and build the run options (the same on every MPI rank).
+fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
     if !(a.timeout.is_finite() && a.timeout > 0.0) {
         bail!(
             "--timeout {}: must be a positive number of seconds",
@@ -108,6 +120,10 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         trace: a.trace.is_some(),
         executor: a.executor.clone(),
     };
+    Ok((lp, opts))
+}
+
+fn print_header(a: &RunArgs, lp: &dist::LoadedProgram) {
     let p = &lp.program;
     println!(
         "{}: {} devices, {} stages, batch {} = {} x {} ({}, {})",
@@ -120,7 +136,11 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         p.schedule,
         p.optimizer
     );
-    let r = dist::run(&lp, &opts).context("the run failed")?;
+}
+
+/// Print the result of a run (losses, timings), write the trace and `-o`, run `--check`.
+fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<ExitCode> {
+    let p = &lp.program;
     for (i, l) in r.losses.iter().enumerate() {
         println!("step {}: loss {l:.6e}", i + 1);
     }
@@ -153,7 +173,7 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;
     }
     if a.check {
-        let rep = dist::check(&lp, &r, &a.executor).context("--check")?;
+        let rep = dist::check(lp, r, &a.executor).context("--check")?;
         for (i, l) in rep.ref_losses.iter().enumerate() {
             println!("reference step {}: loss {l:.6e}", i + 1);
         }
@@ -173,4 +193,91 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         println!("check ok (max_rel_diff <= {:.0e})", dist::check::TOLERANCE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_a: RunArgs) -> Result<ExitCode> {
+    bail!(
+        "--backend mpi: this pipec was built without MPI; rebuild with --features mpi \
+         (cargo build --features mpi) and start it with mpirun -np DEVICES"
+    )
+}
+
+/// `--backend mpi`: this process is one rank of `mpirun -np N` and runs device `rank`.
+///
+/// Errors the ranks detect alike before running (bad arguments, OUTDIR, `-np` different from
+/// the device count) are agreed on with two all-reduces and reported once, every rank exits 2.
+/// A rank that fails while running prints its error and calls `MPI_Abort`, which ends the job
+/// (mpirun exits non-zero). Rank 0 prints the results and runs `--check`; its exit code is
+/// broadcast so every rank exits with it.
+#[cfg(feature = "mpi")]
+fn run_mpi(a: RunArgs) -> Result<ExitCode> {
+    use pipec_runtime::dist::mpi::{run_rank, Session};
+    use std::io::Write;
+    let Some(s) = Session::init() else {
+        bail!("--backend mpi: MPI could not be initialized");
+    };
+    let (rank, size) = (s.rank(), s.size());
+    let prepared = prepare(&a).and_then(|(lp, opts)| {
+        let n = lp.program.devices.len();
+        if a.trace.is_some() {
+            bail!("--trace is not supported with --backend mpi yet");
+        }
+        if size != n {
+            bail!(
+                "--backend mpi: {} has {n} devices but mpirun started {size} ranks \
+                 (one rank per device: mpirun -np {n} pipec run ...)",
+                a.outdir.display()
+            );
+        }
+        Ok((lp, opts))
+    });
+    // The lowest failing rank reports; everyone exits 2 (no rank is left waiting).
+    let first_bad = s.min_rank(prepared.is_err());
+    if let Some(bad) = first_bad {
+        if let Err(e) = &prepared {
+            if bad == rank {
+                let prefix = if size > 1 {
+                    format!("rank {rank}: ")
+                } else {
+                    String::new()
+                };
+                eprintln!("error: {prefix}{e:#}");
+            }
+        }
+        return Ok(ExitCode::from(2));
+    }
+    let Ok((lp, opts)) = prepared else {
+        unreachable!("every rank prepared")
+    };
+    if rank == 0 {
+        print_header(&a, &lp);
+        println!(
+            "backend mpi: {size} ranks ({})",
+            s.library_version()
+                .split(',')
+                .next()
+                .unwrap_or("MPI")
+                .trim()
+        );
+    }
+    let code = match run_rank(&s, &lp, &opts) {
+        Err(e) => {
+            eprintln!("error: rank {rank}: the run failed: {e}");
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().flush();
+            s.abort(2);
+        }
+        Ok(Some(r)) => match report(&a, &lp, &r) {
+            Ok(c) if c == ExitCode::SUCCESS => 0,
+            Ok(_) => 1,
+            Err(e) => {
+                super::report_error(&e);
+                2
+            }
+        },
+        Ok(None) => 0,
+    };
+    let _ = std::io::stdout().flush();
+    Ok(ExitCode::from(s.broadcast_code(code)))
 }

@@ -34,8 +34,8 @@ pub trait Collectives: Send + Sync {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ring;
 
-/// Element types the ring can sum.
-trait Elem: Copy + std::ops::AddAssign + 'static {
+/// Element types the ring (and the MPI all-reduce) can sum.
+pub(crate) trait Elem: Copy + std::ops::AddAssign + 'static {
     fn wrap(v: Vec<Self>) -> Tensor;
     fn unwrap(t: Tensor) -> Option<Vec<Self>>;
     fn flatten(ts: &[&Tensor], out: &mut Vec<Self>);

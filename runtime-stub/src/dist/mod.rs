@@ -33,6 +33,8 @@ pub mod collective;
 pub mod data;
 pub mod fixtures;
 pub mod inproc;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod trace;
 pub mod transport;
 pub mod worker;

@@ -1,0 +1,257 @@
+//! `pipec run --backend mpi` under `mpirun` (cargo feature `mpi`; needs Open MPI's `mpirun`,
+//! installed by `scripts/setup.sh`): compiled pipelines and a replicated (data-parallel) plan
+//! pass `--check` with one process per device, a wrong `-np` is a clear error, and a failing
+//! or crashing rank ends the whole job with a non-zero status within seconds.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use common::{model, pipec_ok, tempdir};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// `mpirun -np N pipec run OUTDIR --backend mpi ARGS...` (as root too), with extra env.
+fn mpirun(np: usize, outdir: &Path, args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
+    let t = Instant::now();
+    let mut c = Command::new("mpirun");
+    c.args(["--allow-run-as-root", "--oversubscribe", "-np"])
+        .arg(np.to_string())
+        .arg(env!("CARGO_BIN_EXE_pipec"))
+        .args(["run", outdir.to_str().unwrap(), "--backend", "mpi"])
+        .args(args)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        // No network interfaces needed: every rank is on this machine.
+        .env("OMPI_MCA_btl", "self,vader,tcp")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c
+        .output()
+        .expect("spawn mpirun (is Open MPI installed? scripts/setup.sh)");
+    (out, t.elapsed())
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn compile(out: &Path, planner: &str, devices: usize) {
+    let m = model("mlp4.onnx");
+    let d = devices.to_string();
+    pipec_ok(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        &d,
+        "--planner",
+        planner,
+        "--batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+}
+
+/// The `max_rel_diff` rank 0 printed.
+fn max_rel_diff(o: &Output) -> f64 {
+    let s = String::from_utf8_lossy(&o.stdout);
+    let line = s
+        .lines()
+        .find(|l| l.starts_with("max_rel_diff "))
+        .unwrap_or_else(|| panic!("no max_rel_diff:\n{}", text(o)));
+    line["max_rel_diff ".len()..].trim().parse().unwrap()
+}
+
+#[test]
+fn mpi_pipeline_of_four_ranks_passes_check() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile(&out, "straight", 4);
+    let params = dir.path().join("p.npz");
+    let (o, wall) = mpirun(
+        4,
+        &out,
+        &["--steps", "2", "--check", "-o", params.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        s.contains("backend mpi: 4 ranks") && s.contains("step 2: loss"),
+        "{s}"
+    );
+    // Only rank 0 prints the results.
+    assert_eq!(
+        s.lines().filter(|l| l.starts_with("max_rel_diff ")).count(),
+        1,
+        "{s}"
+    );
+    assert_eq!(
+        s.lines()
+            .filter(|l| l.trim_start().starts_with("3 "))
+            .count(),
+        1,
+        "one timing row per device: {s}"
+    );
+    let p = pipec_runtime::npz::read(&params).unwrap();
+    assert!(p.iter().any(|(k, _)| k == "net.0.weight"), "{p:?}");
+    eprintln!("mpirun -np 4 straight: {:.2} s", wall.as_secs_f64());
+}
+
+#[test]
+fn mpi_data_parallel_all_reduce_passes_check() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile(&out, "dp", 2);
+    let sched = std::fs::read_to_string(out.join("schedule.json")).unwrap();
+    assert!(
+        sched.contains("all_reduce") || sched.contains("AllReduce"),
+        "no all-reduce in the plan"
+    );
+    let (o, wall) = mpirun(2, &out, &["--steps", "3", "--check"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
+    eprintln!("mpirun -np 2 dp: {:.2} s", wall.as_secs_f64());
+}
+
+#[test]
+fn mpi_wrong_number_of_ranks_is_a_clear_error() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile(&out, "dp", 2);
+    let (o, wall) = mpirun(3, &out, &["--check"], &[]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("has 2 devices but mpirun started 3 ranks") && e.contains("-np 2"),
+        "{}",
+        text(&o)
+    );
+    // Reported once (by rank 0), not by every rank.
+    assert_eq!(
+        e.matches("mpirun started 3 ranks").count(),
+        1,
+        "{}",
+        text(&o)
+    );
+    assert!(wall < Duration::from_secs(30), "{wall:?}");
+}
+
+#[test]
+fn mpi_failing_rank_aborts_the_job_quickly() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile(&out, "straight", 4);
+    // Rank 2 fails while the others wait for it in receives (timeout 60 s): MPI_Abort must end
+    // the job long before that.
+    let (o, wall) = mpirun(4, &out, &["--check"], &[("PIPEC_MPI_TEST_FAIL", "2")]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("rank 2: the run failed") && e.contains("failing on purpose"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        wall < Duration::from_secs(20),
+        "took {wall:?}: {}",
+        text(&o)
+    );
+    eprintln!("failing rank: job ended after {:.2} s", wall.as_secs_f64());
+}
+
+#[test]
+fn mpi_crashing_rank_ends_the_job_quickly() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile(&out, "dp", 2);
+    let (o, wall) = mpirun(2, &out, &["--check"], &[("PIPEC_MPI_TEST_FAIL", "1:crash")]);
+    assert_ne!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        wall < Duration::from_secs(20),
+        "took {wall:?}: {}",
+        text(&o)
+    );
+    eprintln!("crashing rank: job ended after {:.2} s", wall.as_secs_f64());
+}
+
+#[test]
+fn mpi_dapple_with_a_replicated_stage_passes_check() {
+    // Stages 0 and 1 on one device each, stage 2 replicated on devices 2 and 3: the all-reduce
+    // runs on a sub-communicator that ranks 0 and 1 are not in.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let m = model("mlp4.onnx");
+    pipec_ok(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "8@1e10",
+        "--device-kind",
+        "cpu-core",
+        "--devices",
+        "4",
+        "--planner",
+        "dapple",
+        "--batch",
+        "16",
+        "--micro-batch",
+        "4",
+        "--optimizer",
+        "adam:lr=0.001",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let (o, wall) = mpirun(4, &out, &["--steps", "3", "--check"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
+    eprintln!("mpirun -np 4 dapple: {:.2} s", wall.as_secs_f64());
+}
+
+#[test]
+fn mpi_failing_check_exits_1() {
+    use pipec_runtime::dist::fixtures::{write_linear, LinearSpec};
+    // A 2-stage program whose reference optimizer uses another learning rate: rank 0's check
+    // fails, every rank exits 1 (the code is broadcast), so mpirun exits 1.
+    let a = tempdir();
+    let b = tempdir();
+    write_linear(a.path(), &LinearSpec::default()).unwrap();
+    write_linear(
+        b.path(),
+        &LinearSpec {
+            lr: 0.02,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    std::fs::copy(
+        b.path().join("reference/step.onnx"),
+        a.path().join("reference/step.onnx"),
+    )
+    .unwrap();
+    let n = pipec_runtime::dist::load(a.path())
+        .unwrap()
+        .program
+        .devices
+        .len();
+    let (o, _) = mpirun(n, a.path(), &["--check"], &[]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("check FAILED"),
+        "{}",
+        text(&o)
+    );
+}

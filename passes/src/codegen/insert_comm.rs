@@ -17,7 +17,7 @@
 use super::{concrete_dims, layout, Layout};
 use crate::sim::schedule::fb_order;
 use crate::sim::ScheduleKind;
-use pipec_compiler::ir::{Module, Value, ValueDef};
+use pipec_compiler::ir::{Module, Value};
 use pipec_compiler::program::{DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram};
 use pipec_compiler::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -160,6 +160,42 @@ fn routes(
     })
 }
 
+/// Shape of the message of hop samples `samples` of a value of type `ty`: the overlap's rows for
+/// [`Layout::Rows`], else the whole value as a replica holding `own` samples has it.
+fn piece_shape(
+    lay: Layout,
+    samples: Option<(u64, u64)>,
+    own: u64,
+    ty: &pipec_compiler::ir::TensorType,
+    batch_sym: &str,
+) -> Vec<i64> {
+    match (lay, samples) {
+        (Layout::Rows, Some((lo, hi))) => concrete_dims(ty, batch_sym, hi - lo),
+        _ => concrete_dims(ty, batch_sym, own),
+    }
+}
+
+/// What a sender holding samples `held` of the micro-batch cuts out for a hop: the row slice
+/// (`None` when it sends all it holds) and the message shape.
+fn send_piece(
+    lay: Layout,
+    samples: Option<(u64, u64)>,
+    held: (u64, u64),
+    ty: &pipec_compiler::ir::TensorType,
+    batch_sym: &str,
+) -> (Option<Slice>, Vec<i64>) {
+    let own = held.1 - held.0;
+    let slice = match (lay, samples) {
+        (Layout::Rows, Some((lo, hi))) if (lo - held.0, hi - held.0) != (0, own) => Some(Slice {
+            lo: lo - held.0,
+            hi: hi - held.0,
+            of: own,
+        }),
+        _ => None,
+    };
+    (slice, piece_shape(lay, samples, own, ty, batch_sym))
+}
+
 /// Longest path (in stages) from each stage to a sink, ≥ 1.
 fn depth_to_sink(preds: &[BTreeSet<usize>]) -> Vec<usize> {
     let n = preds.len();
@@ -197,18 +233,12 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     let nmb = cx.micro_batches as usize;
     let b = cx.micro_batch;
     let mut tags = Tags::default();
+    // The stage that sends `v` (usize::MAX if none does).
     let stage_of_value = |v: Value| -> usize {
-        match g.values[v].def {
-            ValueDef::Result(p, _) => cx
-                .stage_outputs
-                .iter()
-                .position(|outs| outs.iter().any(|(x, _)| *x == v))
-                .unwrap_or_else(|| {
-                    let _ = p;
-                    usize::MAX
-                }),
-            _ => usize::MAX,
-        }
+        cx.stage_outputs
+            .iter()
+            .position(|outs| outs.iter().any(|(x, _)| *x == v))
+            .unwrap_or(usize::MAX)
     };
     let data: HashMap<&str, &DataInput> = cx
         .data_inputs
@@ -299,12 +329,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             hops.iter().map(|h| format!("{vn}#r{}", h.i)).collect()
                         };
                         for (h, part) in hops.iter().zip(&parts) {
-                            let shape = match (lay, h.samples) {
-                                (Layout::Rows, Some((lo, hi))) => {
-                                    concrete_dims(ty, cx.batch_sym, hi - lo)
-                                }
-                                _ => concrete_dims(ty, cx.batch_sym, own),
-                            };
+                            let shape = piece_shape(lay, h.samples, own, ty, cx.batch_sym);
                             list.push(Instr::Recv {
                                 mb,
                                 tensor: part.clone(),
@@ -340,20 +365,8 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                 .into_iter()
                                 .filter(|h| h.i == j)
                             {
-                                let (slice, shape) = match (lay, h.samples) {
-                                    (Layout::Rows, Some((lo, hi))) => {
-                                        let sl = (lo - olo, hi - olo);
-                                        (
-                                            (sl != (0, own)).then_some(Slice {
-                                                lo: sl.0,
-                                                hi: sl.1,
-                                                of: own,
-                                            }),
-                                            concrete_dims(ty, cx.batch_sym, hi - lo),
-                                        )
-                                    }
-                                    _ => (None, concrete_dims(ty, cx.batch_sym, own)),
-                                };
+                                let (slice, shape) =
+                                    send_piece(lay, h.samples, (olo, ohi), ty, cx.batch_sym);
                                 list.push(Instr::Send {
                                     mb,
                                     tensor: vn.to_string(),
@@ -398,12 +411,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                 hops.iter().map(|h| format!("{cot}#r{}", h.j)).collect()
                             };
                             for (h, part) in hops.iter().zip(&parts) {
-                                let shape = match (lay, h.samples) {
-                                    (Layout::Rows, Some((lo, hi))) => {
-                                        concrete_dims(ty, cx.batch_sym, hi - lo)
-                                    }
-                                    _ => concrete_dims(ty, cx.batch_sym, own),
-                                };
+                                let shape = piece_shape(lay, h.samples, own, ty, cx.batch_sym);
                                 list.push(Instr::Recv {
                                     mb,
                                     tensor: part.clone(),
@@ -455,20 +463,8 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             .into_iter()
                             .filter(|h| h.j == j)
                         {
-                            let (slice, shape) = match (lay, h.samples) {
-                                (Layout::Rows, Some((lo, hi))) => {
-                                    let sl = (lo - olo, hi - olo);
-                                    (
-                                        (sl != (0, own)).then_some(Slice {
-                                            lo: sl.0,
-                                            hi: sl.1,
-                                            of: own,
-                                        }),
-                                        concrete_dims(ty, cx.batch_sym, hi - lo),
-                                    )
-                                }
-                                _ => (None, concrete_dims(ty, cx.batch_sym, own)),
-                            };
+                            let (slice, shape) =
+                                send_piece(lay, h.samples, (olo, ohi), ty, cx.batch_sym);
                             list.push(Instr::Send {
                                 mb,
                                 tensor: gn.clone(),

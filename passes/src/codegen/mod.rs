@@ -284,11 +284,10 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
     let mut consumers: BTreeMap<(usize, Value), Vec<usize>> = BTreeMap::new();
     for (s, bld) in builds.iter().enumerate() {
         for &v in &bld.inputs {
-            let ValueDef::Result(p, k) = g.values[v].def else {
+            let ValueDef::Result(p, _) = g.values[v].def else {
                 continue;
             };
             let ps = stage_of[&p];
-            let _ = k;
             consumers.entry((ps, v)).or_default().push(s);
         }
     }

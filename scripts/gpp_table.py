@@ -3,8 +3,9 @@
 families (+ a sequential Transformer) on the `summit` preset at 4/8/16/32 GPUs with the paper's
 mini-batch sizes (ASPLOS'25 §7, Table 1 for search times).
 
-Usage: python3 scripts/gpp_table.py [--pipec target/release/pipec]
-Prints a markdown table (stdout). Generates the models first if their weight files are missing.
+Usage: python3 scripts/gpp_table.py [--pipec target/release/pipec] [--repeat N]
+Prints a markdown table (stdout). Search times are the fastest of N runs (default 5; the plans are
+deterministic, the machine is shared). Generates the models first if their weight files are missing.
 """
 import argparse
 import json
@@ -20,16 +21,24 @@ PAPER = {"mmt": [0.12, 0.76, 3.00, 10.11], "dlrm": [0.33, 2.73, 13.28, 54.6],
 GPUS = [4, 8, 16, 32]
 
 
-def plan(pipec, model, planner, gpus, batch):
-    out = subprocess.run([pipec, "plan", model, "--cluster", "summit", "--devices", str(gpus),
-                          "--planner", planner, "--batch", str(batch), "--json"],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+def plan(pipec, model, planner, gpus, batch, repeat=1):
+    best = None
+    for _ in range(max(1, repeat)):
+        out = subprocess.run([pipec, "plan", model, "--cluster", "summit", "--devices", str(gpus),
+                              "--planner", planner, "--batch", str(batch), "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        p = json.loads(out)
+        if best is not None and p["throughput_samples_per_s"] != best["throughput_samples_per_s"]:
+            sys.exit(f"{model} {planner} {gpus}: plans differ between runs (not deterministic)")
+        if best is None or p["search_time_s"] < best["search_time_s"]:
+            best = p
+    return best
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipec", default=os.path.join(ROOT, "target/release/pipec"))
+    ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     d = os.path.join(ROOT, "onnx-models/graphpipe")
     if not os.path.exists(os.path.join(d, "mmt.weights")):
@@ -40,8 +49,8 @@ def main():
         for i, g in enumerate(GPUS):
             b = BATCH[m][i]
             model = os.path.join(d, m + ".onnx")
-            p = plan(a.pipec, model, "gpp", g, b)
-            s = plan(a.pipec, model, "gpp-seq", g, b)
+            p = plan(a.pipec, model, "gpp", g, b, a.repeat)
+            s = plan(a.pipec, model, "gpp-seq", g, b, a.repeat)
             reps = [st["replicas"] for st in p["stages"]]
             paper = PAPER[m][i]
             ratio = f"{paper / p['search_time_s']:.0f}x" if paper else "-"

@@ -47,7 +47,9 @@
 //!
 //! # Binary search (lines 2–11)
 //! `t_r` starts at a feasible plan's bottleneck (the DP at `t = ∞` picks the shallowest plan that
-//! fits), `t_l = 0`, and halves until `t_r − t_l ≤ ε·t_r`.
+//! fits), `t_l` at the work bound of [`lower_bounds`] (`F_total/(b·D)`, no plan can beat it), and
+//! the interval halves until `t_r − t_l ≤ ε·t_r`. A refinement passes a coarser search's bracket
+//! ([`SearchParams::bracket`]) instead of starting over.
 //!
 //! # IR pass
 //! [`PartitionGpp`] (`partition-gpp`) plans the module with the `gpp` planner (cluster, device
@@ -59,7 +61,7 @@
 //! The sequential mode runs the same DP on a one-level tree: the units linearised in the tree's
 //! depth-first order (a topological order), so only chains of stages are possible (SPP).
 
-use crate::cost::comm::allreduce_time;
+use crate::cost::comm::AllReduceGroup;
 use crate::cost::memory::step_time;
 use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
 use crate::sp_decompose::{SpKind, SpTree};
@@ -310,11 +312,15 @@ pub struct SearchParams {
     pub allreduce: AllReduceAlgo,
     /// Relative tolerance of the binary search.
     pub eps: f64,
-    /// Also try targets `t·{1.1, 1.25, 1.5, 2}` above the optimum `t` (shallower plans, since the
+    /// Also try targets `t·{1.05, 1.1, 1.25, 1.5, 2, 3}` above the optimum `t` (shallower plans, since the
     /// DP picks the smallest in-flight count under a target) and return the plan with the best
     /// estimated iteration time `(M + depth − 1)·max per_mb + max sync` (pipeline fill and drain
     /// are not in the bottleneck TPS).
     pub relax: bool,
+    /// A known bracket `(t_l, t_r)` of the optimum: the DP finds no plan at `t_l` and one at
+    /// `t_r` (a coarser search's result, see [`SearchResult::bracket`]). Without it the
+    /// search brackets from [`lower_bounds`] and a first feasible plan.
+    pub bracket: Option<(f64, f64)>,
 }
 
 /// One stage of a search result.
@@ -344,6 +350,63 @@ pub struct SearchResult {
     pub dp_runs: usize,
     /// Estimated iteration time: `(M + depth − 1) · max per_mb + max sync`.
     pub estimate_s: f64,
+    /// The binary search's final `(t_l, t_r)`: no plan at `t_l`, the optimum's bottleneck at
+    /// `t_r` (before the relaxation; pass it to a finer search as [`SearchParams::bracket`]).
+    pub bracket: (f64, f64),
+    /// With relaxation: the other distinct plans found (the optimum's own, when a relaxed target
+    /// won on the estimate, and the other relaxed ones) as `(depth, stages, estimate)`, by
+    /// estimate. The estimate is a model; the planner simulates them too.
+    pub alternatives: Vec<(u32, Vec<StageChoice>, f64)>,
+}
+
+/// Lower bounds at one micro-batch size, before any DP run: `(tps, estimate)`.
+///
+/// - **TPS**: every stage `s` on `r_s` replicas has `TPS_s ≥ F_s(b/r_s)/b`, a unit's time is
+///   `max(flops·x/peak, (bytes·x + fixed)/bw)` or linear in the slice `x`, so
+///   `r·F(b/r) ≥ F(b)`, and the replica counts sum to `D` (C3); hence
+///   `max_s TPS_s ≥ Σ_s r_s·TPS_s / D ≥ F_total(b) / (b·D)`.
+/// - **Estimate** `(M + depth − 1)·P + S` (`P` the largest per-micro-batch time, `S` ≥ 0):
+///   `P ≥ F_total(b)/D` by the same argument, and `depth·P` is at least the sum of the stage
+///   times along any path of units, each unit at most `D`-way split: `depth·P ≥ CP(b/D)`, the
+///   longest path of unit times at slice `b/D`; and `depth·P ≥ P`. So
+///   `estimate ≥ (M − 1)·F_total(b)/D + max(CP(b/D), F_total(b)/D)`.
+///
+/// The planner ranks micro-batch sizes by this bound and skips those that cannot make its
+/// shortlist; the binary search starts from the TPS bound instead of 0.
+pub fn lower_bounds(
+    g: &CostGraph,
+    ug: &UnitGraph,
+    cluster: &Cluster,
+    p: &SearchParams,
+) -> (f64, f64) {
+    let kind = cluster.kind_of(0);
+    let d = p.devices.max(1) as f64;
+    let b = p.micro_batch.max(1) as f64;
+    let unit_time = |u: &[NodeId], x: f64| -> f64 {
+        u.iter()
+            .map(|&n| {
+                let (f, bw) = g.times(n, x, kind);
+                f + bw
+            })
+            .sum()
+    };
+    let total: f64 = ug.units.iter().map(|u| unit_time(u, b)).sum();
+    let thin: Vec<f64> = ug.units.iter().map(|u| unit_time(u, b / d)).collect();
+    // Longest path over the unit DAG (edges go forward in the depth-first order).
+    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); ug.units.len()];
+    for &(a, c, _) in &ug.edges {
+        if a < c && c < ug.units.len() {
+            preds[c].push(a);
+        }
+    }
+    let mut longest = vec![0.0f64; ug.units.len()];
+    for u in 0..ug.units.len() {
+        let before = preds[u].iter().map(|&a| longest[a]).fold(0.0, f64::max);
+        longest[u] = before + thin[u];
+    }
+    let cp = longest.iter().copied().fold(0.0, f64::max);
+    let m = (p.batch / p.micro_batch.max(1)).max(1) as f64;
+    (total / (b * d), (m - 1.0) * total / d + cp.max(total / d))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -356,6 +419,55 @@ struct StageEval {
     /// Most micro-batches in flight that fit in memory (negative: never fits).
     cap: i64,
     static_bytes: f64,
+}
+
+/// The fields of a [`StageEval`] the series split's inner loop reads.
+#[derive(Clone, Copy, Debug)]
+struct Hot {
+    tps: f64,
+    compute_tps: f64,
+    cap: i64,
+}
+
+impl Hot {
+    const UNSET: Hot = Hot {
+        tps: f64::NAN,
+        compute_tps: f64::NAN,
+        cap: 0,
+    };
+}
+
+/// Boundary bytes (reference batch) of every unit range `[lo, hi)`, at `lo * (U + 1) + hi`: the
+/// edges with exactly one end in the range. Built incrementally per `lo` (adding unit `hi − 1`
+/// makes its edges into the range internal and its other edges crossing), `O(U·(U + E))`.
+fn boundary_table(ug: &UnitGraph) -> Vec<f64> {
+    let n = ug.units.len();
+    let mut adj: Vec<Vec<(usize, f64)>> = vec![Vec::new(); n];
+    for &(a, b, w) in &ug.edges {
+        if a < n && b < n {
+            adj[a].push((b, w));
+            adj[b].push((a, w));
+        }
+    }
+    let mut t = vec![0.0; (n + 1) * (n + 1)];
+    for lo in 0..n {
+        // The count of crossing edges keeps a range without any exactly at zero.
+        let (mut cur, mut crossing) = (0.0, 0usize);
+        for hi in lo + 1..=n {
+            let u = hi - 1;
+            for &(o, w) in &adj[u] {
+                if (lo..u).contains(&o) {
+                    cur -= w;
+                    crossing -= 1;
+                } else {
+                    cur += w;
+                    crossing += 1;
+                }
+            }
+            t[lo * (n + 1) + hi] = if crossing == 0 { 0.0 } else { cur };
+        }
+    }
+    t
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -407,18 +519,31 @@ pub struct Search<'a> {
     time: Vec<Option<Vec<f64>>>,
     params: Vec<f64>,
     saved: Vec<f64>,
-    /// Boundary bytes per range `lo * (U + 1) + hi` (NaN: not computed).
+    /// Boundary bytes per range `lo * (U + 1) + hi` at the reference batch.
     bnd: Vec<f64>,
-    /// Stage evaluations per `(lo * (U + 1) + hi) * (D + 1) + r`.
-    evals: Vec<Option<StageEval>>,
-    ar_devs: Vec<usize>,
+    /// The series split's hot table: per `(hi * (U + 1) + lo) * P + pi` the stage over
+    /// `[lo, hi)` on `pow2[pi]` replicas (NaN `tps`: not evaluated yet). Compact and laid out so
+    /// that the split loop (growing segment, fixed `hi`) walks it contiguously.
+    hot: Vec<Hot>,
+    /// Each DP state's base case (its whole range as one stage on the state's `d` devices),
+    /// per state index; the same in every DP run.
+    base: Vec<Option<StageEval>>,
+    /// All-reduce over the first `r` devices, per `r`.
+    ar: Vec<AllReduceGroup>,
     bw: f64,
     alpha: f64,
     multi_node: bool,
     node_size: usize,
     mem: f64,
-    /// Memo: state index -> Pareto entries.
-    memo: Vec<Option<Vec<Entry>>>,
+    /// Memo: state index -> Pareto entries, valid when `stamp[id] == run` (the vectors keep
+    /// their capacity from one DP run to the next).
+    memo: Vec<Vec<Entry>>,
+    stamp: Vec<u32>,
+    run: u32,
+    /// Per series state `(t, j)` (at `state_base[t] + j`): [`Search::segments`], valid when
+    /// `segs_stamp` is the current run.
+    segs: Vec<Vec<(u32, u32, i64)>>,
+    segs_stamp: Vec<u32>,
     state_base: Vec<usize>,
     t_max: f64,
     pow2: Vec<usize>,
@@ -450,8 +575,11 @@ impl<'a> Search<'a> {
             state_base.push(total);
             total += t.children.len() + 1;
         }
+        let ar = (0..=p.devices)
+            .map(|r| AllReduceGroup::new(cluster, &devs[..r], p.allreduce))
+            .collect();
         let d = p.devices;
-        let pow2 = (0..).map(|i| 1usize << i).take_while(|&x| x <= d).collect();
+        let pow2: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&x| x <= d).collect();
         Search {
             g,
             ug,
@@ -461,15 +589,20 @@ impl<'a> Search<'a> {
             time: vec![None; d + 1],
             params,
             saved,
-            bnd: vec![f64::NAN; (ug.units.len() + 1) * (ug.units.len() + 1)],
-            evals: vec![None; (ug.units.len() + 1) * (ug.units.len() + 1) * (d + 1)],
-            ar_devs: devs,
+            bnd: boundary_table(ug),
+            hot: vec![Hot::UNSET; (ug.units.len() + 1) * (ug.units.len() + 1) * pow2.len()],
+            ar,
             bw,
             alpha,
             multi_node,
             node_size: cluster.levels.first().map_or(1, |l| l.size.max(1)),
             mem,
-            memo: vec![None; total * (d + 1)],
+            base: vec![None; total * (d + 1)],
+            memo: vec![Vec::new(); total * (d + 1)],
+            stamp: vec![0; total * (d + 1)],
+            run: 0,
+            segs: vec![Vec::new(); total],
+            segs_stamp: vec![0; total],
             state_base,
             t_max: f64::INFINITY,
             pow2,
@@ -496,25 +629,28 @@ impl<'a> Search<'a> {
         })
     }
 
-    fn boundary(&mut self, lo: usize, hi: usize) -> f64 {
-        let ug = self.ug;
-        let i = lo * (ug.units.len() + 1) + hi;
-        if self.bnd[i].is_nan() {
-            self.bnd[i] = ug
-                .edges
-                .iter()
-                .filter(|(a, b, _)| ((lo..hi).contains(a)) != ((lo..hi).contains(b)))
-                .map(|e| e.2)
-                .sum();
+    fn boundary(&self, lo: usize, hi: usize) -> f64 {
+        self.bnd[lo * (self.ug.units.len() + 1) + hi]
+    }
+
+    /// The stage `[lo, hi)` on `pow2[pi]` replicas, from the hot table.
+    fn hot(&mut self, lo: usize, hi: usize, pi: usize) -> Hot {
+        let i = (hi * (self.ug.units.len() + 1) + lo) * self.pow2.len() + pi;
+        let h = self.hot[i];
+        if !h.tps.is_nan() {
+            return h;
         }
-        self.bnd[i]
+        let e = self.eval(lo, hi, self.pow2[pi]);
+        let h = Hot {
+            tps: e.tps,
+            compute_tps: e.compute_tps,
+            cap: e.cap,
+        };
+        self.hot[i] = h;
+        h
     }
 
     fn eval(&mut self, lo: usize, hi: usize, r: usize) -> StageEval {
-        let ei = (lo * (self.ug.units.len() + 1) + hi) * (self.p.devices + 1) + r;
-        if let Some(e) = self.evals[ei] {
-            return e;
-        }
         let b = self.p.micro_batch as f64;
         let slice = b / r as f64;
         let compute = {
@@ -538,7 +674,7 @@ impl<'a> Search<'a> {
         };
         let per_mb = compute.max(comm);
         let params = self.params[hi] - self.params[lo];
-        let ar = allreduce_time(self.cluster, &self.ar_devs[..r], params, self.p.allreduce);
+        let ar = self.ar[r].time(params);
         let step = step_time(
             params,
             self.cluster.kind_of(0).memory_bandwidth,
@@ -555,30 +691,85 @@ impl<'a> Search<'a> {
         } else {
             ((self.mem - static_bytes) / saved).floor().min(INF as f64) as i64
         };
-        let e = StageEval {
+        StageEval {
             tps: per_mb / b + sync / bt,
             compute_tps: compute / b,
             per_mb,
             sync,
             cap,
             static_bytes,
-        };
-        self.evals[ei] = Some(e);
-        e
+        }
     }
 
-    fn single(&mut self, lo: usize, hi: usize, r: usize) -> Option<Entry> {
-        let e = self.eval(lo, hi, r);
-        if e.tps > self.t_max || e.cap < 1 {
-            return None;
-        }
-        let sigma = if e.cap >= self.m { INF } else { e.cap - 1 };
+    /// State `id`'s base case: `[lo, hi)` as one stage on `r` replicas.
+    fn single(&mut self, id: usize, lo: usize, hi: usize, r: usize) -> Option<Entry> {
+        let e = match self.base[id] {
+            Some(e) => e,
+            None => {
+                let e = self.eval(lo, hi, r);
+                self.base[id] = Some(e);
+                e
+            }
+        };
+        let sigma = self.sigma_of(e.tps, e.cap)?;
         Some(Entry {
             delta: 1,
             sigma,
             jo: 0,
             back: Back::Single { lo, hi, r },
         })
+    }
+
+    /// A single stage's `σ` (the most in-flight micro-batches after it that still fit), or `None`
+    /// when it misses the target or never fits.
+    fn sigma_of(&self, tps: f64, cap: i64) -> Option<i64> {
+        if tps > self.t_max || cap < 1 {
+            return None;
+        }
+        Some(if cap >= self.m { INF } else { cap - 1 })
+    }
+
+    /// The series node `t`'s candidate last segments `c_k..c_{j−1}` (units only) as one stage:
+    /// `(k, pow2 index, σ)` for every segment and power-of-two replica count below the device
+    /// count that meets the current target, in the split loop's order (`k` descending, replicas
+    /// descending). The same for every device count `d` of the state (which only filters
+    /// `r < d`), so it is built once per DP run and taken out of `segs` while in use. The scan
+    /// stops at the first `k` where no replica count meets the target on compute alone (a longer
+    /// segment only has more compute).
+    fn segments(&mut self, t: usize, j: usize) -> Vec<(u32, u32, i64)> {
+        let si = self.state_base[t] + j;
+        let mut v = std::mem::take(&mut self.segs[si]);
+        if self.segs_stamp[si] == self.run {
+            return v;
+        }
+        self.segs_stamp[si] = self.run;
+        v.clear();
+        let ug = self.ug;
+        let kids = &ug.tree[t].children;
+        let hi = ug.tree[kids[j - 1]].hi;
+        let np = self.pow2.partition_point(|&r| r < self.p.devices);
+        let first = if ug.tree[kids[j - 1]].kind == SpKind::Leaf {
+            j - 1
+        } else {
+            j.saturating_sub(2)
+        };
+        for k in (1..=first).rev() {
+            let seg_lo = ug.tree[kids[k]].lo;
+            let mut any = false;
+            for ri in (0..np).rev() {
+                let e = self.hot(seg_lo, hi, ri);
+                if e.compute_tps <= self.t_max {
+                    any = true;
+                }
+                if let Some(sigma) = self.sigma_of(e.tps, e.cap) {
+                    v.push((k as u32, ri as u32, sigma));
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+        v
     }
 
     fn whole(&self, t: usize) -> (usize, usize) {
@@ -621,14 +812,16 @@ impl<'a> Search<'a> {
     fn solve(&mut self, t: usize, j: usize, d: usize) -> usize {
         let (t, j) = self.norm(t, j);
         let id = self.idx(t, j, d);
-        if self.memo[id].is_some() {
+        if self.stamp[id] == self.run {
             return id;
         }
-        let mut out: Vec<Entry> = Vec::new();
-        let node = self.ug.tree[t].clone();
+        let mut out = std::mem::take(&mut self.memo[id]);
+        out.clear();
+        let ug = self.ug;
+        let node = &ug.tree[t];
         match node.kind {
             SpKind::Leaf => {
-                if let Some(e) = self.single(node.lo, node.hi, d) {
+                if let Some(e) = self.single(id, node.lo, node.hi, d) {
                     push_pareto(&mut out, e);
                 }
             }
@@ -637,83 +830,75 @@ impl<'a> Search<'a> {
                 let lo = self.ug.tree[kids[0]].lo;
                 let hi = self.ug.tree[kids[j - 1]].hi;
                 let q0 = node.join_at;
-                if let Some(mut e) = self.single(lo, hi, d) {
+                if let Some(mut e) = self.single(id, lo, hi, d) {
                     e.jo = u32::from(q0.is_some_and(|q| q < j));
                     push_pareto(&mut out, e);
                 }
                 if d >= 2 {
-                    for k in (1..j).rev() {
+                    let last = j - 1;
+                    if self.ug.tree[kids[last]].kind != SpKind::Leaf {
+                        // The last child is a subgraph of its own: its DP state on d₂ devices.
+                        let (ct, cj) = self.whole(kids[last]);
+                        for d2 in 1..d {
+                            let s = self.solve(ct, cj, d2);
+                            if self.memo[s].is_empty() {
+                                continue;
+                            }
+                            let p = self.solve(t, last, d - d2);
+                            self.combine_series(&mut out, s, p, join_rule(q0, last, j));
+                        }
+                    }
+                    // A segment of units as one stage on r (a power of two) replicas.
+                    let si = self.state_base[t] + j;
+                    let segs = self.segments(t, j);
+                    for &(k, ri, se_sigma) in &segs {
+                        let (k, r) = (k as usize, self.pow2[ri as usize]);
+                        if r >= d {
+                            continue;
+                        }
                         let seg_lo = self.ug.tree[kids[k]].lo;
-                        if k == j - 1 && self.ug.tree[kids[k]].kind != SpKind::Leaf {
-                            let (ct, cj) = self.whole(kids[k]);
-                            for d2 in 1..d {
-                                let s = self.solve(ct, cj, d2);
-                                if self.memo[s].as_ref().is_none_or(|v| v.is_empty()) {
-                                    continue;
-                                }
-                                let p = self.solve(t, k, d - d2);
-                                self.combine_series(&mut out, s, p, join_rule(q0, k, j));
-                            }
-                        } else {
-                            let mut any = false;
-                            let pows: Vec<usize> =
-                                self.pow2.iter().copied().filter(|&r| r < d).collect();
-                            for &r in pows.iter().rev() {
-                                let e = self.eval(seg_lo, hi, r);
-                                if e.compute_tps <= self.t_max {
-                                    any = true;
-                                }
-                                if e.tps > self.t_max || e.cap < 1 {
-                                    continue;
-                                }
-                                let Some(se) = self.single(seg_lo, hi, r) else {
-                                    continue;
-                                };
-                                let p = self.solve(t, k, d - r);
-                                let pre = self.memo[p].as_deref().unwrap_or(&[]);
-                                for (pi, pe) in pre.iter().enumerate() {
-                                    let sigma = se.sigma.min(pe.sigma.saturating_sub(1));
-                                    if sigma >= 0 {
-                                        push_pareto(
-                                            &mut out,
-                                            Entry {
-                                                delta: pe.delta + 1,
-                                                sigma,
-                                                jo: match join_rule(q0, k, j) {
-                                                    JoinAt::Segment => 1,
-                                                    JoinAt::Prefix => 1 + pe.jo,
-                                                    JoinAt::None => 0,
-                                                },
-                                                back: Back::SerSingle {
-                                                    lo: seg_lo,
-                                                    hi,
-                                                    r,
-                                                    pre: (p, pi),
-                                                },
-                                            },
-                                        );
-                                    }
-                                }
-                            }
-                            if !any {
-                                break;
+                        let jo_rule = join_rule(q0, k, j);
+                        let p = self.solve(t, k, d - r);
+                        let pre = &self.memo[p];
+                        for (pi, pe) in pre.iter().enumerate() {
+                            let sigma = se_sigma.min(pe.sigma.saturating_sub(1));
+                            if sigma >= 0 {
+                                push_pareto(
+                                    &mut out,
+                                    Entry {
+                                        delta: pe.delta + 1,
+                                        sigma,
+                                        jo: match jo_rule {
+                                            JoinAt::Segment => 1,
+                                            JoinAt::Prefix => 1 + pe.jo,
+                                            JoinAt::None => 0,
+                                        },
+                                        back: Back::SerSingle {
+                                            lo: seg_lo,
+                                            hi,
+                                            r,
+                                            pre: (p, pi),
+                                        },
+                                    },
+                                );
                             }
                         }
                     }
+                    self.segs[si] = segs;
                 }
             }
             SpKind::Parallel => {
                 let kids = &node.children;
                 let lo = self.ug.tree[kids[j]].lo;
                 let hi = node.hi;
-                if let Some(mut e) = self.single(lo, hi, d) {
+                if let Some(mut e) = self.single(id, lo, hi, d) {
                     e.jo = u32::from(node.join);
                     push_pareto(&mut out, e);
                 }
                 if let (0, Some(c)) = (j, node.chain) {
                     let (ct, cj) = self.whole(c);
                     let cid = self.solve(ct, cj, d);
-                    let es = self.memo[cid].as_deref().unwrap_or(&[]);
+                    let es = &self.memo[cid];
                     for (i, e) in es.iter().enumerate() {
                         push_pareto(
                             &mut out,
@@ -727,14 +912,11 @@ impl<'a> Search<'a> {
                 let (ct, cj) = self.whole(kids[j]);
                 for d1 in 1..d {
                     let a = self.solve(ct, cj, d1);
-                    if self.memo[a].as_ref().is_none_or(|v| v.is_empty()) {
+                    if self.memo[a].is_empty() {
                         continue;
                     }
                     let b = self.solve(t, j + 1, d - d1);
-                    let (ea, eb) = (
-                        self.memo[a].as_deref().unwrap_or(&[]),
-                        self.memo[b].as_deref().unwrap_or(&[]),
-                    );
+                    let (ea, eb) = (&self.memo[a], &self.memo[b]);
                     // In a join node, child j feeds the join's stage (inside the last child).
                     for (ia, x) in ea.iter().enumerate() {
                         for (ib, y) in eb.iter().enumerate() {
@@ -759,15 +941,13 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        self.memo[id] = Some(out);
+        self.memo[id] = out;
+        self.stamp[id] = self.run;
         id
     }
 
     fn combine_series(&self, out: &mut Vec<Entry>, s: usize, p: usize, rule: JoinAt) {
-        let (es, ep) = (
-            self.memo[s].as_deref().unwrap_or(&[]),
-            self.memo[p].as_deref().unwrap_or(&[]),
-        );
+        let (es, ep) = (&self.memo[s], &self.memo[p]);
         for (is, x) in es.iter().enumerate() {
             for (ip, y) in ep.iter().enumerate() {
                 let sigma = x.sigma.min(y.sigma.saturating_sub(x.delta as i64));
@@ -824,12 +1004,15 @@ impl Search<'_> {
     /// One DP run at `t_max` (Algorithm 1's SEARCHSTAGEGRAPH): the best top-level entry, if any.
     fn run(&mut self, t_max: f64) -> Option<(u32, Vec<StageChoice>)> {
         self.t_max = t_max;
-        for m in self.memo.iter_mut() {
-            *m = None;
+        if self.run == u32::MAX {
+            self.stamp.fill(0);
+            self.segs_stamp.fill(0);
+            self.run = 0;
         }
+        self.run += 1;
         let (t, j) = self.whole(self.ug.root);
         let id = self.solve(t, j, self.p.devices);
-        let entries = self.memo[id].clone().unwrap_or_default();
+        let entries = self.memo[id].clone();
         let (ei, best) = entries
             .iter()
             .enumerate()
@@ -842,7 +1025,7 @@ impl Search<'_> {
     }
 
     fn extract(&mut self, (id, ei): (usize, usize), out: &mut Vec<StageChoice>) {
-        let Some(e) = self.memo[id].as_ref().and_then(|v| v.get(ei)).copied() else {
+        let Some(e) = self.memo[id].get(ei).copied() else {
             return;
         };
         match e.back {
@@ -885,6 +1068,9 @@ impl Search<'_> {
     }
 }
 
+/// Relaxed targets `t_r·f` tried after the binary search (see [`SearchParams::relax`]).
+const RELAX: [f64; 6] = [1.05, 1.1, 1.25, 1.5, 2.0, 3.0];
+
 /// Algorithm 1: binary search on the bottleneck TPS around the DP, for one micro-batch size.
 pub fn search(
     g: &CostGraph,
@@ -912,6 +1098,8 @@ pub fn search(
         ));
     }
     let eps = p.eps;
+    let (lb_tps, _) = lower_bounds(g, ug, cluster, &p);
+    let bracket = p.bracket;
     let mut s = Search::new(g, ug, cluster, p);
     let mut runs = 0usize;
     // t_r: a feasible bottleneck (the whole model on every device if it fits, else the DP's
@@ -920,7 +1108,10 @@ pub fn search(
     // targets prune most of the DP); fall back to t = ∞ (memory permitting, any TPS).
     let whole = s.eval(0, ug.units.len(), s.p.devices);
     let mut best = None;
-    let mut t = whole.tps;
+    let mut t = match bracket {
+        Some((_, t_r)) => t_r,
+        None => whole.tps,
+    };
     for _ in 0..6 {
         runs += 1;
         best = s.run(t);
@@ -950,7 +1141,14 @@ pub fn search(
     };
     let bottleneck = |st: &[StageChoice]| st.iter().map(|x| x.tps).fold(0.0, f64::max);
     let mut t_r = bottleneck(&best.1);
-    let mut t_l = 0.0;
+    // Strictly below the bound: a plan could sit exactly on it.
+    let mut t_l = lb_tps * (1.0 - 1e-9);
+    if let Some((known, _)) = bracket {
+        t_l = t_l.max(known);
+    }
+    if t_l >= t_r {
+        t_l = 0.0;
+    }
     while t_r - t_l > eps * t_r {
         let t_m = 0.5 * (t_l + t_r);
         runs += 1;
@@ -969,11 +1167,16 @@ pub fn search(
         (m + depth as f64 - 1.0) * per_mb + sync
     };
     let mut best_est = estimate(best.0, &best.1);
+    // Every distinct plan seen (the optimum and the relaxed ones), for the planner to simulate.
+    let mut seen: Vec<(u32, Vec<StageChoice>, f64)> = vec![(best.0, best.1.clone(), best_est)];
     if s.p.relax {
-        for f in [1.1, 1.25, 1.5, 2.0] {
+        for f in RELAX {
             runs += 1;
             if let Some(r) = s.run(t_r * f) {
                 let e = estimate(r.0, &r.1);
+                if !seen.iter().any(|x| x.1 == r.1) {
+                    seen.push((r.0, r.1.clone(), e));
+                }
                 if e < best_est * (1.0 - 1e-9) {
                     best_est = e;
                     best = r;
@@ -981,6 +1184,9 @@ pub fn search(
             }
         }
     }
+    let mut alternatives: Vec<(u32, Vec<StageChoice>, f64)> =
+        seen.into_iter().filter(|x| x.1 != best.1).collect();
+    alternatives.sort_by(|a, b| a.2.total_cmp(&b.2));
     let (depth, stages) = best;
     Ok(SearchResult {
         bottleneck_tps: bottleneck(&stages),
@@ -988,6 +1194,8 @@ pub fn search(
         stages,
         depth,
         dp_runs: runs,
+        bracket: (t_l, t_r),
+        alternatives,
     })
 }
 

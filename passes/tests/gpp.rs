@@ -309,6 +309,7 @@ fn dp_is_optimal_on_random_sp_graphs() {
             allreduce: Default::default(),
             eps: 1e-9,
             relax: false,
+            bracket: None,
         };
         let res = search(&g, &ug, &c, p).expect("search");
         // unit work (fwd + bwd at the reference batch of 1)

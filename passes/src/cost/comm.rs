@@ -65,45 +65,82 @@ pub enum AllReduceAlgo {
 
 /// All-reduce of `bytes` (per device) over the device group `devs` (ring on the group's path link).
 pub fn ring_allreduce_on(c: &Cluster, devs: &[usize], bytes: f64) -> f64 {
-    match c.group_span_level(devs) {
-        None => 0.0,
-        Some(top) => {
-            let (bw, lat) = c.path_to_level(top);
-            ring_allreduce(devs.len(), bytes, bw, lat)
-        }
-    }
+    AllReduceGroup::new(c, devs, AllReduceAlgo::Ring).time(bytes)
 }
 
 /// Hierarchical all-reduce over `devs`; equals the ring when the group is inside one node.
 pub fn hierarchical_allreduce(c: &Cluster, devs: &[usize], bytes: f64) -> f64 {
-    let Some(top) = c.group_span_level(devs) else {
-        return 0.0;
-    };
-    if top == 0 {
-        return ring_allreduce_on(c, devs, bytes);
-    }
-    let mut per_node: std::collections::BTreeMap<usize, usize> = Default::default();
-    for &d in devs {
-        *per_node.entry(c.node_of(d)).or_insert(0) += 1;
-    }
-    let g = per_node.len();
-    let kmax = per_node.values().copied().max().unwrap_or(1);
-    let kmin = per_node.values().copied().min().unwrap_or(1);
-    let (bw0, lat0) = c.path_to_level(0);
-    let (bw1, lat1) = c.path_to_level(top);
-    let intra = ring_reduce_scatter(kmax, bytes, bw0, lat0);
-    // Each node's leader shards hold bytes/k; with uneven nodes the smallest node has the largest shard.
-    let inter = ring_allreduce(g, bytes / kmin as f64, bw1, lat1);
-    2.0 * intra + inter
+    AllReduceGroup::new(c, devs, AllReduceAlgo::Hierarchical).time(bytes)
 }
 
 /// All-reduce time of `bytes` over `devs` with the chosen algorithm.
 pub fn allreduce_time(c: &Cluster, devs: &[usize], bytes: f64, algo: AllReduceAlgo) -> f64 {
-    match algo {
-        AllReduceAlgo::Ring => ring_allreduce_on(c, devs, bytes),
-        AllReduceAlgo::Hierarchical => hierarchical_allreduce(c, devs, bytes),
-        AllReduceAlgo::Auto => {
-            ring_allreduce_on(c, devs, bytes).min(hierarchical_allreduce(c, devs, bytes))
+    AllReduceGroup::new(c, devs, algo).time(bytes)
+}
+
+/// The group-dependent part of an all-reduce (span level, links, devices per node), prepared
+/// once for costing many message sizes over the same group (the planners' DPs do).
+#[derive(Clone, Copy, Debug)]
+pub struct AllReduceGroup {
+    algo: AllReduceAlgo,
+    /// Flat ring: `(p, β, α)` of the group's path link; `None` for a group inside one device.
+    ring: Option<(usize, f64, f64)>,
+    /// Hierarchical across nodes: `(k_max, β₀, α₀, g, k_min, β₁, α₁)`; `None` inside one node
+    /// (where it is the ring).
+    tree: Option<(usize, f64, f64, usize, usize, f64, f64)>,
+}
+
+impl AllReduceGroup {
+    pub fn new(c: &Cluster, devs: &[usize], algo: AllReduceAlgo) -> AllReduceGroup {
+        let top = c.group_span_level(devs);
+        let ring = top.map(|l| {
+            let (bw, lat) = c.path_to_level(l);
+            (devs.len(), bw, lat)
+        });
+        let tree = match top {
+            Some(top) if top > 0 => {
+                let mut per_node: std::collections::BTreeMap<usize, usize> = Default::default();
+                for &d in devs {
+                    *per_node.entry(c.node_of(d)).or_insert(0) += 1;
+                }
+                let kmax = per_node.values().copied().max().unwrap_or(1);
+                let kmin = per_node.values().copied().min().unwrap_or(1);
+                let (bw0, lat0) = c.path_to_level(0);
+                let (bw1, lat1) = c.path_to_level(top);
+                Some((kmax, bw0, lat0, per_node.len(), kmin, bw1, lat1))
+            }
+            _ => None,
+        };
+        AllReduceGroup { algo, ring, tree }
+    }
+
+    /// Flat ring all-reduce of `bytes` over the group.
+    fn ring(&self, bytes: f64) -> f64 {
+        self.ring
+            .map_or(0.0, |(p, bw, lat)| ring_allreduce(p, bytes, bw, lat))
+    }
+
+    /// Hierarchical all-reduce: intra-node reduce-scatter, inter-node ring of the shard,
+    /// intra-node all-gather.
+    fn hierarchical(&self, bytes: f64) -> f64 {
+        match self.tree {
+            None => self.ring(bytes),
+            Some((kmax, bw0, lat0, g, kmin, bw1, lat1)) => {
+                let intra = ring_reduce_scatter(kmax, bytes, bw0, lat0);
+                // Each node's leader shards hold bytes/k; with uneven nodes the smallest node
+                // has the largest shard.
+                let inter = ring_allreduce(g, bytes / kmin as f64, bw1, lat1);
+                2.0 * intra + inter
+            }
+        }
+    }
+
+    /// All-reduce time of `bytes` per device over the group with its algorithm.
+    pub fn time(&self, bytes: f64) -> f64 {
+        match self.algo {
+            AllReduceAlgo::Ring => self.ring(bytes),
+            AllReduceAlgo::Hierarchical => self.hierarchical(bytes),
+            AllReduceAlgo::Auto => self.ring(bytes).min(self.hierarchical(bytes)),
         }
     }
 }

@@ -6,15 +6,24 @@
 //! 1. [`crate::sp_decompose::decompose`]: the SP tree of the forward graph (side computations
 //!    duplicated, synchronising edges added by cost), then [`SpTree::coarsen`] with
 //!    `θ = total work / max(2·D, 32)` so the DP sees about `max(2·D, 32)` units.
-//! 2. For each candidate micro-batch size (powers of two dividing the batch with at most 512
-//!    micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`] (Algorithm 1) with a
-//!    coarse ε = 5·10⁻², on all cores; the two best by estimate are searched again at ε = 10⁻³.
-//! 3. The two candidates with the best estimated iteration time
-//!    `(M + depth − 1)·max per_mb + sync`, plus (for `gpp`) the two best of the linearised DP
-//!    (SPP is a special case of GPP, §2; their stage DAG keeps only real dependencies), are placed
-//!    ([`place`]), assembled with the GPP schedule
-//!    ([`crate::schedule_gpp`], default `--schedule gpp`) and simulated; the fastest is returned
-//!    (the paper sweeps micro-batch sizes the same way, §7 "we sweep over micro-batch sizes").
+//! 2. **Coarse pass.** For each candidate micro-batch size (powers of two dividing the batch with
+//!    at most 512 micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`]
+//!    (Algorithm 1) at ε = 5·10⁻², strict (no relaxed targets), on a fixed pool of worker
+//!    threads. Sizes are searched in waves in the order of their lower bound
+//!    ([`crate::partition_gpp::lower_bounds`]); a size whose bound exceeds the third-best coarse
+//!    estimate so far cannot make the shortlist and is skipped.
+//! 3. **Refinement.** The three best by estimated iteration time `(M + depth − 1)·max per_mb +
+//!    sync` are searched again at ε = 10⁻³ from their coarse bracket, now also at the relaxed
+//!    targets `t·{1.05, …, 3}` (shallower plans: the DP returns the smallest in-flight count
+//!    under a target).
+//! 4. The same on the linearised DP (for `gpp`: on the graph DP's shortlist and the extreme
+//!    sizes; SPP is a special case of GPP, §2; its stage DAG keeps only real dependencies).
+//! 5. **Choice by simulation.** Every refined plan and up to three of its distinct alternatives
+//!    (the optimum's plan and the relaxed ones: the estimate is a model) are placed ([`place`]),
+//!    given the GPP schedule ([`crate::schedule_gpp`], default `--schedule gpp`) and ranked by
+//!    simulation ([`ranking_time`]: short runs, extrapolated over the steady state); the fastest
+//!    is assembled and simulated in full (the paper sweeps micro-batch sizes the same way, §7
+//!    "we sweep over micro-batch sizes").
 //!
 //! `gpp-seq` plans are simulated as the chain they are (stage `i+1` after stage `i`, see
 //! [`simulate_as_chain`]), so the comparison shows the cost of the linearisation's false
@@ -25,7 +34,7 @@
 
 use super::Planner;
 use crate::cost::{Cluster, CostGraph};
-use crate::partition_gpp::{search, SearchParams, SearchResult, UnitGraph};
+use crate::partition_gpp::{lower_bounds, search, SearchParams, SearchResult, UnitGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::{simulate, ScheduleKind, StageEdge, StageGraph};
 use crate::sp_decompose::{assign_side_nodes, decompose, node_work, SpTree};
@@ -62,14 +71,20 @@ impl Gpp {
 
     /// The coarsened unit graph the DP runs on.
     pub fn unit_graph(&self, g: &CostGraph, cluster: &Cluster) -> (SpTree, UnitGraph) {
+        let (sp, coarse) = self.coarse_tree(g, cluster);
+        let ug = UnitGraph::new(g, &coarse, self.sequential);
+        (sp, ug)
+    }
+
+    /// The SP decomposition and its coarsening (the graph and linearised DPs share it).
+    fn coarse_tree(&self, g: &CostGraph, cluster: &Cluster) -> (SpTree, SpTree) {
         let kind = cluster.kind_of(0);
         let sp = decompose(g, kind);
         let w = node_work(g, kind);
         let total: f64 = w.iter().sum();
         let theta = total / (self.units_per_device * cluster.len().max(1) as f64).max(32.0);
         let coarse = sp.coarsen(&w, theta);
-        let ug = UnitGraph::new(g, &coarse, self.sequential);
-        (sp, ug)
+        (sp, coarse)
     }
 
     /// Candidate micro-batch sizes.
@@ -130,6 +145,59 @@ impl Gpp {
     }
 }
 
+/// The simulator's stage graph of `specs` at micro-batch `b`; with `chain`, stage `i + 1` also
+/// waits for stage `i` (see [`simulate_as_chain`]).
+fn stage_graph(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    specs: &[StageSpec],
+    b: u64,
+    schedule: ScheduleKind,
+    chain: bool,
+) -> StageGraph {
+    let sg = StageGraph::from_specs_for(g, cluster, specs, b as f64, opts.optimizer, schedule);
+    if !chain {
+        return sg;
+    }
+    let mut edges = sg.edges.clone();
+    for i in 1..specs.len() {
+        if !edges.iter().any(|e| e.src == i - 1 && e.dst == i) {
+            edges.push(StageEdge {
+                src: i - 1,
+                dst: i,
+                bytes: 0.0,
+            });
+        }
+    }
+    StageGraph::new(sg.stages, edges)
+}
+
+/// A candidate's iteration time for ranking the pool, from short simulations: exact when the
+/// mini-batch has at most `2P` micro-batches (`P = max(16, 4·stages)`), else the steady-state
+/// extrapolation `T(P) + (M − P)·(T(P) − T(P/2))/(P/2)`. The schedules repeat one micro-batch's
+/// pattern between warm-up and drain (1F1B, GPipe's all-forward/all-backward, GPP's in-flight
+/// windows), and the all-reduce and step at the end are in both runs, so the slope is the
+/// steady-state time per micro-batch. Only the chosen candidate is then simulated in full.
+fn ranking_time(
+    sg: &StageGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    schedule: ScheduleKind,
+    m: usize,
+) -> Result<f64> {
+    let run = |m: usize| -> Result<f64> {
+        let sched = crate::sim::schedule::generate(sg, schedule, m);
+        Ok(simulate(sg, &sched, cluster, opts.allreduce)?.iteration_time_s)
+    };
+    let p = (4 * sg.stages.len()).max(16);
+    if m <= 2 * p {
+        return run(m);
+    }
+    let (half, full) = (run(p / 2)?, run(p)?);
+    Ok(full + (m - p) as f64 * (full - half) / (p - p / 2) as f64)
+}
+
 /// Re-simulate a sequential plan with the linearisation's false dependencies: stage `i + 1` waits
 /// for stage `i` (a zero-byte edge where the data has none), as SPP executes (GraphPipe §2: "each
 /// stage has at most one predecessor and one successor"). The plan keeps its data-derived
@@ -142,25 +210,7 @@ pub fn simulate_as_chain(
     specs: &[StageSpec],
     schedule: ScheduleKind,
 ) -> Result<()> {
-    let sg = StageGraph::from_specs_for(
-        g,
-        cluster,
-        specs,
-        plan.micro_batch as f64,
-        opts.optimizer,
-        schedule,
-    );
-    let mut edges = sg.edges.clone();
-    for i in 1..specs.len() {
-        if !edges.iter().any(|e| e.src == i - 1 && e.dst == i) {
-            edges.push(StageEdge {
-                src: i - 1,
-                dst: i,
-                bytes: 0.0,
-            });
-        }
-    }
-    let sg = StageGraph::new(sg.stages, edges);
+    let sg = stage_graph(g, cluster, opts, specs, plan.micro_batch, schedule, true);
     let sched = crate::sim::schedule::generate(&sg, schedule, plan.micro_batches as usize);
     let res = simulate(&sg, &sched, cluster, opts.allreduce)?;
     let t = res.iteration_time_s;
@@ -334,43 +384,111 @@ impl Planner for Gpp {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         let cands = Gpp::candidates(opts)?;
-        let (_, ug) = self.unit_graph(g, cluster);
-        // Coarse search (ε = 1e-2) for every candidate micro-batch, in parallel; then the three
-        // best by estimated iteration time are refined at the planner's ε.
-        let run_all =
-            |ug: &UnitGraph, cands: &[u64], eps: f64| -> Vec<(u64, Result<SearchResult>)> {
-                let threads = std::thread::available_parallelism()
-                    .map_or(1, |n| n.get())
-                    .max(1);
-                let chunk = cands.len().div_ceil(threads).max(1);
-                std::thread::scope(|sc| {
-                    let handles: Vec<_> = cands
-                        .chunks(chunk)
-                        .map(|part| {
-                            sc.spawn(move || {
-                                part.iter()
-                                    .map(|&b| {
-                                        let p = SearchParams {
-                                            batch: opts.batch.max(1),
-                                            micro_batch: b,
-                                            devices: cluster.len(),
-                                            optimizer: opts.optimizer,
-                                            allreduce: opts.allreduce,
-                                            eps,
-                                            relax: true,
-                                        };
-                                        (b, search(g, ug, cluster, p))
-                                    })
-                                    .collect::<Vec<_>>()
-                            })
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .flat_map(|h| h.join().unwrap_or_default())
-                        .collect()
-                })
+        let (_, coarse) = self.coarse_tree(g, cluster);
+        let ug = UnitGraph::new(g, &coarse, self.sequential);
+        let seq_ug = UnitGraph::new(g, &coarse, true);
+        // The searches run on a fixed set of worker threads for the whole call (spawning per
+        // wave was a visible share of small searches); a job names its unit graph (linearised
+        // or not), micro-batch, ε and bracket, and comes back with its index in the wave.
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .max(1);
+        type Job = (usize, bool, SearchParams);
+        let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
+        let job_rx = std::sync::Mutex::new(job_rx);
+        let (res_tx, res_rx) = std::sync::mpsc::channel::<(usize, u64, Result<SearchResult>)>();
+        std::thread::scope(|sc| {
+            for _ in 0..threads {
+                let (res_tx, job_rx, ug, seq_ug) = (res_tx.clone(), &job_rx, &ug, &seq_ug);
+                sc.spawn(move || loop {
+                    let job = match job_rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok((i, linear, p)) = job else { return };
+                    let b = p.micro_batch;
+                    let which = if linear { seq_ug } else { ug };
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        search(g, which, cluster, p)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(Error::msg(format!(
+                            "gpp: the search at micro-batch {b} panicked"
+                        )))
+                    });
+                    if res_tx.send((i, b, r)).is_err() {
+                        return;
+                    }
+                });
+            }
+            drop(res_tx);
+            let out = {
+                let run_wave = |linear: bool, jobs: &[SearchParams]| {
+                    for (i, p) in jobs.iter().enumerate() {
+                        // A send fails only when every worker is gone; the receive below then
+                        // ends too.
+                        let _ = job_tx.send((i, linear, p.clone()));
+                    }
+                    let mut out: Vec<Option<(u64, Result<SearchResult>)>> =
+                        (0..jobs.len()).map(|_| None).collect();
+                    for _ in 0..jobs.len() {
+                        match res_rx.recv() {
+                            Ok((i, b, r)) => out[i] = Some((b, r)),
+                            Err(_) => break,
+                        }
+                    }
+                    out.into_iter().flatten().collect()
+                };
+                self.choose(
+                    g, cluster, opts, &cands, &ug, &seq_ug, threads, &run_wave, t0,
+                )
             };
+            drop(job_tx);
+            out
+        })
+    }
+}
+
+/// Runs one wave of searches (on the linearised unit graph or not) and returns each job's
+/// micro-batch and result, in job order.
+type RunWave<'w> = dyn Fn(bool, &[SearchParams]) -> Vec<(u64, Result<SearchResult>)> + 'w;
+
+impl Gpp {
+    /// The search proper (see the module doc): coarse and refined DPs on both unit graphs,
+    /// ranking of the candidates by short simulations, the chosen plan simulated in full.
+    #[allow(clippy::too_many_arguments)]
+    fn choose(
+        &self,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        cands: &[u64],
+        ug: &UnitGraph,
+        seq_ug: &UnitGraph,
+        threads: usize,
+        run_wave: &RunWave<'_>,
+        t0: Instant,
+    ) -> Result<Plan> {
+        let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
+        let phase = |what: &str| {
+            if debug {
+                eprintln!("gpp: {what} at {:.2} ms", t0.elapsed().as_secs_f64() * 1e3);
+            }
+        };
+        phase("unit graphs");
+        // Steps 2–4 of the module doc: strict coarse searches in waves ordered by lower bound
+        // (a size whose bound exceeds the shortlist's last coarse estimate is skipped), then the
+        // shortlist refined from its coarse bracket with the relaxed targets.
+        let params = |b: u64, eps: f64, bracket: Option<(f64, f64)>| SearchParams {
+            batch: opts.batch.max(1),
+            micro_batch: b,
+            devices: cluster.len(),
+            optimizer: opts.optimizer,
+            allreduce: opts.allreduce,
+            eps,
+            relax: bracket.is_some(),
+            bracket,
+        };
         let split = |all: Vec<(u64, Result<SearchResult>)>,
                      last_err: &mut Option<Error>|
          -> Vec<(u64, SearchResult)> {
@@ -385,47 +503,126 @@ impl Planner for Gpp {
                     }
                 }
             }
-            ok.sort_by(|a, b| a.1.estimate_s.total_cmp(&b.1.estimate_s));
             ok
         };
+        // By estimate; ties by micro-batch size.
+        let rank = |v: &mut Vec<(u64, SearchResult)>| {
+            v.sort_by(|a, b| {
+                a.1.estimate_s
+                    .total_cmp(&b.1.estimate_s)
+                    .then(a.0.cmp(&b.0))
+            })
+        };
+        const SHORTLIST: usize = 3;
+        // Alternative plans per refined search that join the simulated pool.
+        const ALTERNATIVES: usize = 3;
         let mut last_err = None;
         let coarse_eps = self.eps.max(5e-2);
-        let refine = |ug: &UnitGraph, cands: &[u64], last_err: &mut Option<Error>| {
-            let mut results = split(run_all(ug, cands, coarse_eps), last_err);
-            if coarse_eps > self.eps && !results.is_empty() {
-                let top: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
-                results = split(run_all(ug, &top, self.eps), last_err);
-            }
-            results
-        };
-        let results = refine(&ug, &cands, &mut last_err);
+        let mut skipped = 0usize;
+        let refine =
+            |linear: bool, cands: &[u64], last_err: &mut Option<Error>, skipped: &mut usize| {
+                let ug = if linear { seq_ug } else { ug };
+                let mut order: Vec<(u64, f64)> = cands
+                    .iter()
+                    .map(|&b| {
+                        (
+                            b,
+                            lower_bounds(g, ug, cluster, &params(b, coarse_eps, None)).1,
+                        )
+                    })
+                    .collect();
+                order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+                if debug {
+                    eprintln!("gpp: lower bounds {order:?}");
+                }
+                let mut results: Vec<(u64, SearchResult)> = Vec::new();
+                let mut rest = &order[..];
+                while !rest.is_empty() {
+                    let cutoff = if results.len() >= SHORTLIST {
+                        results[SHORTLIST - 1].1.estimate_s
+                    } else {
+                        f64::INFINITY
+                    };
+                    let n = rest
+                        .iter()
+                        .take(threads)
+                        .take_while(|(_, lb)| *lb <= cutoff)
+                        .count();
+                    if n == 0 {
+                        *skipped += rest.len();
+                        break;
+                    }
+                    let (wave, tail) = rest.split_at(n);
+                    rest = tail;
+                    let jobs: Vec<SearchParams> = wave
+                        .iter()
+                        .map(|&(b, _)| params(b, coarse_eps, None))
+                        .collect();
+                    results.extend(split(run_wave(linear, &jobs), last_err));
+                    if debug {
+                        for (b, r) in &results {
+                            eprintln!("gpp:   coarse b={b} est={:.4}", r.estimate_s);
+                        }
+                    }
+                    rank(&mut results);
+                }
+                if coarse_eps > self.eps && !results.is_empty() {
+                    let top: Vec<SearchParams> = results
+                        .iter()
+                        .take(SHORTLIST)
+                        .map(|r| params(r.0, self.eps, Some(r.1.bracket)))
+                        .collect();
+                    let fine = split(run_wave(linear, &top), last_err);
+                    results = fine;
+                    rank(&mut results);
+                }
+                results
+            };
+        let results = refine(self.sequential, cands, &mut last_err, &mut skipped);
+        phase("graph DP");
         // The linearised DP runs on the micro-batch sizes the graph DP ranked best (and the
         // extremes), not on every candidate: half the search time for the same pool in practice.
-        let mut seq_cands: Vec<u64> = results.iter().take(2).map(|r| r.0).collect();
+        let mut seq_cands: Vec<u64> = results.iter().take(SHORTLIST).map(|r| r.0).collect();
         seq_cands.extend(cands.first().copied());
         seq_cands.extend(cands.last().copied());
         seq_cands.sort_unstable();
         seq_cands.dedup();
-        // SPP is a special case of GPP (§2): the linearised DP's two best plans are candidates
-        // too (simulated on their real stage DAG, without the linearisation's false edges).
-        let seq_ug;
-        let mut pool: Vec<(&UnitGraph, u64, SearchResult)> = results
-            .into_iter()
-            .take(2)
-            .map(|(b, r)| (&ug, b, r))
-            .collect();
+        // SPP is a special case of GPP (§2): the linearised DP's shortlisted plans are
+        // candidates too (simulated on their real stage DAG, without the linearisation's false
+        // edges). A refined search that preferred a relaxed target also contributes the
+        // optimum's own plan: the estimate is only a model, the simulation decides.
+        let mut pool: Vec<(&UnitGraph, u64, SearchResult)> = Vec::new();
+        let mut add = |ug, b: u64, r: SearchResult| {
+            for (depth, stages, est) in r.alternatives.iter().take(ALTERNATIVES).cloned() {
+                let alt = SearchResult {
+                    bottleneck_tps: stages.iter().map(|x| x.tps).fold(0.0, f64::max),
+                    stages,
+                    depth,
+                    estimate_s: est,
+                    alternatives: Vec::new(),
+                    ..r.clone()
+                };
+                pool.push((ug, b, alt));
+            }
+            pool.push((ug, b, r));
+        };
+        for (b, r) in results.into_iter().take(SHORTLIST) {
+            add(ug, b, r);
+        }
         if !self.sequential {
-            seq_ug = Gpp::sequential().unit_graph(g, cluster).1;
-            for (b, r) in refine(&seq_ug, &seq_cands, &mut last_err)
+            for (b, r) in refine(true, &seq_cands, &mut last_err, &mut skipped)
                 .into_iter()
-                .take(2)
+                .take(SHORTLIST)
             {
-                pool.push((&seq_ug, b, r));
+                add(seq_ug, b, r);
             }
         }
         let results: Vec<(u64, SearchResult)> =
             pool.iter().map(|(_, b, r)| (*b, r.clone())).collect();
-        if std::env::var_os("PIPEC_GPP_DEBUG").is_some() {
+        phase(&format!(
+            "linearised DP ({skipped} micro-batch sizes skipped by their bound)"
+        ));
+        if debug {
             for (b, r) in &results {
                 eprintln!(
                     "gpp: b={b} units={} runs={} depth={} tps={:.3e} est={:.4} at {:.1} ms",
@@ -442,33 +639,71 @@ impl Planner for Gpp {
             return Err(last_err.unwrap_or_else(|| Error::msg("gpp: no candidate micro-batch")));
         }
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
-        let mut best: Option<Plan> = None;
+        // Rank the pool by (short) simulation; the graph and linearised DPs often return the
+        // same stage graph: rank it once.
+        let mut cands: Vec<(u64, Vec<StageSpec>, f64)> = Vec::new();
         for (ug, b, r) in &pool {
             let specs = Gpp::specs(g, cluster, ug, r, *b);
+            if cands.iter().any(|(sb, ss, _)| sb == b && *ss == specs) {
+                continue;
+            }
             let objective = r.bottleneck_tps * opts.batch.max(1) as f64;
-            let mut plan = Plan::assemble(
-                self.name(),
-                g,
+            cands.push((*b, specs, objective));
+        }
+        // The ranking simulations are independent: spread them over the threads.
+        let rank_one = |(b, specs, _): &(u64, Vec<StageSpec>, f64)| -> Result<f64> {
+            let sg = stage_graph(g, cluster, opts, specs, *b, schedule, self.sequential);
+            ranking_time(
+                &sg,
                 cluster,
                 opts,
-                specs.clone(),
-                *b,
                 schedule,
-                objective,
-                0.0,
-            )?;
-            if self.sequential {
-                simulate_as_chain(&mut plan, g, cluster, opts, &specs, schedule)?;
-            }
-            let better = match &best {
-                None => true,
-                Some(p) => plan.iteration_time_s < p.iteration_time_s * (1.0 - 1e-9),
-            };
-            if better {
-                best = Some(plan);
+                (opts.batch.max(1) / b) as usize,
+            )
+        };
+        let chunk = cands.len().div_ceil(threads).max(1);
+        let times: Vec<Result<f64>> = std::thread::scope(|sc| {
+            let handles: Vec<_> = cands
+                .chunks(chunk)
+                .map(|part| sc.spawn(move || part.iter().map(rank_one).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        vec![Err(Error::msg("gpp: a ranking simulation panicked"))]
+                    })
+                })
+                .collect()
+        });
+        phase(&format!("ranked {} candidates", cands.len()));
+        let mut best: Option<(f64, usize)> = None;
+        for (i, t) in times.into_iter().enumerate() {
+            let t = t?;
+            if best.is_none_or(|(bt, _)| t < bt * (1.0 - 1e-9)) {
+                best = Some((t, i));
             }
         }
-        let mut plan = best.ok_or_else(|| Error::msg("gpp: no plan"))?;
+        let (ranked_t, i) = best.ok_or_else(|| Error::msg("gpp: no plan"))?;
+        let (b, specs, objective) = cands.swap_remove(i);
+        let mut plan = Plan::assemble(
+            self.name(),
+            g,
+            cluster,
+            opts,
+            specs.clone(),
+            b,
+            schedule,
+            objective,
+            0.0,
+        )?;
+        if self.sequential {
+            simulate_as_chain(&mut plan, g, cluster, opts, &specs, schedule)?;
+        }
+        phase(&format!(
+            "simulated the plan ({:.6} s; ranking time {ranked_t:.6} s)",
+            plan.iteration_time_s
+        ));
         plan.search_time_s = t0.elapsed().as_secs_f64();
         Ok(plan)
     }

@@ -151,8 +151,14 @@ fn rejoin_split_params(
     let Ok(text) = std::fs::read_to_string(&plan_path) else {
         return Ok(entries); // no plan.json: nothing to rejoin
     };
-    let plan: pipec_passes::plan::Plan = serde_json::from_str(&text)
-        .with_context(|| format!("{}: not a plan", plan_path.display()))?;
+    /// Only the field read here (the rest of plan.json may be from another version).
+    #[derive(serde::Deserialize)]
+    struct Splits {
+        #[serde(default)]
+        intra_splits: Vec<pipec_passes::plan::IntraSplitReport>,
+    }
+    let plan: Splits = serde_json::from_str(&text)
+        .with_context(|| format!("{}: cannot read intra_splits", plan_path.display()))?;
     for sp in plan.intra_splits.iter().flat_map(|s| &s.params) {
         let idx: Vec<usize> = sp
             .parts

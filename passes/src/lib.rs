@@ -16,6 +16,7 @@ pub mod schedule_gpp;
 pub mod shape_infer;
 pub mod sim;
 pub mod sp_decompose;
+pub mod split_layer;
 
 pub use autodiff::Autodiff;
 pub use dce::Dce;

@@ -59,6 +59,29 @@ pub struct Plan {
     /// True when some device's peak memory exceeds its capacity.
     #[serde(default)]
     pub out_of_memory: bool,
+    /// BaPipe's intra-layer splits that the stages realise (`[]` for whole-layer plans): the
+    /// node was rewritten by [`crate::split_layer`] and its halves are in different stages.
+    #[serde(default)]
+    pub intra_splits: Vec<IntraSplitReport>,
+}
+
+/// One emitted intra-layer split, as `plan.json` reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IntraSplitReport {
+    /// The original node (its output value keeps its name).
+    pub node: String,
+    pub op: String,
+    /// The stage that keeps `channels[0]` output channels (node `nodes[0]`) and the neighbour
+    /// that takes `channels[1]` (node `nodes[1]`); the `Concat` (`nodes[2]`) is in the later one.
+    pub from_stage: usize,
+    pub to_stage: usize,
+    /// The planned share of the channels that moves (before rounding to whole channels).
+    pub fraction: f64,
+    pub channels: [u64; 2],
+    /// `[kept half, moved half, concat]` node names.
+    pub nodes: [String; 3],
+    /// Parameters that were cut: `{name, parts, axis}` (`weights.npz` holds the parts).
+    pub params: Vec<crate::split_layer::SplitParam>,
 }
 
 /// What a planner decides for one stage.
@@ -357,6 +380,7 @@ impl Plan {
             bubble_fraction: res.bubble_fraction,
             cluster: cluster.name.clone(),
             out_of_memory,
+            intra_splits: Vec::new(),
         })
     }
 }

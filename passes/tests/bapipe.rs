@@ -179,3 +179,57 @@ fn heterogeneous_preset_mixes_kinds() {
     assert_eq!(c.kind_of(3).name, titan_x_12gb().name);
     let _: &Level = &c.levels[0];
 }
+
+/// The intra-layer split, emitted (`plan_module`): on mlp4 over 2 fast + 2 slow devices the
+/// stage times get more balanced and the simulated iteration faster than with whole layers.
+#[test]
+fn emitted_intra_layer_split_balances_mlp4() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(dir.join("tests/data/hetero-2fast-2slow.toml")).unwrap();
+    let cl = Cluster::from_toml_str(&text, "hetero-2fast-2slow").unwrap();
+    let mut m = pipec_compiler::onnx::import::load(&dir.join("../onnx-models/mlp4.onnx")).unwrap();
+    pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+    let g = pipec_passes::cost::analytic::from_module(
+        &m,
+        &pipec_passes::cost::analytic::AnalyticOptions::default(),
+        "mlp4",
+    )
+    .unwrap();
+    let mut opts = PlanOptions::new(8);
+    opts.micro_batch = Some(2);
+    let whole = by_name("bapipe").unwrap().plan(&g, &cl, &opts).unwrap();
+    assert!(whole.intra_splits.is_empty());
+    let mp = bapipe::plan_module(&m, &g, &cl, &opts).unwrap();
+    let (m2, g2) = mp.rewritten.as_ref().expect("a split is emitted");
+    let plan = &mp.plan;
+    plan.verify(g2, &cl).unwrap();
+    pipec_compiler::verify::verify(m2).unwrap();
+    assert!(!plan.intra_splits.is_empty());
+    for s in &plan.intra_splits {
+        let stage_of = |n: &str| {
+            plan.stages
+                .iter()
+                .position(|st| st.nodes.iter().any(|x| x == n))
+        };
+        assert_eq!(stage_of(&s.nodes[0]), Some(s.from_stage), "{s:?}");
+        assert_eq!(stage_of(&s.nodes[1]), Some(s.to_stage), "{s:?}");
+        assert_eq!(stage_of(&s.nodes[2]), Some(s.from_stage.max(s.to_stage)));
+        assert!(s.channels[0] >= 1 && s.channels[1] >= 1);
+        assert!(stage_of(&s.node).is_none(), "the original node is gone");
+    }
+    let spread = |p: &pipec_passes::plan::Plan| {
+        let t: Vec<f64> = p.stages.iter().map(|s| s.compute_time_s).collect();
+        let max = t.iter().copied().fold(0.0, f64::max);
+        (max, max / (t.iter().sum::<f64>() / t.len() as f64))
+    };
+    let (w_max, w_imb) = spread(&whole);
+    let (s_max, s_imb) = spread(plan);
+    eprintln!(
+        "whole: slowest {w_max:.3e} s (max/mean {w_imb:.2}), iteration {:.3e} s; \
+         split: slowest {s_max:.3e} s (max/mean {s_imb:.2}), iteration {:.3e} s",
+        whole.iteration_time_s, plan.iteration_time_s
+    );
+    assert!(s_max < 0.8 * w_max, "slowest stage {s_max} vs {w_max}");
+    assert!(s_imb < w_imb);
+    assert!(plan.iteration_time_s < whole.iteration_time_s);
+}

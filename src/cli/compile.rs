@@ -7,7 +7,7 @@
 //! `reference/{train,step}.onnx` (the unpartitioned program `pipec run --check` compares with),
 //! `program.mlir` (every piece as MLIR, plus the schedule).
 
-use super::plan::{render, resolve_cluster};
+use super::plan::{plan_model, render, resolve_cluster};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pipec_compiler::program::Program;
@@ -96,7 +96,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
             anyhow!("--schedule {s}: one of {}", names.join(", "))
         })?),
     };
-    let planner = planners::by_name(&a.planner)?;
+    planners::by_name(&a.planner)?; // an unknown name fails before any work
     let cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let m = super::load_module(&a.model)?;
     let name = a.model.display().to_string();
@@ -112,9 +112,13 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         OptimizerKind::Sgd { momentum, .. } if *momentum > 0.0 => MemOptimizer::Momentum,
         OptimizerKind::Sgd { .. } => MemOptimizer::Sgd,
     };
-    let plan = planner
-        .plan(&g, &cluster, &opts)
+    // BaPipe's intra-layer splits rewrite the module (not with a measured profile: its
+    // seconds are per original node).
+    let with_module = a.profile.is_none().then_some(&m);
+    let (plan, g, rewritten) = plan_model(&a.planner, with_module, g, &cluster, &opts)
         .with_context(|| format!("{name}: planner '{}' failed", a.planner))?;
+    let imported = &m;
+    let m = rewritten.as_ref().unwrap_or(&m);
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{}' produced an invalid plan", a.planner))?;
     let specs = plan.specs(&g)?;
@@ -134,7 +138,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         optimizer_spec: a.optimizer.clone(),
     };
     let compiled =
-        codegen::compile(&m, &specs, &copts).with_context(|| format!("{name}: compile failed"))?;
+        codegen::compile(m, &specs, &copts).with_context(|| format!("{name}: compile failed"))?;
     if let Some(dir) = &a.dump_ir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("{}: cannot create", dir.display()))?;
@@ -145,7 +149,10 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
             std::fs::write(&p, pipec_compiler::text::print(md))
                 .with_context(|| format!("{}: cannot write", p.display()))
         };
-        dump("import", &m)?;
+        dump("import", imported)?;
+        if !plan.intra_splits.is_empty() {
+            dump("split-layer", m)?;
+        }
         for (label, md) in &compiled.dumps {
             dump(label, md)?;
         }

@@ -7,13 +7,14 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use pipec_compiler::ir::Module;
 use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::cluster::{device_kind_by_name, Cluster, PRESETS};
 use pipec_passes::cost::measured::{self, MeasuredProfile};
 use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
 use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
 use pipec_passes::plan::{Plan, PlanOptions};
-use pipec_passes::planners;
+use pipec_passes::planners::{self, bapipe};
 use pipec_passes::sim::{self, ScheduleKind, StageGraph};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -83,8 +84,7 @@ pub fn load_cost_graph(
     if !model.exists() {
         bail!("{}: no such file", model.display());
     }
-    let is_profile = model.extension().is_some_and(|e| e == "txt");
-    if is_profile {
+    if is_profile_path(model) {
         let pb = match profile_batch {
             Some(0) => bail!("--profile-batch 0: must be >= 1"),
             Some(n) => n,
@@ -94,6 +94,33 @@ pub fn load_cost_graph(
         return Ok((p.graph, pb));
     }
     load_onnx_cost_graph(model, cluster)
+}
+
+/// A PipeDream `graph.txt` profile (by extension), not a model.
+fn is_profile_path(model: &Path) -> bool {
+    model.extension().is_some_and(|e| e == "txt")
+}
+
+/// Run the planner `name` on `g`. For `bapipe` with the module `m` that `g` was built from
+/// (analytic costs), the intra-layer splits are emitted ([`bapipe::plan_module`]): the plan then
+/// names the nodes of the returned rewritten module and cost graph. Otherwise the plan is on `g`,
+/// returned unchanged, and no module is returned.
+pub fn plan_model(
+    name: &str,
+    m: Option<&Module>,
+    g: CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+) -> Result<(Plan, CostGraph, Option<Module>)> {
+    if let (Some(m), "bapipe") = (m, name) {
+        let mp = bapipe::plan_module(m, &g, cluster, opts)?;
+        return Ok(match mp.rewritten {
+            Some((m2, g2)) => (mp.plan, g2, Some(m2)),
+            None => (mp.plan, g, None),
+        });
+    }
+    let plan = planners::by_name(name)?.plan(&g, cluster, opts)?;
+    Ok((plan, g, None))
 }
 
 /// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
@@ -228,7 +255,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             planners::PLANNER_NAMES.join(", ")
         )
     })?;
-    let planner = planners::by_name(planner_name)?;
+    planners::by_name(planner_name)?; // an unknown name fails before any work
     let cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let schedule = match a.schedule.as_deref() {
         None => None,
@@ -256,8 +283,13 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     opts.schedule = schedule;
     opts.optimizer = Optimizer::parse(&a.optimizer)?;
     opts.allreduce = parse_allreduce(&a.allreduce)?;
-    let plan = planner
-        .plan(&g, &cluster, &opts)
+    // BaPipe emits its intra-layer splits on an ONNX model costed analytically.
+    let module = if planner_name == "bapipe" && a.profile.is_none() && !is_profile_path(model) {
+        Some(super::load_module(model)?)
+    } else {
+        None
+    };
+    let (plan, g, _) = plan_model(planner_name, module.as_ref(), g, &cluster, &opts)
         .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{planner_name}' produced an invalid plan"))?;

@@ -26,8 +26,16 @@
 //!    unequal neighbours, if it is a MatMul/Gemm/Conv (or a profile's Linear/Conv), is split by
 //!    output channels so the two stage times become equal: a fraction
 //!    `f = (t_slow − t_fast) / (w_slow + w_fast)` of its channels (`w` the layer's time on each
-//!    device) moves to the faster neighbour. This is **planned only** ([`IntraSplit`], reported
-//!    by [`explore`]); the emitted stages keep whole layers until codegen can split a layer.
+//!    device) moves to the faster neighbour ([`IntraSplit`], one per boundary, a node split at
+//!    most once). The [`Planner`] (cost graph only) keeps whole layers; [`plan_module`], which
+//!    `pipec plan` and `pipec compile` use for an ONNX model, **emits** the split: the layer is
+//!    rewritten by [`crate::split_layer`] into a kept half (`round((1 − f)·C)` channels, in the
+//!    slower stage), a moved half (`round(f·C)`, at least 1 each, in the faster neighbour) and a
+//!    `Concat` (in the later of the two stages, where the layer's consumers are), the cost graph
+//!    is rebuilt from the rewritten module and the plan re-simulated; the split is kept when the
+//!    simulated iteration is not slower than the whole-layer plan (the extra transfer of the
+//!    layer input and of a half output can outweigh the balance on slow links), and reported in
+//!    [`Plan::intra_splits`](crate::plan::Plan::intra_splits).
 //! 4. **Memory fine-tuning.** Stage `i` (1-based) of `N` holds weights and gradients `2w`
 //!    (plus optimizer state), buffers, and `k·(N − i + 1)` micro-batches of activations (`k = 1`
 //!    for 1F1B-SNO, `k = 2` for 1F1B-SO; Table 2). While a stage exceeds its device memory, a
@@ -46,18 +54,22 @@
 //! SNO `(M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR`, SO `(M+N−1)(F+B) + (N−1)·2SR`.
 
 use super::Planner;
+use crate::cost::analytic::{self, AnalyticOptions};
 use crate::cost::antichain::Linearization;
 use crate::cost::memory::stage_memory;
 use crate::cost::{Chain, Cluster, CostGraph, NodeId};
-use crate::plan::{Plan, PlanOptions, StageSpec};
+use crate::plan::{IntraSplitReport, Plan, PlanOptions, StageSpec};
 use crate::sim::{self, ScheduleKind, StageGraph};
+use crate::split_layer;
+use pipec_compiler::ir::{Module, Op};
 use pipec_compiler::{Error, Result};
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// The `bapipe` planner.
 pub struct BaPipe;
 
-/// A planned intra-layer split of a boundary layer (not emitted yet).
+/// A planned intra-layer split of a boundary layer (emitted by [`plan_module`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct IntraSplit {
     /// The boundary: between stage `boundary` and `boundary + 1`.
@@ -311,7 +323,7 @@ pub fn balance(g: &CostGraph, ch: &Chains, k: usize) -> Balance {
                 (s + 1, s, bounds[s + 1])
             };
             let node = order[pos];
-            if !splittable(&g.nodes[node].op) {
+            if !splittable(&g.nodes[node].op) || intra.iter().any(|x: &IntraSplit| x.node == node) {
                 continue;
             }
             let w_from = ch.chains[from].compute(pos, pos + 1);
@@ -425,6 +437,8 @@ pub struct Candidate {
     pub simulated_s: f64,
     /// Table 2 mini-batch time.
     pub table2_s: f64,
+    /// Table 2's `SR`: the slowest boundary transfer of one micro-batch.
+    pub transfer_s: f64,
 }
 
 /// The schedule exploration: every candidate that fits, best first.
@@ -484,6 +498,7 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
                     micro_batch: mb,
                     schedule: kind,
                     table2_s: table2_time(kind, m, bounds.len() - 1, fb, sr),
+                    transfer_s: sr,
                     bounds,
                     order: order.clone(),
                     balance: bal.clone(),
@@ -557,42 +572,184 @@ impl Planner for BaPipe {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         let cands = explore(g, cluster, opts)?;
-        let (specs, mb, kind, objective) = match cands.first() {
-            Some(c) => (
-                specs_of(&c.order, &c.bounds),
-                c.micro_batch,
-                c.schedule,
-                c.table2_s,
-            ),
-            None => {
-                // Nothing fits: the balanced partition at the default micro-batch, flagged OOM.
-                let mb = opts.micro_batch_or(4 * cluster.len() as u64)?;
-                let k = cluster.len().min(g.len()).max(1);
-                let ch = Chains::new(g, cluster, k, mb as f64);
-                let bal = balance(g, &ch, k);
-                let kind = opts.schedule.unwrap_or(ScheduleKind::OneFOneB);
-                let (comp, _) = ch.times(&bal.bounds);
-                let fb = comp.iter().copied().fold(0.0, f64::max);
-                let m = (opts.batch.max(1) / mb) as usize;
-                (
-                    specs_of(g.topo_order(), &bal.bounds),
-                    mb,
-                    kind,
-                    table2_time(kind, m, bal.bounds.len() - 1, fb, 0.0),
-                )
-            }
-        };
-        let search = t0.elapsed().as_secs_f64();
-        Plan::assemble(
-            self.name(),
-            g,
-            cluster,
-            opts,
-            specs,
-            mb,
-            kind,
-            objective,
-            search,
-        )
+        match cands.first() {
+            Some(c) => assemble_candidate(g, cluster, opts, c, t0),
+            None => unfitted_plan(g, cluster, opts, t0),
+        }
     }
+}
+
+/// The whole-layer plan of an explored candidate.
+fn assemble_candidate(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    c: &Candidate,
+    t0: Instant,
+) -> Result<Plan> {
+    Plan::assemble(
+        "bapipe",
+        g,
+        cluster,
+        opts,
+        specs_of(&c.order, &c.bounds),
+        c.micro_batch,
+        c.schedule,
+        c.table2_s,
+        t0.elapsed().as_secs_f64(),
+    )
+}
+
+/// Nothing fits: the balanced partition at the default micro-batch, flagged OOM.
+fn unfitted_plan(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    t0: Instant,
+) -> Result<Plan> {
+    let mb = opts.micro_batch_or(4 * cluster.len() as u64)?;
+    let k = cluster.len().min(g.len()).max(1);
+    let ch = Chains::new(g, cluster, k, mb as f64);
+    let bal = balance(g, &ch, k);
+    let kind = opts.schedule.unwrap_or(ScheduleKind::OneFOneB);
+    let (comp, _) = ch.times(&bal.bounds);
+    let fb = comp.iter().copied().fold(0.0, f64::max);
+    let m = (opts.batch.max(1) / mb) as usize;
+    Plan::assemble(
+        "bapipe",
+        g,
+        cluster,
+        opts,
+        specs_of(g.topo_order(), &bal.bounds),
+        mb,
+        kind,
+        table2_time(kind, m, bal.bounds.len() - 1, fb, 0.0),
+        t0.elapsed().as_secs_f64(),
+    )
+}
+
+/// A BaPipe plan of a module, with its intra-layer splits emitted ([`plan_module`]).
+pub struct ModulePlan {
+    pub plan: Plan,
+    /// The rewritten module and its cost graph (what `plan` names) when the plan realises
+    /// intra-layer splits; `None` when it keeps whole layers (then `plan` names the input's nodes).
+    pub rewritten: Option<(Module, CostGraph)>,
+}
+
+/// BaPipe on a module `m` whose analytic cost graph is `g` (node `i` = `m.graph.order[i]`, as
+/// [`analytic::from_module`] builds it): the best candidate of [`explore`], with its planned
+/// intra-layer splits emitted as IR rewrites (see the module doc, step 3). A split whose layer the
+/// rewrite does not support (e.g. a shared or non-constant weight), or that memory tuning moved
+/// off the boundary, is left out; when none is left, or the split plan simulates slower, the
+/// whole-layer plan is returned.
+pub fn plan_module(
+    m: &Module,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+) -> Result<ModulePlan> {
+    let t0 = Instant::now();
+    let cands = explore(g, cluster, opts)?;
+    let Some(c) = cands.first() else {
+        return Ok(ModulePlan {
+            plan: unfitted_plan(g, cluster, opts, t0)?,
+            rewritten: None,
+        });
+    };
+    let base = assemble_candidate(g, cluster, opts, c, t0)?;
+    let whole = |plan: Plan| {
+        Ok(ModulePlan {
+            plan,
+            rewritten: None,
+        })
+    };
+    if c.balance.intra.is_empty() || m.graph.order.len() != g.len() {
+        return whole(base);
+    }
+    let specs = specs_of(&c.order, &c.bounds);
+    let mut stage_of: HashMap<Op, usize> = HashMap::new();
+    for (s, spec) in specs.iter().enumerate() {
+        for &n in &spec.nodes {
+            stage_of.insert(m.graph.order[n], s);
+        }
+    }
+    let mut m2 = m.clone();
+    let mut reports = Vec::new();
+    for sp in &c.balance.intra {
+        // Still at the candidate's boundary (memory tuning may have moved it)?
+        let end = c.bounds[sp.boundary + 1];
+        let at = if sp.from_stage < sp.to_stage {
+            end.checked_sub(1)
+        } else {
+            Some(end)
+        };
+        if at.and_then(|p| c.order.get(p)) != Some(&sp.node) {
+            continue;
+        }
+        let op = m.graph.order[sp.node];
+        if m.graph.ops[op].name != g.nodes[sp.node].name {
+            continue; // `g` was not built from `m`
+        }
+        let Some(ch) = split_layer::output_channels(&m2, op).filter(|&c| c >= 2) else {
+            continue;
+        };
+        let moved = ((sp.fraction * ch as f64).round() as u64).clamp(1, ch - 1);
+        let Ok(ls) = split_layer::split_output_channels(&mut m2, op, [ch - moved, moved]) else {
+            continue;
+        };
+        stage_of.insert(ls.ops[0], sp.from_stage);
+        stage_of.insert(ls.ops[1], sp.to_stage);
+        stage_of.insert(ls.ops[2], sp.from_stage.max(sp.to_stage));
+        reports.push(IntraSplitReport {
+            node: ls.node,
+            op: ls.op_type,
+            from_stage: sp.from_stage,
+            to_stage: sp.to_stage,
+            fraction: sp.fraction,
+            channels: ls.channels,
+            nodes: ls.names,
+            params: ls.params,
+        });
+    }
+    if reports.is_empty() {
+        return whole(base);
+    }
+    let g2 = analytic::from_module(&m2, &AnalyticOptions::default(), &g.name)?;
+    let specs2: Vec<StageSpec> = specs
+        .iter()
+        .enumerate()
+        .map(|(s, spec)| StageSpec {
+            nodes: (0..m2.graph.order.len())
+                .filter(|&i| stage_of.get(&m2.graph.order[i]) == Some(&s))
+                .collect(),
+            devices: spec.devices.clone(),
+        })
+        .collect();
+    let m_count = (opts.batch.max(1) / c.micro_batch.max(1)) as usize;
+    let mut plan = Plan::assemble(
+        "bapipe",
+        &g2,
+        cluster,
+        opts,
+        specs2,
+        c.micro_batch,
+        c.schedule,
+        0.0,
+        0.0,
+    )?;
+    let fb = plan
+        .stages
+        .iter()
+        .map(|s| s.compute_time_s)
+        .fold(0.0, f64::max);
+    plan.objective_s = table2_time(c.schedule, m_count, specs.len(), fb, c.transfer_s);
+    plan.search_time_s = t0.elapsed().as_secs_f64();
+    plan.intra_splits = reports;
+    if plan.iteration_time_s > base.iteration_time_s {
+        return whole(base);
+    }
+    Ok(ModulePlan {
+        plan,
+        rewritten: Some((m2, g2)),
+    })
 }

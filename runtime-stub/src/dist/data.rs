@@ -62,6 +62,11 @@ pub fn slice_rows(t: &Tensor, lo: u64, hi: u64, of: u64) -> Result<Tensor, Strin
 
 /// Concatenate along axis 0 (same dtype, same trailing dims).
 pub fn concat0(parts: &[Tensor]) -> Result<Tensor, String> {
+    concat(parts, 0)
+}
+
+/// Concatenate along `axis` (same dtype, same other dims).
+pub fn concat(parts: &[Tensor], axis: usize) -> Result<Tensor, String> {
     let first = parts.first().ok_or("nothing to concatenate")?;
     macro_rules! cat {
         ($v:ident) => {{
@@ -76,7 +81,7 @@ pub fn concat0(parts: &[Tensor]) -> Result<Tensor, String> {
                     )),
                 })
                 .collect::<Result<Vec<_>, String>>()?;
-            Tensor::$v(ndarray::concatenate(Axis(0), &views).map_err(|e| {
+            Tensor::$v(ndarray::concatenate(Axis(axis), &views).map_err(|e| {
                 format!(
                     "cannot concatenate shapes {:?}: {e}",
                     parts.iter().map(|p| p.shape().to_vec()).collect::<Vec<_>>()

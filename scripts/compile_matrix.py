@@ -7,7 +7,7 @@ Executors: `--runner ort` (default) uses scripts/ort_program.py (onnxruntime, in
 pipec's runtime); `--runner pipec` uses `pipec run OUTDIR --steps 3 --check`.
 
 Usage: python3 scripts/compile_matrix.py [--pipec target/debug/pipec] [--runner ort|pipec]
-         [--quick] [--out matrix.md]
+         [--quick | --rest] [--out matrix.md]
 Writes a markdown table (one row per case: result, stages/replicas, max_rel_diff, seconds).
 """
 import argparse
@@ -31,7 +31,12 @@ SCHEDULES = ["gpipe", "1f1b", "gpp"]
 PRECISION = "f32"
 
 
-def case_list(quick):
+def in_quick(planner, dev, M, opt):
+    # one optimizer per (model, planner), alternating; M in {1, 4}
+    return not (M == 8 or (OPTIMIZERS.index(opt) + PLANNERS.index(planner) + DEVICES.index(dev)) % 2)
+
+
+def case_list(quick, rest=False):
     for model, planner, dev, M, opt, sched in itertools.product(
         MODELS, PLANNERS, DEVICES, MICRO_BATCHES, OPTIMIZERS, SCHEDULES
     ):
@@ -39,10 +44,10 @@ def case_list(quick):
             continue  # the DAG schedule applies to GraphPipe's stage DAGs
         if sched != "gpp" and planner == "gpp" and sched != "1f1b":
             continue
-        if quick:
-            # one optimizer per (model, planner), alternating; M in {1, 4}
-            if M == 8 or (OPTIMIZERS.index(opt) + PLANNERS.index(planner) + DEVICES.index(dev)) % 2:
-                continue
+        if quick and not in_quick(planner, dev, M, opt):
+            continue
+        if rest and in_quick(planner, dev, M, opt):
+            continue
         yield model, planner, dev, M, opt, sched
 
 
@@ -79,6 +84,8 @@ def main():
     ap.add_argument("--pipec", default=os.path.join(ROOT, "target", "debug", "pipec"))
     ap.add_argument("--runner", default="ort", choices=["ort", "pipec"])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rest", action="store_true",
+                    help="the full matrix minus the --quick cases (run both for the whole matrix)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--precision", default="f32", choices=["f32", "f64"],
                     help="with --runner pipec: run pipeline and reference in f32 or f64")
@@ -88,7 +95,7 @@ def main():
     PRECISION = a.precision
     rows = []
     counts = {}
-    cases = list(case_list(a.quick))
+    cases = list(case_list(a.quick, a.rest))
     if a.only:
         cases = [tuple(int(x) if x.isdigit() else x for x in l.split()) for l in open(a.only) if l.strip()]
     for c in cases:

@@ -350,3 +350,40 @@ fn pipedream_round_robin_throughput() {
     let tput = 64.0 / r.iteration_time_s;
     assert!(tput >= 0.9 / predicted_period, "{tput}");
 }
+
+/// Devices sharing a host's cores (the oversubscribed `cpu` preset): on one core every compute
+/// task runs in turn and a list schedule never idles it, so an iteration is the whole work
+/// `S·M·(F+B)`; on two cores it lies between half the work (and the unshared pipeline's time)
+/// and the whole work; with as many cores as devices nothing changes.
+#[test]
+fn shared_host_cores_serialize_compute() {
+    let (s, m, f, b) = (4, 8, 1.0, 2.0);
+    let sg = StageGraph::uniform_chain(s, f, b, 0.0);
+    let sched = schedule::generate(&sg, ScheduleKind::OneFOneB, m);
+    let run = |cores: Option<usize>| {
+        let mut c = flat(s, 1e9);
+        c.host_cores = cores;
+        simulate(&sg, &sched, &c, AllReduceAlgo::Ring)
+            .expect("sim")
+            .iteration_time_s
+    };
+    let work = (s * m) as f64 * (f + b);
+    let alone = run(None);
+    assert!(close(alone, (m + s - 1) as f64 * (f + b)));
+    assert!(close(run(Some(s)), alone), "as many cores as devices");
+    assert!(
+        close(run(Some(1)), work),
+        "one core: {} != {work}",
+        run(Some(1))
+    );
+    let two = run(Some(2));
+    assert!(
+        two >= (work / 2.0).max(alone) - 1e-9 && two <= work + 1e-9,
+        "two cores: {two} outside [{}, {work}]",
+        (work / 2.0).max(alone)
+    );
+    assert!(
+        two > alone * (1.0 + 1e-6),
+        "two cores must be slower than four"
+    );
+}

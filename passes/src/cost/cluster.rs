@@ -169,6 +169,11 @@ pub struct Cluster {
     /// Levels, innermost first. At least one.
     pub levels: Vec<Level>,
     pub devices: Vec<Device>,
+    /// Cores of one host that all the devices share, when there are fewer cores than devices
+    /// (the `cpu` preset oversubscribed with `--devices N`): at most this many devices compute
+    /// at once, as `pipec run`'s worker threads do. `None`: every device computes on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cores: Option<usize>,
 }
 
 /// A preset: name, one-line description (for `--list-clusters`), and its constructor.
@@ -534,6 +539,7 @@ impl Cluster {
             kinds,
             levels,
             devices,
+            host_cores: None,
         })
     }
 
@@ -673,11 +679,13 @@ impl Cluster {
         if n > self.devices.len() && self.name == "cpu" {
             // The `cpu` preset may be oversubscribed: N worker devices sharing this machine's
             // cores (what `pipec run` executes on), each with its share of the memory.
-            return Ok(homogeneous(
+            let mut c = homogeneous(
                 "cpu",
                 cpu_core(machine_memory() / n as u64),
                 vec![level("shm", n, 10e9, 1e-6)],
-            ));
+            );
+            c.host_cores = Some(self.devices.len());
+            return Ok(c);
         }
         if n > self.devices.len() {
             return Err(Error::Usage(format!(

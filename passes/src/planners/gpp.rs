@@ -642,6 +642,7 @@ impl Gpp {
         // Rank the pool by (short) simulation; the graph and linearised DPs often return the
         // same stage graph: rank it once.
         let mut cands: Vec<(u64, Vec<StageSpec>, f64)> = Vec::new();
+        let mut ests: Vec<f64> = Vec::new();
         for (ug, b, r) in &pool {
             let specs = Gpp::specs(g, cluster, ug, r, *b);
             if cands.iter().any(|(sb, ss, _)| sb == b && *ss == specs) {
@@ -649,6 +650,7 @@ impl Gpp {
             }
             let objective = r.bottleneck_tps * opts.batch.max(1) as f64;
             cands.push((*b, specs, objective));
+            ests.push(r.estimate_s);
         }
         // The ranking simulations are independent: spread them over the threads.
         let rank_one = |(b, specs, _): &(u64, Vec<StageSpec>, f64)| -> Result<f64> {
@@ -680,6 +682,9 @@ impl Gpp {
         let mut best: Option<(f64, usize)> = None;
         for (i, t) in times.into_iter().enumerate() {
             let t = t?;
+            if debug {
+                eprintln!("gpp:   candidate b={} est={:.5} ranked={t:.5}", cands[i].0, ests[i]);
+            }
             if best.is_none_or(|(bt, _)| t < bt * (1.0 - 1e-9)) {
                 best = Some((t, i));
             }

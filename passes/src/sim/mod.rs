@@ -665,17 +665,44 @@ pub fn simulate(
     let mut end = vec![f64::NAN; n];
     let mut ready = vec![0.0f64; n];
     let mut free = vec![0.0f64; nres];
+    // Host cores shared by every device's compute (the oversubscribed `cpu` preset): a compute
+    // task also takes the core that frees first.
+    let mut cores = vec![0.0f64; cluster.host_cores.filter(|&c| c < ndev).unwrap_or(0)];
+    let computes: Vec<bool> = kinds
+        .iter()
+        .map(|k| {
+            matches!(
+                k,
+                TaskKind::Forward { .. } | TaskKind::Backward { .. } | TaskKind::Step { .. }
+            )
+        })
+        .collect();
     let mut heap = BinaryHeap::with_capacity(n);
     let launch = |id: usize,
                   at: f64,
                   free: &mut Vec<f64>,
+                  cores: &mut Vec<f64>,
                   heap: &mut BinaryHeap<Ev>,
                   start: &mut Vec<f64>,
                   end: &mut Vec<f64>| {
-        let s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
+        let mut s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
+        let core = if computes[id] && !cores.is_empty() {
+            let (c, &f) = cores
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap_or((0, &0.0));
+            s = s.max(f);
+            Some(c)
+        } else {
+            None
+        };
         let e = s + dur[id];
         for &r in &res[id] {
             free[r] = e;
+        }
+        if let Some(c) = core {
+            cores[c] = e;
         }
         start[id] = s;
         end[id] = e;
@@ -683,7 +710,9 @@ pub fn simulate(
     };
     let roots: Vec<usize> = (0..n).filter(|&i| deps[i] == 0).collect();
     for id in roots {
-        launch(id, 0.0, &mut free, &mut heap, &mut start, &mut end);
+        launch(
+            id, 0.0, &mut free, &mut cores, &mut heap, &mut start, &mut end,
+        );
     }
     let mut done = 0usize;
     while let Some(Ev(t, id)) = heap.pop() {
@@ -693,7 +722,9 @@ pub fn simulate(
             ready[s] = ready[s].max(t);
             deps[s] -= 1;
             if deps[s] == 0 {
-                launch(s, ready[s], &mut free, &mut heap, &mut start, &mut end);
+                launch(
+                    s, ready[s], &mut free, &mut cores, &mut heap, &mut start, &mut end,
+                );
             }
         }
     }

@@ -31,7 +31,26 @@ enum Command {
     Profile(cli::profile::ProfileArgs),
 }
 
+/// glibc's malloc gives large blocks back to the kernel when they are freed (blocks above its
+/// dynamic mmap threshold, and the heap top above `M_TRIM_THRESHOLD`), so every op of the
+/// executors allocates fresh pages for its output tensors and page-faults them in again: about a
+/// quarter of a training step on this machine (BENCHMARKS.md, "Runtime overhead vs the
+/// simulator"). Keep freed memory in the process instead: mmap only blocks of 32 MiB and more,
+/// and trim the heap only when 1 GiB at its top is free.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    // SAFETY: `mallopt` only sets allocator parameters; it runs before any other thread starts.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn keep_freed_memory() {}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => cli::inspect::run(a),

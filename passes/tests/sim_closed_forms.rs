@@ -351,10 +351,10 @@ fn pipedream_round_robin_throughput() {
     assert!(tput >= 0.9 / predicted_period, "{tput}");
 }
 
-/// Devices sharing a host's cores (the oversubscribed `cpu` preset): on one core every compute
-/// task runs in turn and a list schedule never idles it, so an iteration is the whole work
-/// `S·M·(F+B)`; on two cores it lies between half the work (and the unshared pipeline's time)
-/// and the whole work; with as many cores as devices nothing changes.
+/// Devices sharing a host's cores (the oversubscribed `cpu` preset, processor sharing): on one
+/// core the computing tasks share it and there is always one to run, so an iteration is the
+/// whole work `S·M·(F+B)`; on two cores it lies between half the work (and the unshared
+/// pipeline's time) and the whole work; with as many cores as devices nothing changes.
 #[test]
 fn shared_host_cores_serialize_compute() {
     let (s, m, f, b) = (4, 8, 1.0, 2.0);

@@ -17,14 +17,17 @@
 //!    `[0, rows of the gathered table)`, any other integer input is all ones (attention masks).
 //! 4. The reference interpreter runs the training graph `--warmup` times untimed, then
 //!    `--repeat` times with a timer around every op (`Prepared::run_profiled`; kernel time, not
-//!    freeing of dead values). Each op's time is its median over the repeats; a node's `fwd_s` is
-//!    its op's median, `bwd_s` the sum of the medians of the backward ops attributed to it.
+//!    freeing of dead values) and one around the whole run. Each op's time is its median over the
+//!    repeats, scaled by `run_s / kernel_s` (the median whole run over the sum of the op medians,
+//!    when above 1) so that the ops carry the executor's own work between them (dispatch,
+//!    freeing dead values) as a layer profiler's per-layer times do; a node's `fwd_s` is its op's
+//!    time, `bwd_s` the sum of the times of the backward ops attributed to it.
 //!    The reference interpreter is single-threaded, so a profile is one core's times: the `cpu`
 //!    preset's devices.
 //!
 //! Output (`-o`): `{"model", "batch", "executor", "repeat", "warmup", "nodes": [{"name",
 //! "op_type", "fwd_s", "bwd_s", "output_bytes", "parameter_bytes"}], "total_fwd_s",
-//! "total_bwd_s", "loss_s", "unattributed_s"}`; everything but the measured seconds is
+//! "total_bwd_s", "loss_s", "unattributed_s", "run_s", "kernel_s"}`; everything but the measured seconds is
 //! deterministic.
 //!
 //! `--compare-analytic` prints the analytic (roofline on `--device-kind`, default `cpu-core`)
@@ -169,8 +172,14 @@ pub fn run(a: ProfileArgs) -> Result<ExitCode> {
             prof.model
         );
         println!(
-            "totals: measured fwd {:.4e} s, bwd {:.4e} s (loss {:.2e} s, unattributed {:.2e} s)",
-            prof.total_fwd_s, prof.total_bwd_s, prof.loss_s, prof.unattributed_s
+            "totals: measured fwd {:.4e} s, bwd {:.4e} s (loss {:.2e} s, unattributed {:.2e} s; \
+             whole run {:.4e} s, op kernels {:.4e} s)",
+            prof.total_fwd_s,
+            prof.total_bwd_s,
+            prof.loss_s,
+            prof.unattributed_s,
+            prof.run_s,
+            prof.kernel_s
         );
         print!("{}", error_report(&rows, a.worst));
     }
@@ -419,6 +428,7 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
     let mut prog = exec.prepare(&t)?;
     let n_ops = t.graph.order.len();
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(a.repeat as usize); n_ops];
+    let mut walls: Vec<f64> = Vec::with_capacity(a.repeat as usize);
     let total = a.warmup + a.repeat;
     let mut bar = Progress::new(
         format!("profile {} (batch {batch})", model_label(name)),
@@ -427,10 +437,12 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
     for i in 0..total {
         let warm = i < a.warmup;
         bar.tick(i, if warm { "warm-up" } else { "timed" });
+        let t0 = Instant::now();
         let (_, times) = prog
             .run_profiled(&inputs)
             .with_context(|| format!("{name}: the training graph failed to run"))?;
         if !warm {
+            walls.push(t0.elapsed().as_secs_f64());
             for (s, t) in samples.iter_mut().zip(times) {
                 s.push(t);
             }
@@ -438,7 +450,13 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
     }
     bar.tick(total, "done");
     bar.finish();
-    let med: Vec<f64> = samples.iter().map(|s| median(s)).collect();
+    let mut med: Vec<f64> = samples.iter().map(|s| median(s)).collect();
+    let kernel_s: f64 = med.iter().sum();
+    let run_s = median(&walls);
+    if kernel_s > 0.0 && run_s > kernel_s {
+        let f = run_s / kernel_s;
+        med.iter_mut().for_each(|t| *t *= f);
+    }
     let (per, loss_s, unattributed_s) = node_times(&roles, &med, g.len());
     let b = batch as f64;
     let nodes: Vec<MeasuredNode> = g
@@ -466,6 +484,8 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
         nodes,
         loss_s,
         unattributed_s,
+        run_s,
+        kernel_s,
     })
 }
 

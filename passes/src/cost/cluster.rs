@@ -170,8 +170,10 @@ pub struct Cluster {
     pub levels: Vec<Level>,
     pub devices: Vec<Device>,
     /// Cores of one host that all the devices share, when there are fewer cores than devices
-    /// (the `cpu` preset oversubscribed with `--devices N`): at most this many devices compute
-    /// at once, as `pipec run`'s worker threads do. `None`: every device computes on its own.
+    /// (the `cpu` preset oversubscribed with `--devices N`, as `pipec run`'s worker threads
+    /// share this machine): the simulator shares them between the devices computing at once
+    /// (processor sharing, as the OS time-slices threads). `None`: every device computes on its
+    /// own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cores: Option<usize>,
 }

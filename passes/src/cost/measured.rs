@@ -73,6 +73,15 @@ pub struct MeasuredProfile {
     /// Median seconds of backward ops attributed to no node.
     #[serde(default)]
     pub unattributed_s: f64,
+    /// Median wall seconds of one whole timed run of the training graph (every op, plus the
+    /// executor's work between them: dispatch, freeing dead values). 0 in older profiles.
+    #[serde(default)]
+    pub run_s: f64,
+    /// Sum of the ops' median kernel seconds. The op times above are the kernel medians scaled
+    /// by `run_s / kernel_s` (when above 1), so that they add up to a real run. 0 in older
+    /// profiles (unscaled).
+    #[serde(default)]
+    pub kernel_s: f64,
 }
 
 impl MeasuredProfile {
@@ -560,6 +569,8 @@ mod tests {
             total_bwd_s: 0.0,
             loss_s: 0.0,
             unattributed_s: 0.0,
+            run_s: 0.0,
+            kernel_s: 0.0,
         }
     }
 

@@ -683,7 +683,10 @@ impl Gpp {
         for (i, t) in times.into_iter().enumerate() {
             let t = t?;
             if debug {
-                eprintln!("gpp:   candidate b={} est={:.5} ranked={t:.5}", cands[i].0, ests[i]);
+                eprintln!(
+                    "gpp:   candidate b={} est={:.5} ranked={t:.5}",
+                    cands[i].0, ests[i]
+                );
             }
             if best.is_none_or(|(bt, _)| t < bt * (1.0 - 1e-9)) {
                 best = Some((t, i));

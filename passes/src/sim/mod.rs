@@ -665,65 +665,119 @@ pub fn simulate(
     let mut end = vec![f64::NAN; n];
     let mut ready = vec![0.0f64; n];
     let mut free = vec![0.0f64; nres];
-    // Host cores shared by every device's compute (the oversubscribed `cpu` preset): a compute
-    // task also takes the core that frees first.
-    let mut cores = vec![0.0f64; cluster.host_cores.filter(|&c| c < ndev).unwrap_or(0)];
-    let computes: Vec<bool> = kinds
+    // Host cores shared by every device's compute (the oversubscribed `cpu` preset): the compute
+    // tasks running at once share the cores as the OS time-slices threads (processor sharing):
+    // with k of them on C < k cores each progresses at C/k. Such a task's end is only known when
+    // it finishes, so it starts from `starting` and runs in `running` (remaining seconds of work).
+    let host = cluster
+        .host_cores
+        .filter(|&c| c > 0 && c < ndev)
+        .map_or(0.0, |c| c as f64);
+    let shared: Vec<bool> = kinds
         .iter()
         .map(|k| {
-            matches!(
-                k,
-                TaskKind::Forward { .. } | TaskKind::Backward { .. } | TaskKind::Step { .. }
-            )
+            host > 0.0
+                && matches!(
+                    k,
+                    TaskKind::Forward { .. } | TaskKind::Backward { .. } | TaskKind::Step { .. }
+                )
         })
         .collect();
+    let rate = |k: usize| {
+        if k as f64 <= host {
+            1.0
+        } else {
+            host / k as f64
+        }
+    };
     let mut heap = BinaryHeap::with_capacity(n);
+    let mut starting: BinaryHeap<Ev> = BinaryHeap::new();
+    let mut running: Vec<(usize, f64)> = Vec::new();
+    let mut clock = 0.0f64;
     let launch = |id: usize,
                   at: f64,
                   free: &mut Vec<f64>,
-                  cores: &mut Vec<f64>,
                   heap: &mut BinaryHeap<Ev>,
+                  starting: &mut BinaryHeap<Ev>,
                   start: &mut Vec<f64>,
                   end: &mut Vec<f64>| {
-        let mut s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
-        let core = if computes[id] && !cores.is_empty() {
-            let (c, &f) = cores
-                .iter()
-                .enumerate()
-                .min_by(|a, b| a.1.total_cmp(b.1))
-                .unwrap_or((0, &0.0));
-            s = s.max(f);
-            Some(c)
-        } else {
-            None
-        };
+        let s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
+        start[id] = s;
+        if shared[id] {
+            // Compute tasks hold no resource (their device's order is in the edges).
+            starting.push(Ev(s, id as u32));
+            return;
+        }
         let e = s + dur[id];
         for &r in &res[id] {
             free[r] = e;
         }
-        if let Some(c) = core {
-            cores[c] = e;
-        }
-        start[id] = s;
         end[id] = e;
         heap.push(Ev(e, id as u32));
     };
     let roots: Vec<usize> = (0..n).filter(|&i| deps[i] == 0).collect();
     for id in roots {
         launch(
-            id, 0.0, &mut free, &mut cores, &mut heap, &mut start, &mut end,
+            id,
+            0.0,
+            &mut free,
+            &mut heap,
+            &mut starting,
+            &mut start,
+            &mut end,
         );
     }
     let mut done = 0usize;
-    while let Some(Ev(t, id)) = heap.pop() {
+    loop {
+        // The next event: a task's end, a shared task's end, or a shared task's start (ends
+        // first at equal times).
+        let t_end = heap.peek().map(|e| e.0);
+        let r = rate(running.len());
+        let t_shared = running
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, rem))| (clock + rem.max(0.0) / r, i))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let t_start = starting.peek().map(|e| e.0);
+        let first = [t_end, t_shared.map(|x| x.0), t_start]
+            .into_iter()
+            .enumerate()
+            .filter_map(|(k, t)| t.map(|t| (t, k)))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let Some((t, which)) = first else { break };
+        for x in running.iter_mut() {
+            x.1 -= (t - clock) * r;
+        }
+        clock = clock.max(t);
+        let finished = match which {
+            0 => heap.pop().map(|Ev(_, id)| id as usize),
+            1 => t_shared.map(|(_, i)| {
+                let (id, _) = running.swap_remove(i);
+                end[id] = t;
+                id
+            }),
+            _ => {
+                if let Some(Ev(_, id)) = starting.pop() {
+                    running.push((id as usize, dur[id as usize]));
+                }
+                None
+            }
+        };
+        let Some(id) = finished else { continue };
         done += 1;
-        for &s in &succs[id as usize] {
+        for &s in &succs[id] {
             let s = s as usize;
             ready[s] = ready[s].max(t);
             deps[s] -= 1;
             if deps[s] == 0 {
                 launch(
-                    s, ready[s], &mut free, &mut cores, &mut heap, &mut start, &mut end,
+                    s,
+                    ready[s],
+                    &mut free,
+                    &mut heap,
+                    &mut starting,
+                    &mut start,
+                    &mut end,
                 );
             }
         }

@@ -218,10 +218,10 @@ impl RefProgram {
     ) -> Result<Vec<(String, Tensor)>> {
         let g = &self.graph;
         let (ins, _) = bind_inputs(g, inputs)?;
+        // Graph inputs are read in place (the caller's tensors: weights, saved activations,
+        // messages), not copied; `env` holds what the ops compute, and its results move out.
+        let bound: HashMap<Value, &Tensor> = g.inputs.iter().copied().zip(ins).collect();
         let mut env: HashMap<Value, Tensor> = HashMap::new();
-        for (v, t) in g.inputs.iter().zip(ins) {
-            env.insert(*v, t.clone());
-        }
         for (pos, &op) in g.order.iter().enumerate() {
             let d = &g.ops[op];
             let start = times.is_some().then(std::time::Instant::now);
@@ -230,15 +230,18 @@ impl RefProgram {
                 for v in &d.inputs {
                     args.push(match v {
                         None => None,
-                        Some(v) => {
-                            Some(env.get(v).or_else(|| self.consts.get(v)).ok_or_else(|| {
-                                Error::node(
-                                    &d.name,
-                                    &d.op_type,
-                                    format!("operand '{}' has no value", g.values[*v].name),
-                                )
-                            })?)
-                        }
+                        Some(v) => Some(
+                            env.get(v)
+                                .or_else(|| bound.get(v).copied())
+                                .or_else(|| self.consts.get(v))
+                                .ok_or_else(|| {
+                                    Error::node(
+                                        &d.name,
+                                        &d.op_type,
+                                        format!("operand '{}' has no value", g.values[*v].name),
+                                    )
+                                })?,
+                        ),
                     });
                 }
                 let ctx = Ctx {
@@ -271,13 +274,24 @@ impl RefProgram {
             }
         }
         let mut out = Vec::with_capacity(g.outputs.len());
-        for &v in &g.outputs {
+        for (i, &v) in g.outputs.iter().enumerate() {
             let name = g.values[v].name.clone();
-            let t = env
-                .get(&v)
-                .or_else(|| self.consts.get(&v))
-                .cloned()
-                .ok_or_else(|| Error::input(&name, "graph output was never computed"))?;
+            // A computed result moves out, unless a later output names it again.
+            let again = g.outputs[i + 1..].contains(&v);
+            let t = match env.remove(&v) {
+                Some(t) if again => {
+                    let c = t.clone();
+                    env.insert(v, t);
+                    c
+                }
+                Some(t) => t,
+                None => bound
+                    .get(&v)
+                    .copied()
+                    .or_else(|| self.consts.get(&v))
+                    .cloned()
+                    .ok_or_else(|| Error::input(&name, "graph output was never computed"))?,
+            };
             out.push((name, t));
         }
         Ok(out)

@@ -89,6 +89,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--precision", default="f32", choices=["f32", "f64"],
                     help="with --runner pipec: run pipeline and reference in f32 or f64")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated models to run (default: all, in the MODELS order)")
     ap.add_argument("--only", default=None, help="a file of `model planner devices M optimizer schedule` lines to run")
     a = ap.parse_args()
     global PRECISION
@@ -96,6 +98,9 @@ def main():
     rows = []
     counts = {}
     cases = list(case_list(a.quick, a.rest))
+    if a.models:
+        keep = a.models.split(",")
+        cases = sorted((c for c in cases if c[0] in keep), key=lambda c: keep.index(c[0]))
     if a.only:
         cases = [tuple(int(x) if x.isdigit() else x for x in l.split()) for l in open(a.only) if l.strip()]
     for c in cases:

@@ -134,8 +134,8 @@ def mmt(out, branches=4, layers=8, seq=256, h=1024):
         x = b.input(f"modality{br}", TensorProto.FLOAT, ["batch", seq, h])
         for layer in range(layers):
             x = b.transformer_layer(x, f"b{br}.l{layer}", seq=seq, h=h)
-        pooled.append(b.node("ReduceMean", [x, b.const_i64(f"b{br}.pool_axes", [1])],
-                             name=f"b{br}.pool", keepdims=0))
+        # Opset 17: ReduceMean's axes are an attribute (an input from opset 18).
+        pooled.append(b.node("ReduceMean", [x], name=f"b{br}.pool", axes=[1], keepdims=0))
     cat = b.node("Concat", pooled, name="fuse.concat", axis=1)
     y = b.linear(cat, branches * h, 512, "head")
     outv = helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", 512])
@@ -147,7 +147,7 @@ def seq_transformer(out, layers=32, seq=256, h=1024):
     x = b.input("tokens", TensorProto.FLOAT, ["batch", seq, h])
     for layer in range(layers):
         x = b.transformer_layer(x, f"l{layer}", seq=seq, h=h)
-    y = b.node("ReduceMean", [x, b.const_i64("pool_axes", [1])], name="pool", keepdims=0)
+    y = b.node("ReduceMean", [x], name="pool", axes=[1], keepdims=0)
     y = b.linear(y, h, 512, "head")
     outv = helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", 512])
     return b.save(y, [outv], os.path.join(out, "seq_transformer.onnx"))

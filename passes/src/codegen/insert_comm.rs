@@ -196,6 +196,57 @@ fn send_piece(
     (slice, piece_shape(lay, samples, own, ty, batch_sym))
 }
 
+/// One message of a value arriving in pieces: the piece's buffer name, sender, tag and shape.
+struct Incoming {
+    tensor: String,
+    peer: usize,
+    tag: u32,
+    shape: Vec<i64>,
+}
+
+/// Receive `output` of micro-batch `mb` from its `pieces`: one `Recv` straight into `output`
+/// when there is one piece, else one `Recv` per piece and a join (`Concat` along the batch, or
+/// `Sum` when the pieces are partial sums).
+fn recv_joined(
+    list: &mut Vec<Instr>,
+    mb: u32,
+    output: &str,
+    dtype: &str,
+    pieces: Vec<Incoming>,
+    sum: bool,
+) {
+    let whole = pieces.len() == 1;
+    let mut names = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        let tensor = if whole { output.to_string() } else { p.tensor };
+        names.push(tensor.clone());
+        list.push(Instr::Recv {
+            mb,
+            tensor,
+            peer: p.peer,
+            tag: p.tag,
+            dtype: dtype.to_string(),
+            shape: p.shape,
+        });
+    }
+    if names.len() > 1 {
+        let output = output.to_string();
+        list.push(if sum {
+            Instr::Sum {
+                mb,
+                inputs: names,
+                output,
+            }
+        } else {
+            Instr::Concat {
+                mb,
+                inputs: names,
+                output,
+            }
+        });
+    }
+}
+
 /// Longest path (in stages) from each stage to a sink, ≥ 1.
 fn depth_to_sink(preds: &[BTreeSet<usize>]) -> Vec<usize> {
     let n = preds.len();
@@ -323,29 +374,16 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             .into_iter()
                             .filter(|h| h.j == j)
                             .collect();
-                        let parts: Vec<String> = if hops.len() == 1 {
-                            vec![vn.to_string()]
-                        } else {
-                            hops.iter().map(|h| format!("{vn}#r{}", h.i)).collect()
-                        };
-                        for (h, part) in hops.iter().zip(&parts) {
-                            let shape = piece_shape(lay, h.samples, own, ty, cx.batch_sym);
-                            list.push(Instr::Recv {
-                                mb,
-                                tensor: part.clone(),
+                        let mut pieces = Vec::with_capacity(hops.len());
+                        for h in &hops {
+                            pieces.push(Incoming {
+                                tensor: format!("{vn}#r{}", h.i),
                                 peer: cx.stage_devices[p][h.i],
                                 tag: tags.get(false, vn, s, h.i, h.j, mb),
-                                dtype: ty.dtype.to_string(),
-                                shape,
+                                shape: piece_shape(lay, h.samples, own, ty, cx.batch_sym),
                             });
                         }
-                        if parts.len() > 1 {
-                            list.push(Instr::Concat {
-                                mb,
-                                inputs: parts,
-                                output: vn.to_string(),
-                            });
-                        }
+                        recv_joined(&mut list, mb, vn, &ty.dtype.to_string(), pieces, false);
                         keep.push(vn.to_string());
                     }
                     list.push(Instr::Compute {
@@ -405,37 +443,18 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                 .filter(|h| h.i == j)
                                 .collect();
                             let cot = super::cot_name(vn, c);
-                            let parts: Vec<String> = if hops.len() == 1 {
-                                vec![cot.clone()]
-                            } else {
-                                hops.iter().map(|h| format!("{cot}#r{}", h.j)).collect()
-                            };
-                            for (h, part) in hops.iter().zip(&parts) {
-                                let shape = piece_shape(lay, h.samples, own, ty, cx.batch_sym);
-                                list.push(Instr::Recv {
-                                    mb,
-                                    tensor: part.clone(),
+                            let mut pieces = Vec::with_capacity(hops.len());
+                            for h in &hops {
+                                pieces.push(Incoming {
+                                    tensor: format!("{cot}#r{}", h.j),
                                     peer: cx.stage_devices[c][h.j],
                                     tag: tags.get(true, vn, c, h.i, h.j, mb),
-                                    dtype: ty.dtype.to_string(),
-                                    shape,
+                                    shape: piece_shape(lay, h.samples, own, ty, cx.batch_sym),
                                 });
                             }
-                            if parts.len() > 1 {
-                                if lay == Layout::Whole {
-                                    list.push(Instr::Sum {
-                                        mb,
-                                        inputs: parts,
-                                        output: cot.clone(),
-                                    });
-                                } else {
-                                    list.push(Instr::Concat {
-                                        mb,
-                                        inputs: parts,
-                                        output: cot.clone(),
-                                    });
-                                }
-                            }
+                            // A batch-independent value's cotangent pieces are partial sums.
+                            let sum = lay == Layout::Whole;
+                            recv_joined(&mut list, mb, &cot, &ty.dtype.to_string(), pieces, sum);
                             keep.push(cot);
                         }
                     }

@@ -440,23 +440,8 @@ pub fn run_with(
                     trace: opts.trace,
                 };
                 let first = &first;
-                s.spawn(move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        worker::run_device(&ctx, ep.as_mut())
-                    }))
-                    .unwrap_or_else(|p| {
-                        let msg = p
-                            .downcast_ref::<String>()
-                            .cloned()
-                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                            .unwrap_or_else(|| "panic".into());
-                        Err(DistError::Device {
-                            device: d,
-                            at: "worker".into(),
-                            msg: format!("panicked: {msg}"),
-                        })
-                    });
-                    match r {
+                s.spawn(
+                    move || match worker::run_device_catching(&ctx, ep.as_mut()) {
                         Ok(o) => Some(o),
                         Err(e) => {
                             if !matches!(e, DistError::Aborted(_)) {
@@ -468,8 +453,8 @@ pub fn run_with(
                             ep.abort();
                             None
                         }
-                    }
-                })
+                    },
+                )
             })
             .collect();
         handles

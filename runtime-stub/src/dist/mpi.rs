@@ -629,22 +629,8 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
         trace: opts.trace,
     };
     test_hook(rank)?;
-    let out: DeviceOutcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        worker::run_device(&ctx, &mut ep)
-    }))
-    .unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "panic".into());
-        Err(DistError::Device {
-            device: rank,
-            at: "worker".into(),
-            msg: format!("panicked: {msg}"),
-        })
-    })
-    .inspect_err(|_| ep.abort())?;
+    let out: DeviceOutcome =
+        worker::run_device_catching(&ctx, &mut ep).inspect_err(|_| ep.abort())?;
     let wall_s = t0.elapsed().as_secs_f64();
     let holders = first_holders(&lp.program);
     let gather_err = |e: CommError| DistError::Device {

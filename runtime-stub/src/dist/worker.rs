@@ -79,6 +79,25 @@ struct Worker<'a> {
     loss: f64,
 }
 
+/// [`run_device`], with a panic inside it turned into `DistError::Device { at: "worker" }` (what
+/// both the in-process threads and the MPI ranks report).
+pub fn run_device_catching(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOutcome> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_device(ctx, ep))).unwrap_or_else(
+        |p| {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            Err(DistError::Device {
+                device: ctx.device,
+                at: "worker".into(),
+                msg: format!("panicked: {msg}"),
+            })
+        },
+    )
+}
+
 /// Run one device: prepare its pieces, then its instruction list `ctx.steps` times.
 pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOutcome> {
     let start = Instant::now();

@@ -4,7 +4,9 @@
 //! time). A planner that fails prints its error in its row; the command still succeeds. `--json`
 //! prints a list of `plan --json` objects (failed planners are left out).
 
-use super::plan::{apply_measured_profile, load_cost_graph, resolve_cluster};
+use super::plan::{
+    apply_measured_profile, is_profile_path, load_cost_graph, plan_model, resolve_cluster,
+};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use pipec_passes::cost::Optimizer;
@@ -126,12 +128,21 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     };
     let mut opts = PlanOptions::new(batch);
     opts.optimizer = Optimizer::parse(&a.optimizer)?;
+    // The same plans `pipec plan` makes: BaPipe emits its intra-layer splits on an ONNX model
+    // costed analytically.
+    let module = if a.profile.is_none() && !is_profile_path(model) {
+        Some(super::load_module(model)?)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for &name in planners::PLANNER_NAMES {
-        let result = planners::by_name(name)
-            .and_then(|p| p.plan(&g, &cluster, &opts))
-            .and_then(|p| p.verify(&g, &cluster).map(|()| p))
-            .map_err(|e| e.to_string());
+        let result = plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
+            .and_then(|(p, g, _)| {
+                p.verify(&g, &cluster)?;
+                Ok(p)
+            })
+            .map_err(|e| format!("{e:#}"));
         rows.push(Row { name, result });
     }
     if a.json {

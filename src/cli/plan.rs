@@ -97,7 +97,7 @@ pub fn load_cost_graph(
 }
 
 /// A PipeDream `graph.txt` profile (by extension), not a model.
-fn is_profile_path(model: &Path) -> bool {
+pub(crate) fn is_profile_path(model: &Path) -> bool {
     model.extension().is_some_and(|e| e == "txt")
 }
 

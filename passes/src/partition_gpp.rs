@@ -1098,9 +1098,11 @@ pub fn search(
         ));
     }
     let eps = p.eps;
-    let (lb_tps, _) = lower_bounds(g, ug, cluster, &p);
     let bracket = p.bracket;
     let mut s = Search::new(g, ug, cluster, p);
+    // The TPS bound of [`lower_bounds`]: all the work at slice `b` (`times(1)`) over `b·D`.
+    let lb_tps = s.times(1).last().copied().unwrap_or(0.0)
+        / (s.p.micro_batch.max(1) as f64 * s.p.devices.max(1) as f64);
     let mut runs = 0usize;
     // t_r: a feasible bottleneck (the whole model on every device if it fits, else the DP's
     // shallowest feasible plan at t = ∞).

@@ -572,8 +572,7 @@ impl Gpp {
                         .take(SHORTLIST)
                         .map(|r| params(r.0, self.eps, Some(r.1.bracket)))
                         .collect();
-                    let fine = split(run_wave(linear, &top), last_err);
-                    results = fine;
+                    results = split(run_wave(linear, &top), last_err);
                     rank(&mut results);
                 }
                 results
@@ -589,8 +588,9 @@ impl Gpp {
         seq_cands.dedup();
         // SPP is a special case of GPP (§2): the linearised DP's shortlisted plans are
         // candidates too (simulated on their real stage DAG, without the linearisation's false
-        // edges). A refined search that preferred a relaxed target also contributes the
-        // optimum's own plan: the estimate is only a model, the simulation decides.
+        // edges). Every refined search also contributes up to `ALTERNATIVES` of its other
+        // distinct plans (its optimum's, its relaxed targets'): the estimate is only a model,
+        // the simulation decides.
         let mut pool: Vec<(&UnitGraph, u64, SearchResult)> = Vec::new();
         let mut add = |ug, b: u64, r: SearchResult| {
             for (depth, stages, est) in r.alternatives.iter().take(ALTERNATIVES).cloned() {
@@ -617,13 +617,11 @@ impl Gpp {
                 add(seq_ug, b, r);
             }
         }
-        let results: Vec<(u64, SearchResult)> =
-            pool.iter().map(|(_, b, r)| (*b, r.clone())).collect();
         phase(&format!(
             "linearised DP ({skipped} micro-batch sizes skipped by their bound)"
         ));
         if debug {
-            for (b, r) in &results {
+            for (_, b, r) in &pool {
                 eprintln!(
                     "gpp: b={b} units={} runs={} depth={} tps={:.3e} est={:.4} at {:.1} ms",
                     ug.units.len(),
@@ -635,7 +633,7 @@ impl Gpp {
                 );
             }
         }
-        if results.is_empty() {
+        if pool.is_empty() {
             return Err(last_err.unwrap_or_else(|| Error::msg("gpp: no candidate micro-batch")));
         }
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);

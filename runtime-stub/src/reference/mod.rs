@@ -277,13 +277,12 @@ impl RefProgram {
         for (i, &v) in g.outputs.iter().enumerate() {
             let name = g.values[v].name.clone();
             // A computed result moves out, unless a later output names it again.
-            let again = g.outputs[i + 1..].contains(&v);
-            let t = match env.remove(&v) {
-                Some(t) if again => {
-                    let c = t.clone();
-                    env.insert(v, t);
-                    c
-                }
+            let computed = if g.outputs[i + 1..].contains(&v) {
+                env.get(&v).cloned()
+            } else {
+                env.remove(&v)
+            };
+            let t = match computed {
                 Some(t) => t,
                 None => bound
                     .get(&v)

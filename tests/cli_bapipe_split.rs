@@ -15,10 +15,8 @@ fn cluster() -> String {
 }
 
 fn compile(planner: &str, out: &Path) -> serde_json::Value {
-    let (m, c) = (model("mlp4.onnx"), cluster());
-    pipec_ok(&[
-        "compile",
-        m.to_str().unwrap(),
+    let c = cluster();
+    let flags = [
         "--cluster",
         &c,
         "--planner",
@@ -27,9 +25,8 @@ fn compile(planner: &str, out: &Path) -> serde_json::Value {
         "8",
         "--micro-batch",
         "2",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    ];
+    common::compile("mlp4.onnx", out, &flags);
     let text = std::fs::read_to_string(out.join("plan.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }

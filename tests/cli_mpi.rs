@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{model, pipec_ok, tempdir};
+use common::{compile, tempdir, MLP4_DAPPLE_4};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -43,12 +43,9 @@ fn text(o: &Output) -> String {
     )
 }
 
-fn compile(out: &Path, planner: &str, devices: usize) {
-    let m = model("mlp4.onnx");
+fn compile_mlp4(out: &Path, planner: &str, devices: usize) {
     let d = devices.to_string();
-    pipec_ok(&[
-        "compile",
-        m.to_str().unwrap(),
+    let flags = [
         "--cluster",
         "cpu",
         "--devices",
@@ -59,9 +56,8 @@ fn compile(out: &Path, planner: &str, devices: usize) {
         "8",
         "--micro-batch",
         "2",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    ];
+    compile("mlp4.onnx", out, &flags);
 }
 
 /// The `max_rel_diff` rank 0 printed.
@@ -78,7 +74,7 @@ fn max_rel_diff(o: &Output) -> f64 {
 fn mpi_pipeline_of_four_ranks_passes_check() {
     let dir = tempdir();
     let out = dir.path().join("out");
-    compile(&out, "straight", 4);
+    compile_mlp4(&out, "straight", 4);
     let params = dir.path().join("p.npz");
     let (o, wall) = mpirun(
         4,
@@ -115,7 +111,7 @@ fn mpi_pipeline_of_four_ranks_passes_check() {
 fn mpi_data_parallel_all_reduce_passes_check() {
     let dir = tempdir();
     let out = dir.path().join("out");
-    compile(&out, "dp", 2);
+    compile_mlp4(&out, "dp", 2);
     let sched = std::fs::read_to_string(out.join("schedule.json")).unwrap();
     assert!(
         sched.contains("all_reduce") || sched.contains("AllReduce"),
@@ -131,7 +127,7 @@ fn mpi_data_parallel_all_reduce_passes_check() {
 fn mpi_wrong_number_of_ranks_is_a_clear_error() {
     let dir = tempdir();
     let out = dir.path().join("out");
-    compile(&out, "dp", 2);
+    compile_mlp4(&out, "dp", 2);
     let (o, wall) = mpirun(3, &out, &["--check"], &[]);
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     let e = String::from_utf8_lossy(&o.stderr);
@@ -154,7 +150,7 @@ fn mpi_wrong_number_of_ranks_is_a_clear_error() {
 fn mpi_failing_rank_aborts_the_job_quickly() {
     let dir = tempdir();
     let out = dir.path().join("out");
-    compile(&out, "straight", 4);
+    compile_mlp4(&out, "straight", 4);
     // Rank 2 fails while the others wait for it in receives (timeout 60 s): MPI_Abort must end
     // the job long before that.
     let (o, wall) = mpirun(4, &out, &["--check"], &[("PIPEC_MPI_TEST_FAIL", "2")]);
@@ -177,7 +173,7 @@ fn mpi_failing_rank_aborts_the_job_quickly() {
 fn mpi_crashing_rank_ends_the_job_quickly() {
     let dir = tempdir();
     let out = dir.path().join("out");
-    compile(&out, "dp", 2);
+    compile_mlp4(&out, "dp", 2);
     let (o, wall) = mpirun(2, &out, &["--check"], &[("PIPEC_MPI_TEST_FAIL", "1:crash")]);
     assert_ne!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
@@ -194,27 +190,7 @@ fn mpi_dapple_with_a_replicated_stage_passes_check() {
     // runs on a sub-communicator that ranks 0 and 1 are not in.
     let dir = tempdir();
     let out = dir.path().join("out");
-    let m = model("mlp4.onnx");
-    pipec_ok(&[
-        "compile",
-        m.to_str().unwrap(),
-        "--cluster",
-        "8@1e10",
-        "--device-kind",
-        "cpu-core",
-        "--devices",
-        "4",
-        "--planner",
-        "dapple",
-        "--batch",
-        "16",
-        "--micro-batch",
-        "4",
-        "--optimizer",
-        "adam:lr=0.001",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    compile("mlp4.onnx", &out, MLP4_DAPPLE_4);
     let (o, wall) = mpirun(4, &out, &["--steps", "3", "--check"], &[]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));

@@ -4,34 +4,14 @@
 
 mod common;
 
-use common::{model, pipec, pipec_ok, tempdir};
+use common::{compile, pipec, pipec_ok, tempdir, MLP4_DAPPLE_4};
 use pipec_runtime::dist::fixtures::{write_linear, LinearSpec};
 
 #[test]
 fn compiled_mlp_runs_and_matches_the_reference() {
     let dir = tempdir();
     let out = dir.path().join("out");
-    let m = model("mlp4.onnx");
-    pipec_ok(&[
-        "compile",
-        m.to_str().unwrap(),
-        "--cluster",
-        "8@1e10",
-        "--device-kind",
-        "cpu-core",
-        "--devices",
-        "4",
-        "--planner",
-        "dapple",
-        "--batch",
-        "16",
-        "--micro-batch",
-        "4",
-        "--optimizer",
-        "adam:lr=0.001",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    compile("mlp4.onnx", &out, MLP4_DAPPLE_4);
     let trace = dir.path().join("t.json");
     let params = dir.path().join("p.npz");
     let s = pipec_ok(&[

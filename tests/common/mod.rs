@@ -37,6 +37,34 @@ pub fn pipec_ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 stdout")
 }
 
+/// `pipec compile onnx-models/MODEL FLAGS... -o OUT`, required to succeed.
+pub fn compile(model_name: &str, out: &Path, flags: &[&str]) {
+    let m = model(model_name);
+    let mut args = vec!["compile", m.to_str().expect("utf-8 path")];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["-o", out.to_str().expect("utf-8 path")]);
+    pipec_ok(&args);
+}
+
+/// mlp4 on 4 CPU-core devices with DAPPLE and Adam (stages 0 and 1 on one device each, the last
+/// stage replicated): the `compile` flags `pipec run` and its MPI backend test with.
+pub const MLP4_DAPPLE_4: &[&str] = &[
+    "--cluster",
+    "8@1e10",
+    "--device-kind",
+    "cpu-core",
+    "--devices",
+    "4",
+    "--planner",
+    "dapple",
+    "--batch",
+    "16",
+    "--micro-batch",
+    "4",
+    "--optimizer",
+    "adam:lr=0.001",
+];
+
 /// A fresh empty temp directory for one test.
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("temp dir")

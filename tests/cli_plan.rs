@@ -427,3 +427,44 @@ fn plan_gpp_and_gpp_seq() {
         "--micro-batch 3",
     );
 }
+
+/// `--repeat N` plans N times on the model loaded once: the same plan as one run (the search
+/// time is the fastest), and 0 is refused.
+#[test]
+fn plan_repeat_reports_the_same_plan() {
+    let model = root().join("onnx-models/mlp4.onnx").display().to_string();
+    let args = |n: &'static str| {
+        vec![
+            "plan".to_string(),
+            model.clone(),
+            "--cluster".into(),
+            "summit".into(),
+            "--devices".into(),
+            "4".into(),
+            "--planner".into(),
+            "gpp".into(),
+            "--batch".into(),
+            "32".into(),
+            "--json".into(),
+            "--repeat".into(),
+            n.into(),
+        ]
+    };
+    let run = |n: &'static str| {
+        let a = args(n);
+        let a: Vec<&str> = a.iter().map(|s| s.as_str()).collect();
+        pipec(&a)
+    };
+    let strip = |o: &Output| {
+        assert!(o.status.success(), "{}", stderr(o));
+        let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+        let t = v["search_time_s"].as_f64().expect("search time");
+        assert!(t > 0.0);
+        v.as_object_mut().expect("object").remove("search_time_s");
+        v
+    };
+    assert_eq!(strip(&run("1")), strip(&run("3")));
+    let o = run("0");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--repeat 0"), "{}", stderr(&o));
+}

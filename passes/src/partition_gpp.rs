@@ -315,7 +315,8 @@ pub struct SearchParams {
     /// Also try targets `t·{1.05, 1.1, 1.25, 1.5, 2, 3}` above the optimum `t` (shallower plans, since the
     /// DP picks the smallest in-flight count under a target) and return the plan with the best
     /// estimated iteration time `(M + depth − 1)·max per_mb + max sync` (pipeline fill and drain
-    /// are not in the bottleneck TPS).
+    /// are not in the bottleneck TPS). The targets stop at the first plan of depth 1: a larger
+    /// one can only return another depth-1 plan with a larger bottleneck.
     pub relax: bool,
     /// A known bracket `(t_l, t_r)` of the optimum: the DP finds no plan at `t_l` and one at
     /// `t_r` (a coarser search's result, see [`SearchResult::bracket`]). Without it the
@@ -437,6 +438,42 @@ impl Hot {
     };
 }
 
+/// Stage evaluations at one micro-batch size, shared by every search at that size on unit graphs
+/// with the same units and unit edges: the graph DP and its linearisation (built from one
+/// coarsened tree) and the coarse and refined searches. A stage over `[lo, hi)` on `r` replicas
+/// costs the same in all of them; only the DP's tree differs. Pass it from one search to the next
+/// with [`search_with`]; one whose micro-batch, device count or unit graph size differs is
+/// replaced by a fresh one.
+pub struct StageTable {
+    key: (u64, usize, usize, usize),
+    /// `time[r][i]`: prefix sums of fwd+bwd seconds of units `0..i` at slice `b/r`.
+    time: Vec<Option<Vec<f64>>>,
+    /// Boundary bytes per range `lo * (U + 1) + hi` at the reference batch.
+    bnd: Vec<f64>,
+    /// The series split's hot table: per `(hi * (U + 1) + lo) * P + pi` the stage over
+    /// `[lo, hi)` on `pow2[pi]` replicas (NaN `tps`: not evaluated yet). Compact and laid out so
+    /// that the split loop (growing segment, fixed `hi`) walks it contiguously.
+    hot: Vec<Hot>,
+}
+
+impl StageTable {
+    fn key(ug: &UnitGraph, p: &SearchParams) -> (u64, usize, usize, usize) {
+        (p.micro_batch, p.devices, ug.units.len(), ug.edges.len())
+    }
+
+    fn new(ug: &UnitGraph, p: &SearchParams) -> StageTable {
+        let d = p.devices;
+        let np = (0..).take_while(|&i| (1usize << i) <= d).count();
+        let u = ug.units.len();
+        StageTable {
+            key: StageTable::key(ug, p),
+            time: vec![None; d + 1],
+            bnd: boundary_table(ug),
+            hot: vec![Hot::UNSET; (u + 1) * (u + 1) * np],
+        }
+    }
+}
+
 /// Boundary bytes (reference batch) of every unit range `[lo, hi)`, at `lo * (U + 1) + hi`: the
 /// edges with exactly one end in the range. Built incrementally per `lo` (adding unit `hi − 1`
 /// makes its edges into the range internal and its other edges crossing), `O(U·(U + E))`.
@@ -515,16 +552,10 @@ pub struct Search<'a> {
     cluster: &'a Cluster,
     p: SearchParams,
     m: i64,
-    /// `time[r][i]`: prefix sums of fwd+bwd seconds of units `0..i` at slice `b/r`.
-    time: Vec<Option<Vec<f64>>>,
     params: Vec<f64>,
     saved: Vec<f64>,
-    /// Boundary bytes per range `lo * (U + 1) + hi` at the reference batch.
-    bnd: Vec<f64>,
-    /// The series split's hot table: per `(hi * (U + 1) + lo) * P + pi` the stage over
-    /// `[lo, hi)` on `pow2[pi]` replicas (NaN `tps`: not evaluated yet). Compact and laid out so
-    /// that the split loop (growing segment, fixed `hi`) walks it contiguously.
-    hot: Vec<Hot>,
+    /// Stage evaluations at this micro-batch size (see [`StageTable`]).
+    tab: StageTable,
     /// Each DP state's base case (its whole range as one stage on the state's `d` devices),
     /// per state index; the same in every DP run.
     base: Vec<Option<StageEval>>,
@@ -550,7 +581,17 @@ pub struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    pub fn new(g: &'a CostGraph, ug: &'a UnitGraph, cluster: &'a Cluster, p: SearchParams) -> Self {
+    pub fn new(
+        g: &'a CostGraph,
+        ug: &'a UnitGraph,
+        cluster: &'a Cluster,
+        p: SearchParams,
+        tab: Option<StageTable>,
+    ) -> Self {
+        let tab = match tab {
+            Some(t) if t.key == StageTable::key(ug, &p) => t,
+            _ => StageTable::new(ug, &p),
+        };
         let s = g.scale(1.0);
         let mut params = vec![0.0];
         let mut saved = vec![0.0];
@@ -586,11 +627,9 @@ impl<'a> Search<'a> {
             cluster,
             m: (p.batch / p.micro_batch.max(1)) as i64,
             p,
-            time: vec![None; d + 1],
             params,
             saved,
-            bnd: boundary_table(ug),
-            hot: vec![Hot::UNSET; (ug.units.len() + 1) * (ug.units.len() + 1) * pow2.len()],
+            tab,
             ar,
             bw,
             alpha,
@@ -612,7 +651,7 @@ impl<'a> Search<'a> {
     fn times(&mut self, r: usize) -> &Vec<f64> {
         let (g, ug, kind) = (self.g, self.ug, self.cluster.kind_of(0));
         let slice = self.p.micro_batch as f64 / r as f64;
-        self.time[r].get_or_insert_with(|| {
+        self.tab.time[r].get_or_insert_with(|| {
             let mut v = Vec::with_capacity(ug.units.len() + 1);
             v.push(0.0);
             for u in &ug.units {
@@ -630,13 +669,13 @@ impl<'a> Search<'a> {
     }
 
     fn boundary(&self, lo: usize, hi: usize) -> f64 {
-        self.bnd[lo * (self.ug.units.len() + 1) + hi]
+        self.tab.bnd[lo * (self.ug.units.len() + 1) + hi]
     }
 
     /// The stage `[lo, hi)` on `pow2[pi]` replicas, from the hot table.
     fn hot(&mut self, lo: usize, hi: usize, pi: usize) -> Hot {
         let i = (hi * (self.ug.units.len() + 1) + lo) * self.pow2.len() + pi;
-        let h = self.hot[i];
+        let h = self.tab.hot[i];
         if !h.tps.is_nan() {
             return h;
         }
@@ -646,7 +685,7 @@ impl<'a> Search<'a> {
             compute_tps: e.compute_tps,
             cap: e.cap,
         };
-        self.hot[i] = h;
+        self.tab.hot[i] = h;
         h
     }
 
@@ -1078,6 +1117,31 @@ pub fn search(
     cluster: &Cluster,
     p: SearchParams,
 ) -> Result<SearchResult> {
+    search_with(g, ug, cluster, p, None).0
+}
+
+/// [`search`] starting from the stage evaluations `tab` of an earlier search at the same
+/// micro-batch size (see [`StageTable`]); returns them, completed, for the next one.
+pub fn search_with(
+    g: &CostGraph,
+    ug: &UnitGraph,
+    cluster: &Cluster,
+    p: SearchParams,
+    tab: Option<StageTable>,
+) -> (Result<SearchResult>, Option<StageTable>) {
+    match search_in(g, ug, cluster, p, tab) {
+        Ok((r, t)) => (Ok(r), Some(t)),
+        Err(e) => (Err(e), None),
+    }
+}
+
+fn search_in(
+    g: &CostGraph,
+    ug: &UnitGraph,
+    cluster: &Cluster,
+    p: SearchParams,
+    tab: Option<StageTable>,
+) -> Result<(SearchResult, StageTable)> {
     if p.devices == 0 || p.devices > cluster.len() {
         return Err(Error::Usage(format!(
             "gpp: {} devices requested but the cluster '{}' has {}",
@@ -1099,7 +1163,7 @@ pub fn search(
     }
     let eps = p.eps;
     let bracket = p.bracket;
-    let mut s = Search::new(g, ug, cluster, p);
+    let mut s = Search::new(g, ug, cluster, p, tab);
     // The TPS bound of [`lower_bounds`]: all the work at slice `b` (`times(1)`) over `b·D`.
     let lb_tps = s.times(1).last().copied().unwrap_or(0.0)
         / (s.p.micro_batch.max(1) as f64 * s.p.devices.max(1) as f64);
@@ -1179,9 +1243,15 @@ pub fn search(
                 if !seen.iter().any(|x| x.1 == r.1) {
                     seen.push((r.0, r.1.clone(), e));
                 }
+                let shallowest = r.0 <= 1;
                 if e < best_est * (1.0 - 1e-9) {
                     best_est = e;
                     best = r;
+                }
+                // A larger target can only return another one-stage-deep plan with a larger
+                // bottleneck: no better estimate, nothing new for the pool.
+                if shallowest {
+                    break;
                 }
             }
         }
@@ -1190,15 +1260,18 @@ pub fn search(
         seen.into_iter().filter(|x| x.1 != best.1).collect();
     alternatives.sort_by(|a, b| a.2.total_cmp(&b.2));
     let (depth, stages) = best;
-    Ok(SearchResult {
-        bottleneck_tps: bottleneck(&stages),
-        estimate_s: best_est,
-        stages,
-        depth,
-        dp_runs: runs,
-        bracket: (t_l, t_r),
-        alternatives,
-    })
+    Ok((
+        SearchResult {
+            bottleneck_tps: bottleneck(&stages),
+            estimate_s: best_est,
+            stages,
+            depth,
+            dp_runs: runs,
+            bracket: (t_l, t_r),
+            alternatives,
+        },
+        s.tab,
+    ))
 }
 
 /// The `partition-gpp` IR pass (see the module doc).

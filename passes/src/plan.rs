@@ -301,7 +301,8 @@ impl Plan {
         objective_s: f64,
         search_time_s: f64,
     ) -> Result<Plan> {
-        let (_, preds) = stage_structure(g, cluster, &specs)?;
+        // Checked before simulating (invalid specs name devices outside the cluster).
+        stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
         if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
             return Err(Error::Usage(format!(
@@ -319,6 +320,45 @@ impl Plan {
         );
         let sched = sim::schedule::generate(&sg, schedule, m as usize);
         let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+        Self::from_simulation(
+            planner,
+            g,
+            cluster,
+            opts,
+            specs,
+            micro_batch,
+            schedule,
+            objective_s,
+            search_time_s,
+            (&sg, &res),
+        )
+    }
+
+    /// [`Plan::assemble`] when the planner has already simulated the whole iteration: `sim` is
+    /// the stage graph ([`StageGraph::from_specs_for`] of `specs` at `micro_batch` for
+    /// `schedule`) and the simulator's result of `schedule` on it with `batch / micro_batch`
+    /// micro-batches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_simulation(
+        planner: &str,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        specs: Vec<StageSpec>,
+        micro_batch: u64,
+        schedule: ScheduleKind,
+        objective_s: f64,
+        search_time_s: f64,
+        (sg, res): (&StageGraph, &sim::SimResult),
+    ) -> Result<Plan> {
+        let (_, preds) = stage_structure(g, cluster, &specs)?;
+        let batch = opts.batch.max(1);
+        if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
+            return Err(Error::Usage(format!(
+                "--micro-batch {micro_batch}: must be >= 1 and divide --batch {batch}"
+            )));
+        }
+        let m = batch / micro_batch;
         // The figures the simulator ran on (re-computation adds the forward to the backward).
         let sg = sg.for_schedule(schedule);
         let mut stages = Vec::with_capacity(specs.len());

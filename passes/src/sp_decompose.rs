@@ -151,14 +151,32 @@ impl SpTree {
             side: self.side.clone(),
             forced_splits: self.forced_splits,
         };
-        let (root, _) = self.coarsen_rec(self.root, w, theta, &mut out.tree);
+        // Work under every tree node, children before parents (one pass, not one walk per node).
+        let mut work = vec![0.0f64; self.tree.len()];
+        let mut stack = vec![(self.root, false)];
+        while let Some((t, done)) = stack.pop() {
+            if done {
+                let own: f64 = self.tree[t].nodes.iter().map(|&n| w[n]).sum();
+                work[t] = own + self.tree[t].children.iter().map(|&c| work[c]).sum::<f64>();
+            } else {
+                stack.push((t, true));
+                stack.extend(self.tree[t].children.iter().map(|&c| (c, false)));
+            }
+        }
+        let (root, _) = self.coarsen_rec(self.root, &work, theta, &mut out.tree);
         out.root = root;
         out
     }
 
-    fn coarsen_rec(&self, t: usize, w: &[f64], theta: f64, out: &mut Vec<SpNode>) -> (usize, f64) {
+    fn coarsen_rec(
+        &self,
+        t: usize,
+        work: &[f64],
+        theta: f64,
+        out: &mut Vec<SpNode>,
+    ) -> (usize, f64) {
         let node = &self.tree[t];
-        let total: f64 = self.nodes_under(t).iter().map(|&n| w[n]).sum();
+        let total = work[t];
         if node.kind == SpKind::Leaf || total <= theta {
             let mut nodes = self.nodes_under(t);
             nodes.sort_unstable();
@@ -172,7 +190,7 @@ impl SpTree {
         let mut kids: Vec<(usize, f64)> = node
             .children
             .iter()
-            .map(|&c| self.coarsen_rec(c, w, theta, out))
+            .map(|&c| self.coarsen_rec(c, work, theta, out))
             .collect();
         if node.kind == SpKind::Series {
             // Merge runs of consecutive leaves while their sum stays <= theta.

@@ -448,3 +448,46 @@ fn bad_input_errors() {
     let e = Gpp::default().plan(&g, &small, &opts).unwrap_err();
     assert!(e.to_string().contains("memory"), "{e}");
 }
+
+/// A search that starts from another search's stage table (the graph DP's, handed to the
+/// linearised DP at the same micro-batch size, as the planner does) returns exactly what a fresh
+/// search returns; a table of another micro-batch size is not used.
+#[test]
+fn shared_stage_table_changes_nothing() {
+    use pipec_passes::partition_gpp::search_with;
+    let g = family("candle_uno");
+    let c = summit(4);
+    let gpp = Gpp::default();
+    let (_, ug) = gpp.unit_graph(&g, &c);
+    let (_, seq_ug) = Gpp::sequential().unit_graph(&g, &c);
+    let params = |b: u64, relax: bool| SearchParams {
+        batch: 4096,
+        micro_batch: b,
+        devices: 4,
+        optimizer: Default::default(),
+        allreduce: Default::default(),
+        eps: 1e-3,
+        relax,
+        bracket: None,
+    };
+    let key = |r: &pipec_passes::partition_gpp::SearchResult| {
+        (r.stages.clone(), r.depth, r.dp_runs, r.estimate_s.to_bits())
+    };
+    let (r1, _) = search_with(&g, &ug, &c, params(128, false), None);
+    let r1 = r1.expect("graph search");
+    assert_eq!(
+        key(&r1),
+        key(&search(&g, &ug, &c, params(128, false)).expect("fresh"))
+    );
+    for (which, b) in [(&seq_ug, 128), (&ug, 128), (&seq_ug, 256)] {
+        let tab = search_with(&g, &ug, &c, params(128, false), None).1;
+        assert!(tab.is_some());
+        let (shared, _) = search_with(&g, which, &c, params(b, true), tab);
+        let fresh = search(&g, which, &c, params(b, true)).expect("fresh");
+        assert_eq!(
+            key(&shared.expect("shared")),
+            key(&fresh),
+            "micro-batch {b}"
+        );
+    }
+}

@@ -21,9 +21,15 @@
 //! 5. **Choice by simulation.** Every refined plan and up to three of its distinct alternatives
 //!    (the optimum's plan and the relaxed ones: the estimate is a model) are placed ([`place`]),
 //!    given the GPP schedule ([`crate::schedule_gpp`], default `--schedule gpp`) and ranked by
-//!    simulation ([`ranking_time`]: short runs, extrapolated over the steady state); the fastest
-//!    is assembled and simulated in full (the paper sweeps micro-batch sizes the same way, §7
-//!    "we sweep over micro-batch sizes").
+//!    simulation ([`ranking_time`]: short runs, extrapolated over the steady state), best
+//!    estimate first, skipping a candidate whose [`compute_bound`] already exceeds the best
+//!    simulated time; the fastest is assembled from its full simulation (re-simulated only when
+//!    the ranking extrapolated) (the paper sweeps micro-batch sizes the same way, §7 "we sweep
+//!    over micro-batch sizes").
+//!
+//! The searches at one micro-batch size share their stage evaluations
+//! ([`crate::partition_gpp::StageTable`]): the graph and linearised unit graphs have the same
+//! units, so the coarse, refined and linearised searches cost each stage once.
 //!
 //! `gpp-seq` plans are simulated as the chain they are (stage `i+1` after stage `i`, see
 //! [`simulate_as_chain`]), so the comparison shows the cost of the linearisation's false
@@ -34,9 +40,11 @@
 
 use super::Planner;
 use crate::cost::{Cluster, CostGraph};
-use crate::partition_gpp::{lower_bounds, search, SearchParams, SearchResult, UnitGraph};
+use crate::partition_gpp::{
+    lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph,
+};
 use crate::plan::{Plan, PlanOptions, StageSpec};
-use crate::sim::{simulate, ScheduleKind, StageEdge, StageGraph};
+use crate::sim::{simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
 use crate::sp_decompose::{assign_side_nodes, decompose, node_work, SpTree};
 use pipec_compiler::{Error, Result};
 use std::time::Instant;
@@ -179,23 +187,67 @@ fn stage_graph(
 /// pattern between warm-up and drain (1F1B, GPipe's all-forward/all-backward, GPP's in-flight
 /// windows), and the all-reduce and step at the end are in both runs, so the slope is the
 /// steady-state time per micro-batch. Only the chosen candidate is then simulated in full.
+/// Also returns the simulation when it is the whole iteration (`M ≤ 2P`).
 fn ranking_time(
     sg: &StageGraph,
     cluster: &Cluster,
     opts: &PlanOptions,
     schedule: ScheduleKind,
     m: usize,
-) -> Result<f64> {
-    let run = |m: usize| -> Result<f64> {
+) -> Result<(f64, Option<SimResult>)> {
+    let run = |m: usize| -> Result<SimResult> {
         let sched = crate::sim::schedule::generate(sg, schedule, m);
-        Ok(simulate(sg, &sched, cluster, opts.allreduce)?.iteration_time_s)
+        simulate(sg, &sched, cluster, opts.allreduce)
     };
     let p = (4 * sg.stages.len()).max(16);
     if m <= 2 * p {
-        return run(m);
+        let r = run(m)?;
+        return Ok((r.iteration_time_s, Some(r)));
     }
-    let (half, full) = (run(p / 2)?, run(p)?);
-    Ok(full + (m - p) as f64 * (full - half) / (p - p / 2) as f64)
+    let (half, full) = (run(p / 2)?.iteration_time_s, run(p)?.iteration_time_s);
+    Ok((
+        full + (m - p) as f64 * (full - half) / (p - p / 2) as f64,
+        None,
+    ))
+}
+
+/// A lower bound of any simulated iteration of `sg` under `schedule` with `m` micro-batches:
+/// each device runs its compute tasks, its stage's all-reduce and its optimizer step one after
+/// another (the simulator's per-device stream), so the iteration is at least the busiest
+/// replica's `m · (forward + backward) + all-reduce + step` (round robin: its share of the
+/// micro-batches; re-computing schedules: the plain forward, still a bound). Transfers and
+/// bubbles only add to it.
+fn compute_bound(
+    sg: &StageGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    schedule: ScheduleKind,
+    m: usize,
+) -> f64 {
+    sg.stages
+        .iter()
+        .map(|st| {
+            let r = st.devices.len().max(1);
+            let mine = if schedule.round_robin() { m / r } else { m };
+            let ar = if r > 1 {
+                crate::cost::comm::allreduce_time(
+                    cluster,
+                    &st.devices,
+                    st.parameter_bytes,
+                    opts.allreduce,
+                )
+            } else {
+                0.0
+            };
+            (0..st.fwd_s.len())
+                .map(|k| {
+                    mine as f64 * (st.fwd_s[k] + st.bwd_s[k])
+                        + ar
+                        + st.step_s.get(k).copied().unwrap_or(0.0)
+                })
+                .fold(0.0, f64::max)
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Re-simulate a sequential plan with the linearisation's false dependencies: stage `i + 1` waits
@@ -393,10 +445,14 @@ impl Planner for Gpp {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .max(1);
-        type Job = (usize, bool, SearchParams);
+        // The graph and linearised unit graphs have the same units and edges, so a micro-batch
+        // size's stage evaluations ([`StageTable`]) go with its job and come back with its
+        // result for the next search at that size.
+        type Job = (usize, bool, SearchParams, Option<StageTable>);
+        type Done = (usize, u64, Result<SearchResult>, Option<StageTable>);
         let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
         let job_rx = std::sync::Mutex::new(job_rx);
-        let (res_tx, res_rx) = std::sync::mpsc::channel::<(usize, u64, Result<SearchResult>)>();
+        let (res_tx, res_rx) = std::sync::mpsc::channel::<Done>();
         std::thread::scope(|sc| {
             for _ in 0..threads {
                 let (res_tx, job_rx, ug, seq_ug) = (res_tx.clone(), &job_rx, &ug, &seq_ug);
@@ -405,35 +461,41 @@ impl Planner for Gpp {
                         Ok(rx) => rx.recv(),
                         Err(_) => return,
                     };
-                    let Ok((i, linear, p)) = job else { return };
+                    let Ok((i, linear, p, tab)) = job else { return };
                     let b = p.micro_batch;
                     let which = if linear { seq_ug } else { ug };
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        search(g, which, cluster, p)
+                    let (r, tab) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        search_with(g, which, cluster, p, tab)
                     }))
                     .unwrap_or_else(|_| {
-                        Err(Error::msg(format!(
-                            "gpp: the search at micro-batch {b} panicked"
-                        )))
+                        let e = format!("gpp: the search at micro-batch {b} panicked");
+                        (Err(Error::msg(e)), None)
                     });
-                    if res_tx.send((i, b, r)).is_err() {
+                    if res_tx.send((i, b, r, tab)).is_err() {
                         return;
                     }
                 });
             }
             drop(res_tx);
             let out = {
+                let tables = std::cell::RefCell::new(std::collections::BTreeMap::new());
                 let run_wave = |linear: bool, jobs: &[SearchParams]| {
                     for (i, p) in jobs.iter().enumerate() {
+                        let tab = tables.borrow_mut().remove(&p.micro_batch);
                         // A send fails only when every worker is gone; the receive below then
                         // ends too.
-                        let _ = job_tx.send((i, linear, p.clone()));
+                        let _ = job_tx.send((i, linear, p.clone(), tab));
                     }
                     let mut out: Vec<Option<(u64, Result<SearchResult>)>> =
                         (0..jobs.len()).map(|_| None).collect();
                     for _ in 0..jobs.len() {
                         match res_rx.recv() {
-                            Ok((i, b, r)) => out[i] = Some((b, r)),
+                            Ok((i, b, r, tab)) => {
+                                if let Some(t) = tab {
+                                    tables.borrow_mut().insert(b, t);
+                                }
+                                out[i] = Some((b, r));
+                            }
                             Err(_) => break,
                         }
                     }
@@ -650,36 +712,81 @@ impl Gpp {
             cands.push((*b, specs, objective));
             ests.push(r.estimate_s);
         }
-        // The ranking simulations are independent: spread them over the threads.
-        let rank_one = |(b, specs, _): &(u64, Vec<StageSpec>, f64)| -> Result<f64> {
-            let sg = stage_graph(g, cluster, opts, specs, *b, schedule, self.sequential);
-            ranking_time(
-                &sg,
-                cluster,
-                opts,
-                schedule,
-                (opts.batch.max(1) / b) as usize,
-            )
-        };
-        let chunk = cands.len().div_ceil(threads).max(1);
-        let times: Vec<Result<f64>> = std::thread::scope(|sc| {
-            let handles: Vec<_> = cands
-                .chunks(chunk)
-                .map(|part| sc.spawn(move || part.iter().map(rank_one).collect::<Vec<_>>()))
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        vec![Err(Error::msg("gpp: a ranking simulation panicked"))]
-                    })
-                })
-                .collect()
-        });
-        phase(&format!("ranked {} candidates", cands.len()));
+        // Rank by simulation, best estimate first, `threads` candidates at a time; a candidate
+        // whose compute bound ([`compute_bound`]) already exceeds the best time so far cannot
+        // win and is not simulated.
+        let m = opts.batch.max(1);
+        let graphs: Vec<StageGraph> = cands
+            .iter()
+            .map(|(b, specs, _)| {
+                stage_graph(g, cluster, opts, specs, *b, schedule, self.sequential)
+            })
+            .collect();
+        let bounds: Vec<f64> = graphs
+            .iter()
+            .zip(&cands)
+            .map(|(sg, (b, _, _))| compute_bound(sg, cluster, opts, schedule, (m / b) as usize))
+            .collect();
+        let mut order: Vec<usize> = (0..cands.len()).collect();
+        order.sort_by(|&a, &b| ests[a].total_cmp(&ests[b]).then(a.cmp(&b)));
+        let mut times: Vec<Option<f64>> = vec![None; cands.len()];
+        let mut sims: Vec<Option<SimResult>> = (0..cands.len()).map(|_| None).collect();
+        let mut best_so_far = f64::INFINITY;
+        let mut pruned = 0usize;
+        let mut rest = &order[..];
+        while !rest.is_empty() {
+            let mut wave = Vec::with_capacity(threads);
+            while let Some((&i, tail)) = rest.split_first() {
+                if wave.len() == threads {
+                    break;
+                }
+                rest = tail;
+                if bounds[i] > best_so_far * (1.0 + 1e-9) {
+                    pruned += 1;
+                } else {
+                    wave.push(i);
+                }
+            }
+            let rank_one = |i: usize| -> Result<(f64, Option<SimResult>)> {
+                let (t, full) = ranking_time(
+                    &graphs[i],
+                    cluster,
+                    opts,
+                    schedule,
+                    (m / cands[i].0) as usize,
+                )?;
+                Ok((t.max(bounds[i]), full))
+            };
+            let got: Vec<Result<(f64, Option<SimResult>)>> = match wave.split_first() {
+                None => Vec::new(),
+                Some((&first, others)) => std::thread::scope(|sc| {
+                    let handles: Vec<_> = others
+                        .iter()
+                        .map(|&i| sc.spawn(move || rank_one(i)))
+                        .collect();
+                    let mut out = vec![rank_one(first)];
+                    out.extend(handles.into_iter().map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::msg("gpp: a ranking simulation panicked"))
+                        })
+                    }));
+                    out
+                }),
+            };
+            for (&i, t) in wave.iter().zip(got) {
+                let (t, full) = t?;
+                best_so_far = best_so_far.min(t);
+                times[i] = Some(t);
+                sims[i] = full;
+            }
+        }
+        phase(&format!(
+            "ranked {} candidates ({pruned} skipped by their compute bound)",
+            cands.len()
+        ));
         let mut best: Option<(f64, usize)> = None;
         for (i, t) in times.into_iter().enumerate() {
-            let t = t?;
+            let Some(t) = t else { continue };
             if debug {
                 eprintln!(
                     "gpp:   candidate b={} est={:.5} ranked={t:.5}",
@@ -692,20 +799,40 @@ impl Gpp {
         }
         let (ranked_t, i) = best.ok_or_else(|| Error::msg("gpp: no plan"))?;
         let (b, specs, objective) = cands.swap_remove(i);
-        let mut plan = Plan::assemble(
-            self.name(),
-            g,
-            cluster,
-            opts,
-            specs.clone(),
-            b,
-            schedule,
-            objective,
-            0.0,
-        )?;
-        if self.sequential {
-            simulate_as_chain(&mut plan, g, cluster, opts, &specs, schedule)?;
-        }
+        let plan = match &sims[i] {
+            // The ranking simulated the whole iteration (of the chain, for `gpp-seq`): the plan's
+            // figures are that simulation's.
+            Some(res) => Plan::from_simulation(
+                self.name(),
+                g,
+                cluster,
+                opts,
+                specs,
+                b,
+                schedule,
+                objective,
+                0.0,
+                (&graphs[i], res),
+            )?,
+            None => {
+                let mut plan = Plan::assemble(
+                    self.name(),
+                    g,
+                    cluster,
+                    opts,
+                    specs.clone(),
+                    b,
+                    schedule,
+                    objective,
+                    0.0,
+                )?;
+                if self.sequential {
+                    simulate_as_chain(&mut plan, g, cluster, opts, &specs, schedule)?;
+                }
+                plan
+            }
+        };
+        let mut plan = plan;
         phase(&format!(
             "simulated the plan ({:.6} s; ranking time {ranked_t:.6} s)",
             plan.iteration_time_s

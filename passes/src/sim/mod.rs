@@ -48,6 +48,7 @@ use crate::cost::memory::{stage_memory, step_time};
 use crate::cost::{comm, AllReduceAlgo, Cluster, CostGraph, Optimizer};
 use crate::plan::StageSpec;
 use pipec_compiler::{Error, Result};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
@@ -409,7 +410,8 @@ type TransferKey = (Dir, usize, usize, usize);
 struct Builder {
     ndev: usize,
     /// Transfers by (direction, micro-batch, source device, destination device).
-    transfers: HashMap<TransferKey, u32>,
+    /// (Fx hash: the simulator's hottest map, keys are small integers.)
+    transfers: FxHashMap<TransferKey, u32>,
     kinds: Vec<TaskKind>,
     dur: Vec<f64>,
     res: Vec<Vec<usize>>,
@@ -519,8 +521,8 @@ pub fn simulate(
         ndev,
         ..Default::default()
     };
-    let mut collectives: HashMap<usize, u32> = HashMap::new();
-    let mut sends_seen: std::collections::HashSet<(Dir, usize, usize, usize)> = Default::default();
+    let mut collectives: FxHashMap<usize, u32> = FxHashMap::default();
+    let mut sends_seen: FxHashSet<TransferKey> = FxHashSet::default();
     for (d, prog) in sched.programs.iter().enumerate() {
         if prog.is_empty() {
             continue;

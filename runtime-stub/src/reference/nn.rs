@@ -482,6 +482,119 @@ fn as4(shape: &[usize]) -> KResult<([usize; 4], bool)> {
     }
 }
 
+/// Elements of the im2col (or ConvTranspose column) buffer one GEMM may use: batch items are
+/// packed side by side into one GEMM's columns up to this size. The convolutions of the Conv
+/// weight gradient (`passes/src/autodiff/conv.rs`: batch = input channels, kernel = `dY`) have
+/// only a handful of output positions per item, so one GEMM per item was hundreds of skinny GEMMs
+/// that re-packed the whole kernel each time; merged, it is one well-shaped GEMM per group.
+const COLS_CAP: usize = 1 << 22;
+
+/// The output positions `o` in `0..out` whose input position `o*s + off - pb` lies in `0..inp`,
+/// as a half-open range (`off` is the kernel tap's offset `k*d`).
+fn valid_range(out: usize, inp: usize, s: usize, off: usize, pb: usize) -> (usize, usize) {
+    // o*s + off >= pb  <=>  o >= ceil((pb - off) / s)
+    let lo = if pb > off { (pb - off).div_ceil(s) } else { 0 };
+    // o*s + off - pb < inp  <=>  o*s < inp + pb - off  <=>  o < ceil((inp + pb - off) / s)
+    let hi = if inp + pb > off {
+        (inp + pb - off).div_ceil(s)
+    } else {
+        0
+    };
+    (lo.min(out), hi.min(out).max(lo.min(out)))
+}
+
+/// Convolution on contiguous data, `x` `[n, ch, h, wd]`, `w` `[m, cg, kh, kw]` (`ch = cg *
+/// group`), output `[n, m, oh, ow]` without bias: im2col + one GEMM per group and chunk of at
+/// most `cap / (cg kh kw oh ow)` batch items.
+#[allow(clippy::too_many_arguments)]
+fn conv_core<T: Fl>(
+    xs: &[T],
+    [n, ch, h, wd]: [usize; 4],
+    wv: &[T],
+    m: usize,
+    group: usize,
+    g: &Geo,
+    [oh, ow]: [usize; 2],
+    cap: usize,
+) -> KResult<Vec<T>> {
+    let cg = ch / group;
+    let (kh, kw) = (g.k[0], g.k[1]);
+    let mg = m / group;
+    let k = cg * kh * kw;
+    let p = oh * ow;
+    let mut out = vec![T::zero(); n * m * p];
+    if out.is_empty() || k == 0 {
+        return Ok(out);
+    }
+    let nb = (cap / (k * p).max(1)).clamp(1, n);
+    let mut cols = vec![T::zero(); k * nb * p];
+    let mut tmp = if nb > 1 {
+        vec![T::zero(); mg * nb * p]
+    } else {
+        Vec::new()
+    };
+    for b0 in (0..n).step_by(nb) {
+        let nbb = nb.min(n - b0);
+        let cn = nbb * p; // columns of this chunk's GEMM
+        for gi in 0..group {
+            for ci in 0..cg {
+                for ki in 0..kh {
+                    let (ylo, yhi) = valid_range(oh, h, g.s[0], ki * g.d[0], g.pb[0]);
+                    for kj in 0..kw {
+                        let (xlo, xhi) = valid_range(ow, wd, g.s[1], kj * g.d[1], g.pb[1]);
+                        let row = ((ci * kh + ki) * kw + kj) * cn;
+                        for bb in 0..nbb {
+                            let base = ((b0 + bb) * ch + gi * cg + ci) * h * wd;
+                            let dst = &mut cols[row + bb * p..row + (bb + 1) * p];
+                            dst[..ylo * ow].fill(T::zero());
+                            dst[yhi * ow..].fill(T::zero());
+                            for oy in ylo..yhi {
+                                let iy = oy * g.s[0] + ki * g.d[0] - g.pb[0];
+                                let d = &mut dst[oy * ow..(oy + 1) * ow];
+                                d[..xlo].fill(T::zero());
+                                d[xhi..].fill(T::zero());
+                                if xlo == xhi {
+                                    continue;
+                                }
+                                // first input column of the valid run
+                                let src = base + iy * wd + xlo * g.s[1] + kj * g.d[1] - g.pb[1];
+                                if g.s[1] == 1 {
+                                    d[xlo..xhi].copy_from_slice(&xs[src..src + (xhi - xlo)]);
+                                } else {
+                                    for (j, v) in d[xlo..xhi].iter_mut().enumerate() {
+                                        *v = xs[src + j * g.s[1]];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let wg = ArrayView2::from_shape((mg, k), &wv[gi * mg * k..(gi + 1) * mg * k])
+                .map_err(|e| e.to_string())?;
+            let cv = ArrayView2::from_shape((k, cn), &cols[..k * cn]).map_err(|e| e.to_string())?;
+            if nbb == 1 {
+                let o0 = (b0 * m + gi * mg) * p;
+                let mut ov = ArrayViewMut2::from_shape((mg, p), &mut out[o0..o0 + mg * p])
+                    .map_err(|e| e.to_string())?;
+                general_mat_mul(T::one(), &wg, &cv, T::zero(), &mut ov);
+            } else {
+                let mut tv = ArrayViewMut2::from_shape((mg, cn), &mut tmp[..mg * cn])
+                    .map_err(|e| e.to_string())?;
+                general_mat_mul(T::one(), &wg, &cv, T::zero(), &mut tv);
+                for mi in 0..mg {
+                    for bb in 0..nbb {
+                        let o0 = ((b0 + bb) * m + gi * mg + mi) * p;
+                        let t0 = mi * cn + bb * p;
+                        out[o0..o0 + p].copy_from_slice(&tmp[t0..t0 + p]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn conv<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<Vec<ArrayD<T>>> {
     let w = req(rest, 1)?;
     let ([n, ch, h, wd], lift) = as4(x.shape())?;
@@ -502,50 +615,17 @@ fn conv<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<V
     }
     let g = geometry(c, &ws[2..], &x.shape()[2..], lift, false)?;
     let (oh, ow) = (out_size(h, &g, 0, false)?, out_size(wd, &g, 1, false)?);
-    let (kh, kw) = (g.k[0], g.k[1]);
-    let mg = m / group;
-    let k = cg * kh * kw;
     let p = oh * ow;
-    let xs = flat(x);
-    let wv = flat(w);
-    let mut out = vec![T::zero(); n * m * p];
-    let mut cols = vec![T::zero(); k * p];
-    for b in 0..n {
-        for gi in 0..group {
-            for ci in 0..cg {
-                let base = (b * ch + gi * cg + ci) * h * wd;
-                for ki in 0..kh {
-                    for kj in 0..kw {
-                        let row = ((ci * kh + ki) * kw + kj) * p;
-                        for oy in 0..oh {
-                            let iy = (oy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
-                            let dst = &mut cols[row + oy * ow..row + (oy + 1) * ow];
-                            if iy < 0 || iy >= h as isize {
-                                dst.fill(T::zero());
-                                continue;
-                            }
-                            let src = base + iy as usize * wd;
-                            for (ox, v) in dst.iter_mut().enumerate() {
-                                let ix = (ox * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
-                                *v = if ix < 0 || ix >= wd as isize {
-                                    T::zero()
-                                } else {
-                                    xs[src + ix as usize]
-                                };
-                            }
-                        }
-                    }
-                }
-            }
-            let wg = ArrayView2::from_shape((mg, k), &wv[gi * mg * k..(gi + 1) * mg * k])
-                .map_err(|e| e.to_string())?;
-            let cv = ArrayView2::from_shape((k, p), &cols[..]).map_err(|e| e.to_string())?;
-            let o0 = (b * m + gi * mg) * p;
-            let mut ov = ArrayViewMut2::from_shape((mg, p), &mut out[o0..o0 + mg * p])
-                .map_err(|e| e.to_string())?;
-            general_mat_mul(T::one(), &wg, &cv, T::zero(), &mut ov);
-        }
-    }
+    let mut out = conv_core(
+        &flat(x),
+        [n, ch, h, wd],
+        &flat(w),
+        m,
+        group,
+        &g,
+        [oh, ow],
+        COLS_CAP,
+    )?;
     add_bias(&mut out, opt(rest, 2), n, m, p)?;
     let shape: Vec<usize> = if lift {
         vec![n, m, ow]
@@ -600,7 +680,6 @@ fn conv_transpose<T: Fl>(
             "weight {ws:?} does not fit {ch} input channels in {group} groups"
         ));
     }
-    let cg = ch / group;
     let m = mg * group;
     if h == 0 || wd == 0 {
         return Err("empty spatial input".into());
@@ -647,48 +726,16 @@ fn conv_transpose<T: Fl>(
     let ow = full(1, &g)
         .checked_sub(g.pb[1] + g.pe[1])
         .ok_or("pads larger than the output")?;
-    let (kh, kw) = (g.k[0], g.k[1]);
-    let k = mg * kh * kw;
-    let p = h * wd;
-    let xs = flat(x);
-    let wv = flat(w);
-    let mut out = vec![T::zero(); n * m * oh * ow];
-    let mut cols = Array2::<T>::zeros((k, p));
-    for b in 0..n {
-        for gi in 0..group {
-            let xg = ArrayView2::from_shape(
-                (cg, p),
-                &xs[(b * ch + gi * cg) * p..(b * ch + (gi + 1) * cg) * p],
-            )
-            .map_err(|e| e.to_string())?;
-            let wg = ArrayView2::from_shape((cg, k), &wv[gi * cg * k..(gi + 1) * cg * k])
-                .map_err(|e| e.to_string())?;
-            general_mat_mul(T::one(), &wg.t(), &xg, T::zero(), &mut cols);
-            let cs = cols.as_slice().ok_or("cols not contiguous")?;
-            for mi in 0..mg {
-                let obase = (b * m + gi * mg + mi) * oh * ow;
-                for ki in 0..kh {
-                    for kj in 0..kw {
-                        let row = ((mi * kh + ki) * kw + kj) * p;
-                        for iy in 0..h {
-                            let oy = (iy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
-                            if oy < 0 || oy >= oh as isize {
-                                continue;
-                            }
-                            for ix in 0..wd {
-                                let ox = (ix * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
-                                if ox < 0 || ox >= ow as isize {
-                                    continue;
-                                }
-                                out[obase + oy as usize * ow + ox as usize] +=
-                                    cs[row + iy * wd + ix];
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let mut out = conv_transpose_core(
+        &flat(x),
+        [n, ch, h, wd],
+        &flat(w),
+        mg,
+        group,
+        &g,
+        [oh, ow],
+        COLS_CAP,
+    )?;
     add_bias(&mut out, opt(rest, 2), n, m, oh * ow)?;
     let shape: Vec<usize> = if lift {
         vec![n, m, ow]
@@ -696,6 +743,96 @@ fn conv_transpose<T: Fl>(
         vec![n, m, oh, ow]
     };
     Ok(vec![arr(&shape, out)?])
+}
+
+/// ConvTranspose on contiguous data after the geometry is resolved: `x` `[n, ch, h, wd]`, `w`
+/// `[ch, mg, kh, kw]`, output `[n, mg*group, oh, ow]` without bias. Per group and chunk of batch
+/// items (columns up to `cap` elements): one GEMM `cols = W_g^T X_g` then col2im.
+#[allow(clippy::too_many_arguments)]
+fn conv_transpose_core<T: Fl>(
+    xs: &[T],
+    [n, ch, h, wd]: [usize; 4],
+    wv: &[T],
+    mg: usize,
+    group: usize,
+    g: &Geo,
+    [oh, ow]: [usize; 2],
+    cap: usize,
+) -> KResult<Vec<T>> {
+    let cg = ch / group;
+    let m = mg * group;
+    let (kh, kw) = (g.k[0], g.k[1]);
+    let k = mg * kh * kw;
+    let p = h * wd;
+    let mut out = vec![T::zero(); n * m * oh * ow];
+    if out.is_empty() || k == 0 || p == 0 {
+        return Ok(out);
+    }
+    let nb = (cap / (k * p).max(1)).clamp(1, n);
+    let mut cols = vec![T::zero(); k * nb * p];
+    let mut xbuf = if nb > 1 {
+        vec![T::zero(); cg * nb * p]
+    } else {
+        Vec::new()
+    };
+    for b0 in (0..n).step_by(nb) {
+        let nbb = nb.min(n - b0);
+        let cn = nbb * p;
+        for gi in 0..group {
+            let wg = ArrayView2::from_shape((cg, k), &wv[gi * cg * k..(gi + 1) * cg * k])
+                .map_err(|e| e.to_string())?;
+            let mut cv = ArrayViewMut2::from_shape((k, cn), &mut cols[..k * cn])
+                .map_err(|e| e.to_string())?;
+            if nbb == 1 {
+                let x0 = (b0 * ch + gi * cg) * p;
+                let xg = ArrayView2::from_shape((cg, p), &xs[x0..x0 + cg * p])
+                    .map_err(|e| e.to_string())?;
+                general_mat_mul(T::one(), &wg.t(), &xg, T::zero(), &mut cv);
+            } else {
+                for ci in 0..cg {
+                    for bb in 0..nbb {
+                        let x0 = ((b0 + bb) * ch + gi * cg + ci) * p;
+                        let d0 = ci * cn + bb * p;
+                        xbuf[d0..d0 + p].copy_from_slice(&xs[x0..x0 + p]);
+                    }
+                }
+                let xg = ArrayView2::from_shape((cg, cn), &xbuf[..cg * cn])
+                    .map_err(|e| e.to_string())?;
+                general_mat_mul(T::one(), &wg.t(), &xg, T::zero(), &mut cv);
+            }
+            for bb in 0..nbb {
+                for mi in 0..mg {
+                    let obase = ((b0 + bb) * m + gi * mg + mi) * oh * ow;
+                    for ki in 0..kh {
+                        // input rows iy whose output row iy*s + ki*d - pb lies in 0..oh
+                        let (ylo, yhi) = valid_range(h, oh, g.s[0], ki * g.d[0], g.pb[0]);
+                        for kj in 0..kw {
+                            let (xlo, xhi) = valid_range(wd, ow, g.s[1], kj * g.d[1], g.pb[1]);
+                            if xlo == xhi {
+                                continue;
+                            }
+                            let row = ((mi * kh + ki) * kw + kj) * cn + bb * p;
+                            for iy in ylo..yhi {
+                                let oy = iy * g.s[0] + ki * g.d[0] - g.pb[0];
+                                let o0 = obase + oy * ow + xlo * g.s[1] + kj * g.d[1] - g.pb[1];
+                                let src = &cols[row + iy * wd + xlo..row + iy * wd + xhi];
+                                if g.s[1] == 1 {
+                                    for (o, v) in out[o0..o0 + src.len()].iter_mut().zip(src) {
+                                        *o += *v;
+                                    }
+                                } else {
+                                    for (j, v) in src.iter().enumerate() {
+                                        out[o0 + j * g.s[1]] += *v;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// MaxPool / AveragePool; MaxPool also gives the flat (row-major, whole-tensor) argmax indices.
@@ -1020,5 +1157,260 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         Some(r())
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..len)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) as f64 / (1u64 << 31) as f64) - 0.5
+            })
+            .collect()
+    }
+
+    /// Geometry `(k, s, d, pb, pe)` per axis (h, w).
+    fn geo(k: [usize; 2], s: [usize; 2], d: [usize; 2], pb: [usize; 2], pe: [usize; 2]) -> Geo {
+        Geo { k, s, d, pb, pe }
+    }
+
+    fn close(a: &[f64], b: &[f64], what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let scale = b.iter().fold(1e-30f64, |m, v| m.max(v.abs()));
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-12 * scale,
+                "{what}: element {i}: {x} vs {y}"
+            );
+        }
+    }
+
+    /// Direct definition: `y[b, o, oy, ox] = sum_{c,ki,kj} w[o, c, ki, kj] x[b, g(o)*cg + c,
+    /// oy*s + ki*d - pb, ox*s + kj*d - pb]` (zero outside `x`).
+    fn naive_conv(
+        x: &[f64],
+        [n, ch, h, wd]: [usize; 4],
+        w: &[f64],
+        m: usize,
+        group: usize,
+        g: &Geo,
+    ) -> (Vec<f64>, [usize; 2]) {
+        let (oh, ow) = (
+            out_size(h, g, 0, false).unwrap(),
+            out_size(wd, g, 1, false).unwrap(),
+        );
+        let (cg, mg) = (ch / group, m / group);
+        let [kh, kw] = g.k;
+        let mut y = vec![0.0; n * m * oh * ow];
+        for b in 0..n {
+            for o in 0..m {
+                let gi = o / mg;
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = 0.0;
+                        for c in 0..cg {
+                            for ki in 0..kh {
+                                for kj in 0..kw {
+                                    let iy =
+                                        (oy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
+                                    let ix =
+                                        (ox * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
+                                    if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                        continue;
+                                    }
+                                    let xv = x[((b * ch + gi * cg + c) * h + iy as usize) * wd
+                                        + ix as usize];
+                                    acc += w[((o * cg + c) * kh + ki) * kw + kj] * xv;
+                                }
+                            }
+                        }
+                        y[((b * m + o) * oh + oy) * ow + ox] = acc;
+                    }
+                }
+            }
+        }
+        (y, [oh, ow])
+    }
+
+    /// Direct definition of ConvTranspose: every `x[b, c, iy, ix] w[c, mi, ki, kj]` lands on
+    /// `y[b, g(c)*mg + mi, iy*s + ki*d - pb, ix*s + kj*d - pb]` when that is inside `y`.
+    #[allow(clippy::too_many_arguments)]
+    fn naive_conv_t(
+        x: &[f64],
+        [n, ch, h, wd]: [usize; 4],
+        w: &[f64],
+        mg: usize,
+        group: usize,
+        g: &Geo,
+        [oh, ow]: [usize; 2],
+    ) -> Vec<f64> {
+        let cg = ch / group;
+        let m = mg * group;
+        let [kh, kw] = g.k;
+        let mut y = vec![0.0; n * m * oh * ow];
+        for b in 0..n {
+            for c in 0..ch {
+                let gi = c / cg;
+                for mi in 0..mg {
+                    for ki in 0..kh {
+                        for kj in 0..kw {
+                            for iy in 0..h {
+                                for ix in 0..wd {
+                                    let oy =
+                                        (iy * g.s[0] + ki * g.d[0]) as isize - g.pb[0] as isize;
+                                    let ox =
+                                        (ix * g.s[1] + kj * g.d[1]) as isize - g.pb[1] as isize;
+                                    if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                        continue;
+                                    }
+                                    y[((b * m + gi * mg + mi) * oh + oy as usize) * ow
+                                        + ox as usize] += x[((b * ch + c) * h + iy) * wd + ix]
+                                        * w[((c * mg + mi) * kh + ki) * kw + kj];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// `(name, x dims, m, group, geometry)`: strides, asymmetric pads, dilation, groups, 1-D
+    /// (h = 1), the 1x1 stride-2 downsample, and the weight-gradient shape (a kernel as large as
+    /// the input, dilated by the forward stride, few output positions).
+    fn cases() -> Vec<(&'static str, [usize; 4], usize, usize, Geo)> {
+        vec![
+            (
+                "3x3 s2 p1",
+                [3, 4, 9, 8],
+                6,
+                1,
+                geo([3, 3], [2, 2], [1, 1], [1, 1], [1, 1]),
+            ),
+            (
+                "1x1 s2",
+                [3, 4, 8, 8],
+                6,
+                1,
+                geo([1, 1], [2, 2], [1, 1], [0, 0], [0, 0]),
+            ),
+            (
+                "dil2 pads 2/1 groups 2",
+                [2, 4, 10, 9],
+                6,
+                2,
+                geo([3, 2], [1, 2], [2, 2], [2, 0], [1, 2]),
+            ),
+            (
+                "depthwise s2",
+                [3, 6, 7, 7],
+                6,
+                6,
+                geo([3, 3], [2, 1], [1, 1], [1, 1], [0, 1]),
+            ),
+            (
+                "1-D s2 p1 d2",
+                [5, 3, 1, 17],
+                4,
+                1,
+                geo([1, 3], [1, 2], [1, 2], [0, 1], [0, 1]),
+            ),
+            (
+                "weight-grad 3x3 s2",
+                [5, 2, 9, 9],
+                3,
+                1,
+                geo([4, 4], [1, 1], [2, 2], [1, 1], [1, 1]),
+            ),
+            (
+                "weight-grad 1x1 s2",
+                [4, 3, 8, 8],
+                5,
+                1,
+                geo([4, 4], [1, 1], [2, 2], [0, 0], [0, 0]),
+            ),
+            (
+                "pads beyond the window",
+                [2, 2, 3, 3],
+                2,
+                1,
+                geo([2, 2], [3, 3], [1, 1], [3, 2], [3, 3]),
+            ),
+        ]
+    }
+
+    #[test]
+    fn conv_matches_direct_definition() {
+        for (name, xd, m, group, g) in cases() {
+            let x = data(xd.iter().product(), 1);
+            let w = data(m * (xd[1] / group) * g.k[0] * g.k[1], 2);
+            let (want, osz) = naive_conv(&x, xd, &w, m, group, &g);
+            // cap 1: one batch item per GEMM; 2 chunks with a remainder; all items at once
+            for cap in [
+                1,
+                2 * (xd[1] / group) * g.k[0] * g.k[1] * osz[0] * osz[1],
+                usize::MAX,
+            ] {
+                let got = conv_core(&x, xd, &w, m, group, &g, osz, cap).unwrap();
+                close(&got, &want, &format!("conv {name}, cap {cap}"));
+            }
+        }
+    }
+
+    #[test]
+    fn conv_transpose_matches_direct_definition() {
+        for (name, xd, mg, group, g) in cases() {
+            // ConvTranspose weight [ch, mg, kh, kw]; output padding 1 on the last axis
+            let (h, wd) = (xd[2], xd[3]);
+            let full = |i: usize, inp: usize, op: usize| {
+                g.s[i] * (inp - 1) + op + (g.k[i] - 1) * g.d[i] + 1
+            };
+            let (fh, fw) = (full(0, h, 0), full(1, wd, 1));
+            if fh <= g.pb[0] + g.pe[0] || fw <= g.pb[1] + g.pe[1] {
+                continue;
+            }
+            let osz = [fh - g.pb[0] - g.pe[0], fw - g.pb[1] - g.pe[1]];
+            let x = data(xd.iter().product(), 3);
+            let w = data(xd[1] * mg * g.k[0] * g.k[1], 4);
+            let want = naive_conv_t(&x, xd, &w, mg, group, &g, osz);
+            for cap in [1, 2 * mg * g.k[0] * g.k[1] * h * wd, usize::MAX] {
+                let got = conv_transpose_core(&x, xd, &w, mg, group, &g, osz, cap).unwrap();
+                close(&got, &want, &format!("conv_transpose {name}, cap {cap}"));
+            }
+        }
+    }
+
+    /// Packing batch items into one GEMM does not change a single bit of an f32 result (the
+    /// GEMM's reduction order depends on `k` only), so pipelines and the `--check` reference,
+    /// which run different batch sizes, see the same per-item arithmetic as before.
+    #[test]
+    fn batch_packing_is_bit_exact_in_f32() {
+        for (name, xd, m, group, g) in cases() {
+            let x: Vec<f32> = data(xd.iter().product(), 5)
+                .iter()
+                .map(|v| *v as f32)
+                .collect();
+            let w: Vec<f32> = data(m * (xd[1] / group) * g.k[0] * g.k[1], 6)
+                .iter()
+                .map(|v| *v as f32)
+                .collect();
+            let osz = [
+                out_size(xd[2], &g, 0, false).unwrap(),
+                out_size(xd[3], &g, 1, false).unwrap(),
+            ];
+            let one = conv_core(&x, xd, &w, m, group, &g, osz, 1).unwrap();
+            let all = conv_core(&x, xd, &w, m, group, &g, osz, usize::MAX).unwrap();
+            assert_eq!(one, all, "{name}");
+        }
     }
 }

@@ -272,9 +272,35 @@ pub fn decompose(g: &CostGraph, kind: &DeviceKind) -> SpTree {
     })
 }
 
+/// [`Ctx::decompose`]'s per-call arrays, kept between calls.
+#[derive(Default)]
+struct Scratch {
+    parent: Vec<usize>,
+    comp_of: Vec<usize>,
+    indeg: Vec<usize>,
+    outdeg: Vec<usize>,
+    diff: Vec<i64>,
+    bytes_diff: Vec<f64>,
+    cross: Vec<i64>,
+    cross_bytes: Vec<f64>,
+    cut: Vec<bool>,
+    finish: Vec<f64>,
+    tail: Vec<f64>,
+    pre: Vec<f64>,
+    suf: Vec<f64>,
+}
+
+/// `v` cleared and refilled with `n` copies of `x`.
+fn fill<T: Clone>(v: &mut Vec<T>, n: usize, x: T) -> &mut Vec<T> {
+    v.clear();
+    v.resize(n, x);
+    v
+}
+
 struct Ctx<'a> {
     g: &'a CostGraph,
     w: &'a [f64],
+    scratch: Scratch,
     /// Local index of each node in the set being processed (usize::MAX: not in it).
     local: Vec<usize>,
     tree: Vec<SpNode>,
@@ -312,6 +338,7 @@ pub fn decompose_with(g: &CostGraph, w: &[f64], side: &[bool]) -> SpTree {
         local: vec![usize::MAX; n],
         tree: Vec::new(),
         forced: 0,
+        scratch: Scratch::default(),
     };
     let root = if skel.is_empty() {
         ctx.tree.push(SpNode {
@@ -382,8 +409,13 @@ impl Ctx<'_> {
         let g = self.g;
         self.mark(set);
         let n = set.len();
+        // The per-call arrays live in `scratch` (one allocation for the whole recursion; they
+        // are dead before every recursive call).
+        let mut sc = std::mem::take(&mut self.scratch);
         // Weakly connected components (union-find over local indices).
-        let mut parent: Vec<usize> = (0..n).collect();
+        let parent = &mut sc.parent;
+        parent.clear();
+        parent.extend(0..n);
         fn find(p: &mut [usize], mut x: usize) -> usize {
             while p[x] != x {
                 p[x] = p[p[x]];
@@ -395,17 +427,17 @@ impl Ctx<'_> {
             for v in g.succs(u) {
                 let j = self.local[v];
                 if j != usize::MAX {
-                    let (a, b) = (find(&mut parent, i), find(&mut parent, j));
+                    let (a, b) = (find(parent, i), find(parent, j));
                     if a != b {
                         parent[a.max(b)] = a.min(b);
                     }
                 }
             }
         }
-        let mut comp_of = vec![usize::MAX; n];
+        let comp_of = fill(&mut sc.comp_of, n, usize::MAX);
         let mut comps: Vec<Vec<NodeId>> = Vec::new();
         for (i, &u) in set.iter().enumerate() {
-            let r = find(&mut parent, i);
+            let r = find(parent, i);
             if comp_of[r] == usize::MAX {
                 comp_of[r] = comps.len();
                 comps.push(Vec::new());
@@ -413,15 +445,16 @@ impl Ctx<'_> {
             comps[comp_of[r]].push(u);
         }
         if comps.len() > 1 {
+            self.scratch = sc;
             self.unmark(set);
             let kids: Vec<usize> = comps.iter().map(|c| self.decompose(c)).collect();
             return self.push(SpKind::Parallel, kids);
         }
         // Connected: crossing counts with virtual terminals.
-        let mut indeg = vec![0usize; n];
-        let mut outdeg = vec![0usize; n];
-        let mut diff = vec![0i64; n + 2];
-        let mut bytes_diff = vec![0.0f64; n + 2];
+        let indeg = fill(&mut sc.indeg, n, 0usize);
+        let outdeg = fill(&mut sc.outdeg, n, 0usize);
+        let diff = fill(&mut sc.diff, n + 2, 0i64);
+        let bytes_diff = fill(&mut sc.bytes_diff, n + 2, 0.0f64);
         for (i, &u) in set.iter().enumerate() {
             for &e in g.out_edges(u) {
                 let j = self.local[g.edges[e].dst];
@@ -449,8 +482,8 @@ impl Ctx<'_> {
                 diff[n + 1] -= 1;
             }
         }
-        let mut cross = vec![0i64; n + 1];
-        let mut cross_bytes = vec![0.0f64; n + 1];
+        let cross = fill(&mut sc.cross, n + 1, 0i64);
+        let cross_bytes = fill(&mut sc.cross_bytes, n + 1, 0.0f64);
         let (mut run, mut runb) = (0i64, 0.0f64);
         for gap in 0..=n {
             run += diff[gap];
@@ -458,9 +491,9 @@ impl Ctx<'_> {
             cross[gap] = run;
             cross_bytes[gap] = runb;
         }
-        let cut: Vec<bool> = (0..n)
-            .map(|p| cross[p] == indeg[p] as i64 && cross[p + 1] == outdeg[p] as i64)
-            .collect();
+        let cut = &mut sc.cut;
+        cut.clear();
+        cut.extend((0..n).map(|p| cross[p] == indeg[p] as i64 && cross[p + 1] == outdeg[p] as i64));
         if cut.iter().any(|c| *c) {
             let mut chunks: Vec<Vec<NodeId>> = Vec::new();
             let mut cur: Vec<NodeId> = Vec::new();
@@ -477,12 +510,13 @@ impl Ctx<'_> {
             if !cur.is_empty() {
                 chunks.push(cur);
             }
+            self.scratch = sc;
             self.unmark(set);
             let kids: Vec<usize> = chunks.iter().map(|c| self.decompose(c)).collect();
             return self.push(SpKind::Series, kids);
         }
         // Not SP here: force a series split where it lengthens the critical path least.
-        let mut finish = vec![0.0f64; n];
+        let finish = fill(&mut sc.finish, n, 0.0f64);
         for (i, &u) in set.iter().enumerate() {
             let s = g
                 .preds(u)
@@ -493,7 +527,7 @@ impl Ctx<'_> {
                 .fold(0.0, f64::max);
             finish[i] = s + self.w[u];
         }
-        let mut tail = vec![0.0f64; n];
+        let tail = fill(&mut sc.tail, n, 0.0f64);
         for (i, &u) in set.iter().enumerate().rev() {
             let s = g
                 .succs(u)
@@ -504,11 +538,11 @@ impl Ctx<'_> {
                 .fold(0.0, f64::max);
             tail[i] = s + self.w[u];
         }
-        let mut pre = vec![0.0f64; n + 1];
+        let pre = fill(&mut sc.pre, n + 1, 0.0f64);
         for i in 0..n {
             pre[i + 1] = pre[i].max(finish[i]);
         }
-        let mut suf = vec![0.0f64; n + 1];
+        let suf = fill(&mut sc.suf, n + 1, 0.0f64);
         for i in (0..n).rev() {
             suf[i] = suf[i + 1].max(tail[i]);
         }
@@ -526,6 +560,7 @@ impl Ctx<'_> {
                 best_key = key;
             }
         }
+        self.scratch = sc;
         self.forced += 1;
         self.unmark(set);
         let a = self.decompose(&set[..best]);

@@ -211,6 +211,34 @@ fn ranking_time(
     ))
 }
 
+/// `f` over `items` on up to `threads` scoped threads (contiguous chunks, this thread takes the
+/// first), results in order; a panic is an error.
+fn par_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let chunk = items.len().div_ceil(threads.max(1)).max(1);
+    let mut parts = items.chunks(chunk);
+    let Some(first) = parts.next() else {
+        return Ok(Vec::new());
+    };
+    let f = &f;
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = parts
+            .map(|part| sc.spawn(move || part.iter().map(f).collect::<Result<Vec<R>>>()))
+            .collect();
+        let mut out = first.iter().map(f).collect::<Result<Vec<R>>>()?;
+        for h in handles {
+            let part = h
+                .join()
+                .unwrap_or_else(|_| Err(Error::msg("gpp: a worker thread panicked")))?;
+            out.extend(part);
+        }
+        Ok(out)
+    })
+}
+
 /// A lower bound of any simulated iteration of `sg` under `schedule` with `m` micro-batches:
 /// each device runs its compute tasks, its stage's all-reduce and its optimizer step one after
 /// another (the simulator's per-device stream), so the iteration is at least the busiest
@@ -581,17 +609,20 @@ impl Gpp {
         let mut last_err = None;
         let coarse_eps = self.eps.max(5e-2);
         let mut skipped = 0usize;
+        // Both unit graphs have the same units and edges: one bound per size, computed on the
+        // threads.
+        let bounds_by_size: std::collections::BTreeMap<u64, f64> = cands
+            .iter()
+            .copied()
+            .zip(par_map(cands, threads, |&b| {
+                Ok(lower_bounds(g, ug, cluster, &params(b, coarse_eps, None)).1)
+            })?)
+            .collect();
         let refine =
             |linear: bool, cands: &[u64], last_err: &mut Option<Error>, skipped: &mut usize| {
-                let ug = if linear { seq_ug } else { ug };
                 let mut order: Vec<(u64, f64)> = cands
                     .iter()
-                    .map(|&b| {
-                        (
-                            b,
-                            lower_bounds(g, ug, cluster, &params(b, coarse_eps, None)).1,
-                        )
-                    })
+                    .map(|&b| (b, bounds_by_size.get(&b).copied().unwrap_or(0.0)))
                     .collect();
                 order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
                 if debug {
@@ -703,8 +734,10 @@ impl Gpp {
         // same stage graph: rank it once.
         let mut cands: Vec<(u64, Vec<StageSpec>, f64)> = Vec::new();
         let mut ests: Vec<f64> = Vec::new();
-        for (ug, b, r) in &pool {
-            let specs = Gpp::specs(g, cluster, ug, r, *b);
+        let all_specs = par_map(&pool, threads, |(ug, b, r)| {
+            Ok(Gpp::specs(g, cluster, ug, r, *b))
+        })?;
+        for ((_, b, r), specs) in pool.iter().zip(all_specs) {
             if cands.iter().any(|(sb, ss, _)| sb == b && *ss == specs) {
                 continue;
             }
@@ -716,17 +749,12 @@ impl Gpp {
         // whose compute bound ([`compute_bound`]) already exceeds the best time so far cannot
         // win and is not simulated.
         let m = opts.batch.max(1);
-        let graphs: Vec<StageGraph> = cands
-            .iter()
-            .map(|(b, specs, _)| {
-                stage_graph(g, cluster, opts, specs, *b, schedule, self.sequential)
-            })
-            .collect();
-        let bounds: Vec<f64> = graphs
-            .iter()
-            .zip(&cands)
-            .map(|(sg, (b, _, _))| compute_bound(sg, cluster, opts, schedule, (m / b) as usize))
-            .collect();
+        let costed = par_map(&cands, threads, |(b, specs, _)| {
+            let sg = stage_graph(g, cluster, opts, specs, *b, schedule, self.sequential);
+            let bound = compute_bound(&sg, cluster, opts, schedule, (m / b) as usize);
+            Ok((sg, bound))
+        })?;
+        let (graphs, bounds): (Vec<StageGraph>, Vec<f64>) = costed.into_iter().unzip();
         let mut order: Vec<usize> = (0..cands.len()).collect();
         order.sort_by(|&a, &b| ests[a].total_cmp(&ests[b]).then(a.cmp(&b)));
         let mut times: Vec<Option<f64>> = vec![None; cands.len()];
@@ -747,7 +775,7 @@ impl Gpp {
                     wave.push(i);
                 }
             }
-            let rank_one = |i: usize| -> Result<(f64, Option<SimResult>)> {
+            let got = par_map(&wave, threads, |&i| {
                 let (t, full) = ranking_time(
                     &graphs[i],
                     cluster,
@@ -756,25 +784,8 @@ impl Gpp {
                     (m / cands[i].0) as usize,
                 )?;
                 Ok((t.max(bounds[i]), full))
-            };
-            let got: Vec<Result<(f64, Option<SimResult>)>> = match wave.split_first() {
-                None => Vec::new(),
-                Some((&first, others)) => std::thread::scope(|sc| {
-                    let handles: Vec<_> = others
-                        .iter()
-                        .map(|&i| sc.spawn(move || rank_one(i)))
-                        .collect();
-                    let mut out = vec![rank_one(first)];
-                    out.extend(handles.into_iter().map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(Error::msg("gpp: a ranking simulation panicked"))
-                        })
-                    }));
-                    out
-                }),
-            };
-            for (&i, t) in wave.iter().zip(got) {
-                let (t, full) = t?;
+            })?;
+            for (&i, (t, full)) in wave.iter().zip(got) {
                 best_so_far = best_so_far.min(t);
                 times[i] = Some(t);
                 sims[i] = full;

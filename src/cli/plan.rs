@@ -309,14 +309,25 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             Ok(v)
         };
         let want = strip(&plan)?;
+        let first = plan.search_time_s;
+        let mut times = vec![first];
         for i in 1..a.repeat {
             let (p, _, _) = plan_model(planner_name, module.as_ref(), g0.clone(), &cluster, &opts)
                 .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
             if strip(&p)? != want {
                 bail!("--repeat: run {} of planner '{planner_name}' returned another plan (not deterministic)", i + 1);
             }
-            plan.search_time_s = plan.search_time_s.min(p.search_time_s);
+            times.push(p.search_time_s);
         }
+        times.sort_by(f64::total_cmp);
+        plan.search_time_s = times[0];
+        eprintln!(
+            "search time over {} runs: fastest {:.3} ms, median {:.3} ms, first {:.3} ms",
+            a.repeat,
+            times[0] * 1e3,
+            times[times.len() / 2] * 1e3,
+            first * 1e3
+        );
     }
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{planner_name}' produced an invalid plan"))?;

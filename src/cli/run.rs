@@ -191,6 +191,17 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
         r.wall_s,
         (a.steps as f64 * p.batch as f64) / r.wall_s.max(1e-9)
     );
+    let steady = r
+        .timings
+        .iter()
+        .map(|t| t.steady_step_s)
+        .fold(0.0, f64::max);
+    if a.steps >= 2 {
+        println!(
+            "steady state: {:.6} s/step (steps 2-{}, slowest device; without preparing and the first step)",
+            steady, a.steps
+        );
+    }
     println!("device  prepare_s  compute_s  comm_s  other_s  total_s");
     for t in &r.timings {
         println!(

@@ -478,54 +478,64 @@ impl Planner for Gpp {
         // result for the next search at that size.
         type Job = (usize, bool, SearchParams, Option<StageTable>);
         type Done = (usize, u64, Result<SearchResult>, Option<StageTable>);
-        let (job_tx, job_rx) = std::sync::mpsc::channel::<Job>();
-        let job_rx = std::sync::Mutex::new(job_rx);
+        let jobs = JobQueue::<Job>::default();
         let (res_tx, res_rx) = std::sync::mpsc::channel::<Done>();
+        let run_job = |(i, linear, p, tab): Job| -> Done {
+            let b = p.micro_batch;
+            let which = if linear { &seq_ug } else { &ug };
+            let (r, tab) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                search_with(g, which, cluster, p, tab)
+            }))
+            .unwrap_or_else(|_| {
+                let e = format!("gpp: the search at micro-batch {b} panicked");
+                (Err(Error::msg(e)), None)
+            });
+            (i, b, r, tab)
+        };
         std::thread::scope(|sc| {
-            for _ in 0..threads {
-                let (res_tx, job_rx, ug, seq_ug) = (res_tx.clone(), &job_rx, &ug, &seq_ug);
-                sc.spawn(move || loop {
-                    let job = match job_rx.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok((i, linear, p, tab)) = job else { return };
-                    let b = p.micro_batch;
-                    let which = if linear { seq_ug } else { ug };
-                    let (r, tab) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        search_with(g, which, cluster, p, tab)
-                    }))
-                    .unwrap_or_else(|_| {
-                        let e = format!("gpp: the search at micro-batch {b} panicked");
-                        (Err(Error::msg(e)), None)
-                    });
-                    if res_tx.send((i, b, r, tab)).is_err() {
-                        return;
+            // `threads − 1` workers; the calling thread works on each wave too (a thread that
+            // only waited would cost a wake-up per wave, a visible share of a few-ms search).
+            for _ in 1..threads {
+                let (res_tx, jobs, run_job) = (res_tx.clone(), &jobs, &run_job);
+                sc.spawn(move || {
+                    while let Some(job) = jobs.wait() {
+                        if res_tx.send(run_job(job)).is_err() {
+                            return;
+                        }
                     }
                 });
             }
             drop(res_tx);
+            // Close the queue however this thread leaves the scope (a panic too), or the
+            // workers would wait for jobs forever.
+            let _closer = CloseOnDrop(&jobs);
             let out = {
                 let tables = std::cell::RefCell::new(std::collections::BTreeMap::new());
-                let run_wave = |linear: bool, jobs: &[SearchParams]| {
-                    for (i, p) in jobs.iter().enumerate() {
+                let run_wave = |linear: bool, wave: &[SearchParams]| {
+                    for (i, p) in wave.iter().enumerate() {
                         let tab = tables.borrow_mut().remove(&p.micro_batch);
-                        // A send fails only when every worker is gone; the receive below then
-                        // ends too.
-                        let _ = job_tx.send((i, linear, p.clone(), tab));
+                        jobs.push((i, linear, p.clone(), tab));
                     }
                     let mut out: Vec<Option<(u64, Result<SearchResult>)>> =
-                        (0..jobs.len()).map(|_| None).collect();
-                    for _ in 0..jobs.len() {
+                        (0..wave.len()).map(|_| None).collect();
+                    let mut keep = |(i, b, r, tab): Done| {
+                        if let Some(t) = tab {
+                            tables.borrow_mut().insert(b, t);
+                        }
+                        out[i] = Some((b, r));
+                    };
+                    let mut done = 0;
+                    // Take jobs while any is queued, then wait for the workers' results.
+                    while let Some(job) = jobs.take() {
+                        keep(run_job(job));
+                        done += 1;
+                    }
+                    while done < wave.len() {
                         match res_rx.recv() {
-                            Ok((i, b, r, tab)) => {
-                                if let Some(t) = tab {
-                                    tables.borrow_mut().insert(b, t);
-                                }
-                                out[i] = Some((b, r));
-                            }
+                            Ok(d) => keep(d),
                             Err(_) => break,
                         }
+                        done += 1;
                     }
                     out.into_iter().flatten().collect()
                 };
@@ -533,9 +543,64 @@ impl Planner for Gpp {
                     g, cluster, opts, &cands, &ug, &seq_ug, threads, &run_wave, t0,
                 )
             };
-            drop(job_tx);
             out
         })
+    }
+}
+
+/// The searches' job queue: the calling thread and the workers take from it.
+struct JobQueue<T> {
+    /// The jobs, and whether the queue is closed.
+    q: std::sync::Mutex<(std::collections::VecDeque<T>, bool)>,
+    ready: std::sync::Condvar,
+}
+
+impl<T> Default for JobQueue<T> {
+    fn default() -> Self {
+        JobQueue {
+            q: std::sync::Mutex::new((std::collections::VecDeque::new(), false)),
+            ready: std::sync::Condvar::new(),
+        }
+    }
+}
+
+impl<T> JobQueue<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::VecDeque<T>, bool)> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn push(&self, job: T) {
+        self.lock().0.push_back(job);
+        self.ready.notify_one();
+    }
+    /// A queued job, without waiting.
+    fn take(&self) -> Option<T> {
+        self.lock().0.pop_front()
+    }
+    /// The next job; `None` once the queue is closed and empty.
+    fn wait(&self) -> Option<T> {
+        let mut g = self.lock();
+        loop {
+            if let Some(j) = g.0.pop_front() {
+                return Some(j);
+            }
+            if g.1 {
+                return None;
+            }
+            g = self.ready.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+    fn close(&self) {
+        self.lock().1 = true;
+        self.ready.notify_all();
+    }
+}
+
+/// Closes a [`JobQueue`] when dropped.
+struct CloseOnDrop<'q, T>(&'q JobQueue<T>);
+
+impl<T> Drop for CloseOnDrop<'_, T> {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 

@@ -365,6 +365,10 @@ pub struct DeviceTiming {
     pub other_s: f64,
     /// From the worker's start to its end.
     pub total_s: f64,
+    /// Steady-state seconds per step: from the end of this device's first step to the end of
+    /// its last, over `steps − 1` (0 with one step). Excludes preparing the pieces and the
+    /// first (cold) step.
+    pub steady_step_s: f64,
 }
 
 /// What a run produced.

@@ -641,7 +641,14 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
     let summary = |o: &DeviceOutcome| -> Tensor {
         let t = &o.timing;
         let mut v = o.losses.clone();
-        v.extend([t.prepare_s, t.compute_s, t.comm_s, t.other_s, t.total_s]);
+        v.extend([
+            t.prepare_s,
+            t.compute_s,
+            t.comm_s,
+            t.other_s,
+            t.total_s,
+            t.steady_step_s,
+        ]);
         let k = v.len();
         Tensor::F64(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[k]), v).unwrap_or_default())
     };
@@ -678,7 +685,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
                 Tensor::F64(a) => a.iter().copied().collect(),
                 _ => return Err(gather_err(other("bad result summary"))),
             };
-            if v.len() != opts.steps + 5 {
+            if v.len() != opts.steps + 6 {
                 return Err(gather_err(other(format!(
                     "device {src} sent a summary of {} numbers",
                     v.len()
@@ -695,6 +702,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
                 comm_s: t[2],
                 other_s: t[3],
                 total_s: t[4],
+                steady_step_s: t[5],
             });
             for (k, name) in reported(&lp.program, &holders, src).into_iter().enumerate() {
                 let t = ep

@@ -168,6 +168,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
     };
     let mut losses = Vec::with_capacity(ctx.steps);
     let mut events = Vec::new();
+    let mut first_step_end: Option<Instant> = None;
     for s in 0..ctx.steps {
         w.loss = 0.0;
         for (k, ins) in dp.instructions.iter().enumerate() {
@@ -204,6 +205,10 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         }
         w.bufs.clear();
         losses.push(w.loss);
+        match first_step_end {
+            None => first_step_end = Some(Instant::now()),
+            Some(t1) => timing.steady_step_s = t1.elapsed().as_secs_f64() / s as f64,
+        }
     }
     timing.total_s = start.elapsed().as_secs_f64();
     let params = stage

@@ -387,3 +387,29 @@ fn shared_host_cores_serialize_compute() {
         "two cores must be slower than four"
     );
 }
+
+/// `host_slowdown`: one core busy computes at full speed (no slowdown with one shared core);
+/// with two shared cores and every task slowed `s` when both are busy, a chain of stages whose
+/// two halves run side by side takes longer, but never more than `s` times the unslowed run.
+#[test]
+fn host_slowdown_scales_busy_cores() {
+    let (s, m, f, b) = (4, 8, 1.0, 2.0);
+    let sg = StageGraph::uniform_chain(s, f, b, 0.0);
+    let sched = schedule::generate(&sg, ScheduleKind::OneFOneB, m);
+    let run = |cores: usize, slow: f64| {
+        let mut c = flat(s, 1e9);
+        c.host_cores = Some(cores);
+        c.host_slowdown = slow;
+        simulate(&sg, &sched, &c, AllReduceAlgo::Ring)
+            .expect("sim")
+            .iteration_time_s
+    };
+    let work = (s * m) as f64 * (f + b);
+    assert!(close(run(1, 1.5), work), "one core is never slowed");
+    let (base, slowed) = (run(2, 1.0), run(2, 1.5));
+    assert!(
+        slowed > base * (1.0 + 1e-6) && slowed <= 1.5 * base + 1e-9,
+        "two cores: {slowed} not in ({base}, {}]",
+        1.5 * base
+    );
+}

@@ -116,10 +116,10 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         .cluster
         .as_deref()
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
-    let cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
+    let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
     if let Some(p) = &a.profile {
-        apply_measured_profile(&mut g, model, p)?;
+        apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }
     let batch = match a.batch {
         Some(0) => bail!("--batch 0: must be >= 1"),

@@ -97,12 +97,12 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         })?),
     };
     planners::by_name(&a.planner)?; // an unknown name fails before any work
-    let cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
+    let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let m = super::load_module(&a.model)?;
     let name = a.model.display().to_string();
     let mut g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     if let Some(p) = &a.profile {
-        super::plan::apply_measured_profile(&mut g, &a.model, p)?;
+        super::plan::apply_measured_profile(&mut g, &mut cluster, &a.model, p)?;
     }
     let mut opts = PlanOptions::new(a.batch);
     opts.micro_batch = Some(a.micro_batch);

@@ -139,8 +139,15 @@ fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, 
 }
 
 /// `--profile prof.json`: replace the works of an ONNX model's cost graph by the measured
-/// seconds of a `pipec profile` output (node names must match, in order).
-pub fn apply_measured_profile(g: &mut CostGraph, model: &Path, profile: &Path) -> Result<()> {
+/// seconds of a `pipec profile` output (node names must match, in order). On a cluster whose
+/// devices share the host's cores, the profile's measured all-cores slowdown becomes the
+/// cluster's `host_slowdown`.
+pub fn apply_measured_profile(
+    g: &mut CostGraph,
+    cluster: &mut Cluster,
+    model: &Path,
+    profile: &Path,
+) -> Result<()> {
     if model.extension().is_some_and(|e| e == "txt") {
         bail!(
             "--profile {}: MODEL is already a graph.txt profile; --profile needs an ONNX model",
@@ -151,6 +158,9 @@ pub fn apply_measured_profile(g: &mut CostGraph, model: &Path, profile: &Path) -
     let text = std::fs::read_to_string(profile).with_context(|| format!("{file}: cannot read"))?;
     let p = MeasuredProfile::parse(&text, &file)?;
     measured::apply(g, &p, &file)?;
+    if cluster.host_cores.is_some() {
+        cluster.host_slowdown = p.host_slowdown();
+    }
     Ok(())
 }
 
@@ -261,7 +271,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         )
     })?;
     planners::by_name(planner_name)?; // an unknown name fails before any work
-    let cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
+    let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let schedule = match a.schedule.as_deref() {
         None => None,
         Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
@@ -271,7 +281,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     };
     let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
     if let Some(p) = &a.profile {
-        apply_measured_profile(&mut g, model, p)?;
+        apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }
     let batch = match a.batch {
         Some(0) => bail!("--batch 0: must be >= 1"),

@@ -24,10 +24,15 @@
 //!    time, `bwd_s` the sum of the times of the backward ops attributed to it.
 //!    The reference interpreter is single-threaded, so a profile is one core's times: the `cpu`
 //!    preset's devices.
+//! 5. Then one thread per host core runs the training graph at once, `--repeat` times each:
+//!    `concurrent_run_s` (their median run) over `run_s` is how much slower a device computes
+//!    when every core is busy; `pipec plan/compile/compare --profile` give it to the simulator as
+//!    `Cluster::host_slowdown` when the `cpu` preset is oversubscribed.
 //!
 //! Output (`-o`): `{"model", "batch", "executor", "repeat", "warmup", "nodes": [{"name",
 //! "op_type", "fwd_s", "bwd_s", "output_bytes", "parameter_bytes"}], "total_fwd_s",
-//! "total_bwd_s", "loss_s", "unattributed_s", "run_s", "kernel_s"}`; everything but the measured seconds is
+//! "total_bwd_s", "loss_s", "unattributed_s", "run_s", "kernel_s", "host_threads",
+//! "concurrent_run_s"}`; everything but the measured seconds is
 //! deterministic.
 //!
 //! `--compare-analytic` prints the analytic (roofline on `--device-kind`, default `cpu-core`)
@@ -450,6 +455,8 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
     }
     bar.tick(total, "done");
     bar.finish();
+    let (host_threads, concurrent_run_s) = concurrent_runs(exec.as_ref(), &t, &inputs, a.repeat)
+        .with_context(|| format!("{name}: the concurrent runs failed"))?;
     let mut med: Vec<f64> = samples.iter().map(|s| median(s)).collect();
     let kernel_s: f64 = med.iter().sum();
     let run_s = median(&walls);
@@ -486,7 +493,57 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
         unattributed_s,
         run_s,
         kernel_s,
+        host_threads,
+        concurrent_run_s,
     })
+}
+
+/// The training graph run by one thread per host core at once, `repeat` times each after one
+/// warm-up: `(threads, median wall seconds of one run)`, `(0, 0)` on a one-core host. This is
+/// how `pipec run`'s workers load the machine when devices outnumber cores; the ratio to the
+/// single-threaded run is the simulator's `Cluster::host_slowdown`.
+fn concurrent_runs(
+    exec: &dyn pipec_runtime::Executor,
+    t: &Module,
+    inputs: &[(String, pipec_runtime::Tensor)],
+    repeat: u32,
+) -> Result<(u32, f64)> {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n < 2 {
+        return Ok((0, 0.0));
+    }
+    let barrier = std::sync::Barrier::new(n);
+    let walls: Vec<Result<Vec<f64>>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                let barrier = &barrier;
+                sc.spawn(move || -> Result<Vec<f64>> {
+                    let mut prog = exec.prepare(t)?;
+                    prog.run_profiled(inputs)?;
+                    barrier.wait();
+                    let mut w = Vec::with_capacity(repeat as usize);
+                    for _ in 0..repeat.max(1) {
+                        let t0 = Instant::now();
+                        prog.run_profiled(inputs)?;
+                        w.push(t0.elapsed().as_secs_f64());
+                    }
+                    Ok(w)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a profiling thread panicked")))
+            })
+            .collect()
+    });
+    let mut all = Vec::new();
+    for w in walls {
+        all.extend(w?);
+    }
+    Ok((n as u32, median(&all)))
 }
 
 fn model_label(name: &str) -> String {

@@ -176,6 +176,20 @@ pub struct Cluster {
     /// own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cores: Option<usize>,
+    /// With `host_cores`: how much slower one task computes when every host core is busy than
+    /// when it runs alone (memory bandwidth, caches, a shared core's clock), measured by
+    /// `pipec profile` (`concurrent_run_s / run_s`); 1 when unknown. The simulator interpolates
+    /// it linearly in the number of busy cores.
+    #[serde(default = "one_f64", skip_serializing_if = "is_one_f64")]
+    pub host_slowdown: f64,
+}
+
+fn one_f64() -> f64 {
+    1.0
+}
+
+fn is_one_f64(x: &f64) -> bool {
+    *x == 1.0
 }
 
 /// A preset: name, one-line description (for `--list-clusters`), and its constructor.
@@ -542,6 +556,7 @@ impl Cluster {
             levels,
             devices,
             host_cores: None,
+            host_slowdown: 1.0,
         })
     }
 

@@ -82,6 +82,26 @@ pub struct MeasuredProfile {
     /// profiles (unscaled).
     #[serde(default)]
     pub kernel_s: f64,
+    /// Host threads that ran the training graph at once for [`MeasuredProfile::concurrent_run_s`]
+    /// (0: not measured).
+    #[serde(default)]
+    pub host_threads: u32,
+    /// Median wall seconds of one whole run while `host_threads` copies run at the same time
+    /// (one per core, as `pipec run`'s workers on an oversubscribed `cpu` cluster). 0 in older
+    /// profiles.
+    #[serde(default)]
+    pub concurrent_run_s: f64,
+}
+
+impl MeasuredProfile {
+    /// How much slower a run is with every host core busy than alone (≥ 1; 1 if not measured).
+    pub fn host_slowdown(&self) -> f64 {
+        if self.host_threads >= 2 && self.run_s > 0.0 && self.concurrent_run_s > 0.0 {
+            (self.concurrent_run_s / self.run_s).max(1.0)
+        } else {
+            1.0
+        }
+    }
 }
 
 impl MeasuredProfile {
@@ -571,6 +591,8 @@ mod tests {
             unattributed_s: 0.0,
             run_s: 0.0,
             kernel_s: 0.0,
+            host_threads: 0,
+            concurrent_run_s: 0.0,
         }
     }
 

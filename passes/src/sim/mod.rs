@@ -685,12 +685,22 @@ pub fn simulate(
                 )
         })
         .collect();
+    // With `c = min(k, C)` cores busy each runs `1 + (s − 1)(c − 1)/(C − 1)` times slower than
+    // alone (`s`: the measured all-cores slowdown, `Cluster::host_slowdown`).
+    let slow = cluster.host_slowdown.max(1.0);
     let rate = |k: usize| {
-        if k as f64 <= host {
+        let share = if k as f64 <= host {
             1.0
         } else {
             host / k as f64
-        }
+        };
+        let busy = (k as f64).min(host);
+        let f = if host > 1.0 && busy > 1.0 {
+            1.0 + (slow - 1.0) * (busy - 1.0) / (host - 1.0)
+        } else {
+            1.0
+        };
+        share / f
     };
     let mut heap = BinaryHeap::with_capacity(n);
     let mut starting: BinaryHeap<Ev> = BinaryHeap::new();

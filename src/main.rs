@@ -49,6 +49,12 @@ fn keep_freed_memory() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn keep_freed_memory() {}
 
+/// mimalloc instead of glibc's malloc: the planners' searches are allocation-heavy (small
+/// vectors per DP state, per simulated event) and glibc's malloc/free was a fifth of a 4-GPU
+/// GraphPipe search (BENCHMARKS.md, "GraphPipe").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     keep_freed_memory();
     let cli = Cli::parse();

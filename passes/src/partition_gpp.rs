@@ -371,6 +371,12 @@ pub struct SearchResult {
 ///   times along any path of units, each unit at most `D`-way split: `depth·P ≥ CP(b/D)`, the
 ///   longest path of unit times at slice `b/D`; and `depth·P ≥ P`. So
 ///   `estimate ≥ (M − 1)·F_total(b)/D + max(CP(b/D), F_total(b)/D)`.
+/// - When the unit graph is connected, a plan of two or more stages has a stage edge, so
+///   `depth ≥ 2` (the DP's `δ` adds along every stage edge) and `depth·P ≥ 2·F_total(b)/D`; a
+///   plan of depth 1 is the whole graph as one stage on all `D` devices, whose estimate is at
+///   least `M·F_total(b/D) + AllReduce(all parameters, D) + step`. The bound is the smaller of
+///   the two cases: large micro-batches (few of them, `M` small) pay either a bubble or a whole
+///   model's all-reduce, and the planner skips them without a search.
 ///
 /// The planner ranks micro-batch sizes by this bound and skips those that cannot make its
 /// shortlist; the binary search starts from the TPS bound instead of 0.
@@ -407,7 +413,47 @@ pub fn lower_bounds(
     }
     let cp = longest.iter().copied().fold(0.0, f64::max);
     let m = (p.batch / p.micro_batch.max(1)).max(1) as f64;
-    (total / (b * d), (m - 1.0) * total / d + cp.max(total / d))
+    let any_depth = (m - 1.0) * total / d + cp.max(total / d);
+    if !connected(ug) {
+        return (total / (b * d), any_depth);
+    }
+    let params: f64 = ug
+        .units
+        .iter()
+        .flatten()
+        .map(|&n| g.nodes[n].parameter_bytes)
+        .sum();
+    let devs: Vec<usize> = (0..p.devices.min(cluster.len())).collect();
+    let sync = AllReduceGroup::new(cluster, &devs, p.allreduce).time(params)
+        + step_time(params, kind.memory_bandwidth, p.optimizer);
+    let one_stage = m * thin.iter().sum::<f64>() + sync;
+    let deeper = (m - 1.0) * total / d + cp.max(2.0 * total / d);
+    (total / (b * d), one_stage.min(deeper))
+}
+
+/// Whether the units with the unit graph's edges form one (weakly) connected graph.
+fn connected(ug: &UnitGraph) -> bool {
+    let n = ug.units.len();
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let mut parts = n;
+    for &(a, c, _) in &ug.edges {
+        if a >= n || c >= n {
+            continue;
+        }
+        let (ra, rc) = (root(&mut parent, a), root(&mut parent, c));
+        if ra != rc {
+            parent[ra] = rc;
+            parts -= 1;
+        }
+    }
+    parts <= 1
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -577,6 +623,10 @@ pub struct Search<'a> {
     segs_stamp: Vec<u32>,
     state_base: Vec<usize>,
     t_max: f64,
+    /// The smallest TPS the current run compared against `t_max` and found above it (see
+    /// [`Search::run`]): every target in `[t_max, next_t)` makes the same comparisons, so the
+    /// same DP run.
+    next_t: f64,
     pow2: Vec<usize>,
 }
 
@@ -644,6 +694,7 @@ impl<'a> Search<'a> {
             segs_stamp: vec![0; total],
             state_base,
             t_max: f64::INFINITY,
+            next_t: f64::INFINITY,
             pow2,
         }
     }
@@ -761,8 +812,12 @@ impl<'a> Search<'a> {
 
     /// A single stage's `σ` (the most in-flight micro-batches after it that still fit), or `None`
     /// when it misses the target or never fits.
-    fn sigma_of(&self, tps: f64, cap: i64) -> Option<i64> {
-        if tps > self.t_max || cap < 1 {
+    fn sigma_of(&mut self, tps: f64, cap: i64) -> Option<i64> {
+        if tps > self.t_max {
+            self.next_t = self.next_t.min(tps);
+            return None;
+        }
+        if cap < 1 {
             return None;
         }
         Some(if cap >= self.m { INF } else { cap - 1 })
@@ -799,6 +854,10 @@ impl<'a> Search<'a> {
                 let e = self.hot(seg_lo, hi, ri);
                 if e.compute_tps <= self.t_max {
                     any = true;
+                } else {
+                    // A longer segment on `ri` replicas has at least this compute (prefix
+                    // sums), so at least this TPS: the break below skips nothing under it.
+                    self.next_t = self.next_t.min(e.compute_tps);
                 }
                 if let Some(sigma) = self.sigma_of(e.tps, e.cap) {
                     v.push((k as u32, ri as u32, sigma));
@@ -847,13 +906,20 @@ impl<'a> Search<'a> {
         (self.state_base[t] + j) * (self.p.devices + 1) + d
     }
 
-    /// Solve state (t, j, d) (normalised); returns its index in the memo.
+    /// Solve state (t, j, d) (normalised); returns its index in the memo. A memo hit (most
+    /// calls) stays inline; the state itself is solved out of line.
+    #[inline(always)]
     fn solve(&mut self, t: usize, j: usize, d: usize) -> usize {
         let (t, j) = self.norm(t, j);
         let id = self.idx(t, j, d);
         if self.stamp[id] == self.run {
             return id;
         }
+        self.solve_state(t, j, d, id)
+    }
+
+    #[inline(never)]
+    fn solve_state(&mut self, t: usize, j: usize, d: usize, id: usize) -> usize {
         let mut out = std::mem::take(&mut self.memo[id]);
         out.clear();
         let ug = self.ug;
@@ -1041,8 +1107,16 @@ fn push_pareto(out: &mut Vec<Entry>, e: Entry) {
 
 impl Search<'_> {
     /// One DP run at `t_max` (Algorithm 1's SEARCHSTAGEGRAPH): the best top-level entry, if any.
+    ///
+    /// The run depends on `t_max` only through comparisons of stage TPS (and compute TPS)
+    /// values with it; afterwards `next_t` is the smallest compared value above `t_max`. A run
+    /// at any `t ∈ [t_max, next_t)` makes every comparison the same way (by induction over the
+    /// run's steps, identical until a comparison differs, which needs a compared value in
+    /// `(t_max, t]`), so it returns the same result: the binary search uses this to skip
+    /// targets that cannot change the outcome.
     fn run(&mut self, t_max: f64) -> Option<(u32, Vec<StageChoice>)> {
         self.t_max = t_max;
+        self.next_t = f64::INFINITY;
         if self.run == u32::MAX {
             self.stamp.fill(0);
             self.segs_stamp.fill(0);
@@ -1061,6 +1135,14 @@ impl Search<'_> {
         self.extract((id, ei), &mut stages);
         stages.sort_by_key(|s| s.lo);
         Some((best.delta, stages))
+    }
+
+    /// One DP run at `t_max` and its `next_t` (see [`Search::run`]), for tests of the binary
+    /// search's jumps.
+    #[doc(hidden)]
+    pub fn probe(&mut self, t_max: f64) -> (Option<(u32, Vec<StageChoice>)>, f64) {
+        let r = self.run(t_max);
+        (r, self.next_t)
     }
 
     fn extract(&mut self, (id, ei): (usize, usize), out: &mut Vec<StageChoice>) {
@@ -1219,7 +1301,9 @@ fn search_in(
         let t_m = 0.5 * (t_l + t_r);
         runs += 1;
         match s.run(t_m) {
-            None => t_l = t_m,
+            // Every target below `next_t` fails the same way ([`Search::run`]): the optimum is
+            // at `next_t` or above.
+            None => t_l = t_m.max(s.next_t.min(t_r) * (1.0 - 1e-12)),
             Some(r) => {
                 t_r = bottleneck(&r.1).min(t_m);
                 best = r;
@@ -1236,9 +1320,16 @@ fn search_in(
     // Every distinct plan seen (the optimum and the relaxed ones), for the planner to simulate.
     let mut seen: Vec<(u32, Vec<StageChoice>, f64)> = vec![(best.0, best.1.clone(), best_est)];
     if s.p.relax {
+        // A relaxed target in the last run's `[t, next_t)` returns that run's plan again.
+        let mut same_below = 0.0;
         for f in RELAX {
+            if t_r * f < same_below {
+                continue;
+            }
             runs += 1;
-            if let Some(r) = s.run(t_r * f) {
+            let got = s.run(t_r * f);
+            same_below = s.next_t;
+            if let Some(r) = got {
                 let e = estimate(r.0, &r.1);
                 if !seen.iter().any(|x| x.1 == r.1) {
                     seen.push((r.0, r.1.clone(), e));

@@ -260,16 +260,7 @@ pub fn side_nodes(g: &CostGraph, w: &[f64]) -> Vec<bool> {
 pub fn decompose(g: &CostGraph, kind: &DeviceKind) -> SpTree {
     let w = node_work(g, kind);
     let side = side_nodes(g, &w);
-    // Run in a thread with a large stack: forced splits may recurse deeply on big graphs.
-    std::thread::scope(|s| {
-        let h = std::thread::Builder::new()
-            .stack_size(256 << 20)
-            .spawn_scoped(s, || decompose_with(g, &w, &side));
-        match h {
-            Ok(h) => h.join().unwrap_or_else(|_| decompose_with(g, &w, &side)),
-            Err(_) => decompose_with(g, &w, &side),
-        }
-    })
+    decompose_with(g, &w, &side)
 }
 
 /// [`Ctx::decompose`]'s per-call arrays, kept between calls.
@@ -403,6 +394,13 @@ impl Ctx<'_> {
 
     /// `set` is in (global) topological order.
     fn decompose(&mut self, set: &[NodeId]) -> usize {
+        // Forced splits may recurse deeply on big graphs: grow the stack on demand (in 64-MiB
+        // segments) instead of running every decomposition on a big-stack thread (a thread
+        // start was a visible share of a few-ms GraphPipe search).
+        stacker::maybe_grow(256 << 10, 64 << 20, || self.decompose_in(set))
+    }
+
+    fn decompose_in(&mut self, set: &[NodeId]) -> usize {
         if set.len() == 1 {
             return self.leaf(set[0]);
         }

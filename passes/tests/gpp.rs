@@ -4,7 +4,7 @@
 use pipec_passes::cost::analytic::{from_module, AnalyticOptions};
 use pipec_passes::cost::cluster::Cluster;
 use pipec_passes::cost::{CostEdge, CostGraph, CostNode, Work};
-use pipec_passes::partition_gpp::{search, SearchParams, UnitGraph};
+use pipec_passes::partition_gpp::{lower_bounds, search, Search, SearchParams, UnitGraph};
 use pipec_passes::plan::PlanOptions;
 use pipec_passes::planners::gpp::Gpp;
 use pipec_passes::planners::Planner;
@@ -489,5 +489,98 @@ fn shared_stage_table_changes_nothing() {
             key(&fresh),
             "micro-batch {b}"
         );
+    }
+}
+
+/// A DP run at `t` returns the same plan for every target in `[t, next_t)` (the binary search
+/// jumps over that interval on a failed run, and skips relaxed targets inside it), and the
+/// result changes only at a compared value: checked on the three GraphPipe families at 4 and 8
+/// devices, on a geometric grid of targets around each optimum.
+#[test]
+fn dp_runs_are_constant_below_next_t() {
+    for name in ["mmt", "dlrm", "candle_uno"] {
+        let g = family(name);
+        for (devices, b) in [(4, 8), (8, 32)] {
+            let c = summit(devices);
+            for gpp in [Gpp::default(), Gpp::sequential()] {
+                let (_, ug) = gpp.unit_graph(&g, &c);
+                let p = SearchParams {
+                    batch: 256,
+                    micro_batch: b,
+                    devices,
+                    optimizer: Default::default(),
+                    allreduce: Default::default(),
+                    eps: 1e-3,
+                    relax: false,
+                    bracket: None,
+                };
+                let best = search(&g, &ug, &c, p.clone())
+                    .expect("search")
+                    .bottleneck_tps;
+                let mut s = Search::new(&g, &ug, &c, p, None);
+                let mut jumps = 0;
+                for i in 0..40 {
+                    let t = best * 0.5 * 1.05f64.powi(i);
+                    let (r, next) = s.probe(t);
+                    assert!(next > t, "{name}@{devices}: next_t {next} <= t {t}");
+                    if next.is_finite() {
+                        jumps += 1;
+                        for f in [1e-6, 0.5, 0.999] {
+                            let (r2, _) = s.probe(t + f * (next - t));
+                            assert_eq!(r, r2, "{name}@{devices} b={b}: t={t} next_t={next} f={f}");
+                        }
+                    }
+                }
+                assert!(jumps > 0, "{name}@{devices}: no finite next_t");
+            }
+        }
+    }
+}
+
+/// [`lower_bounds`]'s estimate bound holds: no search at that micro-batch size returns a plan
+/// (nor an alternative) with a smaller estimate. Checked for every micro-batch size the planner
+/// considers on the three families at 4, 8 and 16 devices (the planner skips sizes whose bound
+/// exceeds its shortlist, so a bound that is too high would silently lose plans).
+#[test]
+fn lower_bounds_bound_the_estimates() {
+    for (name, batch) in [("mmt", 64u64), ("dlrm", 256), ("candle_uno", 4096)] {
+        let g = family(name);
+        for devices in [4, 8, 16] {
+            let c = summit(devices);
+            let (_, ug) = Gpp::default().unit_graph(&g, &c);
+            let mut checked = 0;
+            for b in (0..).map(|i| 1u64 << i).take_while(|&b| b <= batch) {
+                let p = SearchParams {
+                    batch,
+                    micro_batch: b,
+                    devices,
+                    optimizer: Default::default(),
+                    allreduce: Default::default(),
+                    eps: 1e-3,
+                    relax: true,
+                    bracket: None,
+                };
+                let (_, lb) = lower_bounds(&g, &ug, &c, &p);
+                let Ok(r) = search(&g, &ug, &c, p) else {
+                    continue;
+                };
+                checked += 1;
+                assert!(
+                    lb <= r.estimate_s * (1.0 + 1e-12),
+                    "{name}@{devices} b={b}: bound {lb} > estimate {}",
+                    r.estimate_s
+                );
+                for (_, _, e) in &r.alternatives {
+                    assert!(
+                        lb <= e * (1.0 + 1e-12),
+                        "{name}@{devices} b={b}: bound {lb} > {e}"
+                    );
+                }
+            }
+            assert!(
+                checked > 2,
+                "{name}@{devices}: only {checked} sizes searched"
+            );
+        }
     }
 }

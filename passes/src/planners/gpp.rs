@@ -211,6 +211,23 @@ fn ranking_time(
     ))
 }
 
+/// Below this many devices the search runs on the calling thread alone.
+///
+/// Searches below 16 devices take a few milliseconds (BENCHMARKS.md, "GraphPipe"): a thread's
+/// start and wake-ups cost more than it saves, and the waves of micro-batch sizes run one at a
+/// time prune more sizes by their bound. Measured on the 2-vCPU dev VM, 4 GPUs: MMT 2.9 → 2.0 ms,
+/// 8 GPUs: 7.5 → 5.5 ms (median of cold processes). On one thread the plan does not depend on
+/// the host's core count.
+const PARALLEL_FROM_DEVICES: usize = 16;
+
+/// Threads for a search over `devices` devices (see [`PARALLEL_FROM_DEVICES`]).
+fn search_threads(devices: usize) -> usize {
+    if devices < PARALLEL_FROM_DEVICES {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// `f` over `items` on up to `threads` scoped threads (contiguous chunks, this thread takes the
 /// first), results in order; a panic is an error.
 fn par_map<T: Sync, R: Send>(
@@ -470,9 +487,7 @@ impl Planner for Gpp {
         // The searches run on a fixed set of worker threads for the whole call (spawning per
         // wave was a visible share of small searches); a job names its unit graph (linearised
         // or not), micro-batch, ε and bracket, and comes back with its index in the wave.
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .max(1);
+        let threads = search_threads(cluster.len());
         // The graph and linearised unit graphs have the same units and edges, so a micro-batch
         // size's stage evaluations ([`StageTable`]) go with its job and come back with its
         // result for the next search at that size.

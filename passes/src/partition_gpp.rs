@@ -67,6 +67,10 @@ use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
 use crate::sp_decompose::{SpKind, SpTree};
 use pipec_compiler::{Error, Result};
 
+/// The most units a search takes: its stage tables hold every unit range (`(U + 1)²` entries
+/// per power-of-two replica count). The planner's coarsening stays below it.
+pub const MAX_DP_UNITS: usize = 1024;
+
 /// A tree node over unit ranges.
 #[derive(Clone, Debug)]
 pub struct TNode {
@@ -144,7 +148,7 @@ impl UnitGraph {
                 } else {
                     node.children
                         .iter()
-                        .map(|&c| build(sp, c, next, out))
+                        .map(|&c| crate::sp_decompose::grow(|| build(sp, c, next, out)))
                         .collect()
                 };
                 out.push(TNode {
@@ -1236,6 +1240,13 @@ fn search_in(
         return Err(Error::Usage(format!(
             "gpp: micro-batch {} must be >= 1 and divide the batch {}",
             p.micro_batch, p.batch
+        )));
+    }
+    if ug.units.len() > MAX_DP_UNITS {
+        return Err(Error::Usage(format!(
+            "gpp: {} units after coarsening, more than the DP's {MAX_DP_UNITS} (its stage tables \
+             grow with the square of the units); coarsen the decomposition further",
+            ug.units.len()
         )));
     }
     if ug.units.is_empty() {

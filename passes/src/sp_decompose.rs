@@ -190,7 +190,7 @@ impl SpTree {
         let mut kids: Vec<(usize, f64)> = node
             .children
             .iter()
-            .map(|&c| self.coarsen_rec(c, work, theta, out))
+            .map(|&c| grow(|| self.coarsen_rec(c, work, theta, out)))
             .collect();
         if node.kind == SpKind::Series {
             // Merge runs of consecutive leaves while their sum stays <= theta.
@@ -261,6 +261,13 @@ pub fn decompose(g: &CostGraph, kind: &DeviceKind) -> SpTree {
     let w = node_work(g, kind);
     let side = side_nodes(g, &w);
     decompose_with(g, &w, &side)
+}
+
+/// Runs `f` (a recursive step over the tree) with room on the stack: nested series and
+/// parallel splits can be thousands of levels deep, more than a thread's stack holds, so the
+/// stack grows in 16-MiB segments when less than 64 KiB are left (the `stacker` crate).
+pub(crate) fn grow<R>(f: impl FnOnce() -> R) -> R {
+    stacker::maybe_grow(64 << 10, 16 << 20, f)
 }
 
 /// [`Ctx::decompose`]'s per-call arrays, kept between calls.
@@ -397,7 +404,7 @@ impl Ctx<'_> {
         // Forced splits may recurse deeply on big graphs: grow the stack on demand (in 64-MiB
         // segments) instead of running every decomposition on a big-stack thread (a thread
         // start was a visible share of a few-ms GraphPipe search).
-        stacker::maybe_grow(256 << 10, 64 << 20, || self.decompose_in(set))
+        grow(|| self.decompose_in(set))
     }
 
     fn decompose_in(&mut self, set: &[NodeId]) -> usize {
@@ -602,7 +609,7 @@ pub fn check_tree(g: &CostGraph, t: &SpTree) -> std::result::Result<(), String> 
         }
         let mut r = (usize::MAX, 0);
         for &c in &t.tree[x].children {
-            let cr = fill(t, c, range);
+            let cr = grow(|| fill(t, c, range));
             r = (r.0.min(cr.0), r.1.max(cr.1));
         }
         range[x] = r;

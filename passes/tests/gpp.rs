@@ -584,3 +584,69 @@ fn lower_bounds_bound_the_estimates() {
         }
     }
 }
+
+/// A deeply nested series-parallel graph (`G_k = a_k → (G_{k−1} ∥ b_k) → c_k`, 4,000 levels)
+/// decomposes on a thread with a 256-KiB stack: the recursion is thousands of calls deep and
+/// the decomposition grows its stack on demand.
+#[test]
+fn deep_nesting_fits_any_stack() {
+    let levels = 4_000;
+    let node = |i: usize| CostNode {
+        name: format!("n{i}"),
+        op: "Op".into(),
+        work: Work::Measured {
+            fwd_s: 1e-3 * (1 + i % 7) as f64,
+            bwd_s: 1e-3,
+        },
+        activation_bytes: 0.0,
+        saved_bytes: 0.0,
+        parameter_bytes: 0.0,
+        is_input: false,
+    };
+    // Level k: a = 3k+1, b = 3k+2, c = 3k+3; level 0 is node 0.
+    let nodes: Vec<CostNode> = (0..3 * levels + 1).map(node).collect();
+    let mut edges = Vec::new();
+    let (mut src, mut dst) = (0, 0);
+    for k in 0..levels {
+        let (a, b, c) = (3 * k + 1, 3 * k + 2, 3 * k + 3);
+        for (s, d) in [(a, src), (dst, c), (a, b), (b, c)] {
+            edges.push(CostEdge {
+                src: s,
+                dst: d,
+                bytes: 0.0,
+            });
+        }
+        (src, dst) = (a, c);
+    }
+    let g = CostGraph::new("nested", 1.0, nodes, edges, "test").expect("graph");
+    let c = summit(4);
+    let tree_nodes = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || {
+            let sp = decompose(&g, c.kind_of(0));
+            check_tree(&g, &sp)?;
+            // The planner's coarsening (bounded units), unit graph and one search on the same
+            // small stack.
+            let (_, ug) = Gpp::default().unit_graph(&g, &c);
+            if ug.units.len() > pipec_passes::partition_gpp::MAX_DP_UNITS {
+                return Err(format!("{} units", ug.units.len()));
+            }
+            let p = SearchParams {
+                batch: 8,
+                micro_batch: 1,
+                devices: 4,
+                optimizer: Default::default(),
+                allreduce: Default::default(),
+                eps: 1e-3,
+                relax: false,
+                bracket: None,
+            };
+            search(&g, &ug, &c, p).map_err(|e| e.to_string())?;
+            Ok::<_, String>(sp.tree.len())
+        })
+        .expect("thread")
+        .join()
+        .expect("no stack overflow")
+        .expect("valid tree");
+    assert!(tree_nodes > 3 * levels, "{tree_nodes} tree nodes");
+}

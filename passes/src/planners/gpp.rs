@@ -41,7 +41,7 @@
 use super::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::partition_gpp::{
-    lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph,
+    lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph, MAX_DP_UNITS,
 };
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::{simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
@@ -90,8 +90,14 @@ impl Gpp {
         let sp = decompose(g, kind);
         let w = node_work(g, kind);
         let total: f64 = w.iter().sum();
-        let theta = total / (self.units_per_device * cluster.len().max(1) as f64).max(32.0);
-        let coarse = sp.coarsen(&w, theta);
+        let mut theta = total / (self.units_per_device * cluster.len().max(1) as f64).max(32.0);
+        let mut coarse = sp.coarsen(&w, theta);
+        // Deep nesting keeps small pieces apart at any θ that only merges small subtrees: raise
+        // θ until the DP's tables (quadratic in the units) stay bounded.
+        while coarse.leaves().len() > MAX_DP_UNITS && theta < total {
+            theta *= 2.0;
+            coarse = sp.coarsen(&w, theta);
+        }
         (sp, coarse)
     }
 

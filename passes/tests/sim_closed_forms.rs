@@ -413,3 +413,46 @@ fn host_slowdown_scales_busy_cores() {
         1.5 * base
     );
 }
+
+/// Pinned workers (`pipec run` pins device `d` to core `host_core_map(D, C)[d]` when `C` divides
+/// `D`): a core is shared only by its own devices. Four independent stages of forward work
+/// 2, 1, 1, 2 on two cores: the map `[0, 1, 1, 0]` puts both 2s on core 0, which finishes at 4
+/// (processor sharing over both cores would finish at 3: the 1s at 2, then the 2s alone). With
+/// six devices on four cores (no even split) all cores are shared: six unit tasks end at 1.5.
+#[test]
+fn pinned_devices_share_only_their_core() {
+    use pipec_passes::sim::SimStage;
+    let independent = |work: &[f64]| {
+        let stages = work
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| SimStage {
+                devices: vec![i],
+                fwd_s: vec![w],
+                bwd_s: vec![0.0],
+                step_s: vec![0.0],
+                parameter_bytes: 0.0,
+                static_bytes: 0.0,
+                saved_bytes: 1.0,
+            })
+            .collect();
+        StageGraph::new(stages, Vec::new())
+    };
+    let run = |work: &[f64], cores: usize| {
+        let sg = independent(work);
+        let mut c = flat(work.len(), 1e9);
+        c.host_cores = Some(cores);
+        simulate(
+            &sg,
+            &schedule::generate(&sg, ScheduleKind::OneFOneB, 1),
+            &c,
+            AllReduceAlgo::Ring,
+        )
+        .expect("sim")
+        .iteration_time_s
+    };
+    let pinned = run(&[2.0, 1.0, 1.0, 2.0], 2);
+    assert!(close(pinned, 4.0), "pinned: {pinned}");
+    let spread = run(&[1.0; 6], 4);
+    assert!(close(spread, 1.5), "six on four: {spread}");
+}

@@ -513,11 +513,20 @@ fn concurrent_runs(
         return Ok((0, 0.0));
     }
     let barrier = std::sync::Barrier::new(n);
+    // One thread per core, each pinned to its own (as `pipec run` pins its workers): left to
+    // the OS, two fresh threads sometimes share a core for a whole short measurement, which
+    // read as a 1.2–1.4× slowdown on a 2-core VM that runs two such processes side by side
+    // without any.
+    let cpus = pipec_runtime::dist::pinning::allowed_cpus();
     let walls: Vec<Result<Vec<f64>>> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..n)
-            .map(|_| {
+            .map(|i| {
                 let barrier = &barrier;
+                let cpu = cpus.get(i).copied();
                 sc.spawn(move || -> Result<Vec<f64>> {
+                    if let Some(c) = cpu {
+                        pipec_runtime::dist::pinning::pin_to(c);
+                    }
                     let mut prog = exec.prepare(t)?;
                     prog.run_profiled(inputs)?;
                     barrier.wait();

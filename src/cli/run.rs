@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// parameters whose gradient is near zero).
     #[arg(long, default_value = "f32", value_parser = ["f32", "f64"])]
     pub precision: String,
+    /// Leave the worker threads unpinned. By default, when the devices outnumber this host's
+    /// cores and divide evenly among them (e.g. 4 devices on 2 cores), each worker is pinned to
+    /// a core so that every core runs stages from both ends of the pipeline, as the planner's
+    /// simulator assumes for the `cpu` preset (`inproc` backend, Linux).
+    #[arg(long)]
+    pub no_pin: bool,
 }
 
 /// Run the command.
@@ -119,6 +125,7 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
         timeout: Duration::from_secs_f64(a.timeout),
         trace: a.trace.is_some(),
         executor: a.executor.clone(),
+        pin_threads: !a.no_pin,
     };
     Ok((lp, opts))
 }

@@ -688,20 +688,58 @@ pub fn simulate(
     // With `c = min(k, C)` cores busy each runs `1 + (s − 1)(c − 1)/(C − 1)` times slower than
     // alone (`s`: the measured all-cores slowdown, `Cluster::host_slowdown`).
     let slow = cluster.host_slowdown.max(1.0);
-    let rate = |k: usize| {
-        let share = if k as f64 <= host {
-            1.0
-        } else {
-            host / k as f64
-        };
-        let busy = (k as f64).min(host);
-        let f = if host > 1.0 && busy > 1.0 {
+    let slowdown = |busy: f64| {
+        if host > 1.0 && busy > 1.0 {
             1.0 + (slow - 1.0) * (busy - 1.0) / (host - 1.0)
         } else {
             1.0
-        };
-        share / f
+        }
     };
+    // When the devices divide evenly among the cores, `pipec run` pins each device's worker to
+    // a core ([`pipec_compiler::program::host_core_map`]): a core is shared only by its own
+    // devices' running tasks. Otherwise the OS spreads them: all cores shared by all.
+    let core_of: Option<Vec<usize>> = cluster
+        .host_cores
+        .filter(|_| host > 0.0)
+        .and_then(|c| pipec_compiler::program::host_core_map(ndev, c));
+    let task_core = |id: usize| -> usize {
+        let d = match &kinds[id] {
+            TaskKind::Forward { device, .. }
+            | TaskKind::Backward { device, .. }
+            | TaskKind::Step { device, .. } => *device,
+            _ => 0,
+        };
+        core_of
+            .as_ref()
+            .map_or(0, |m| m.get(d).copied().unwrap_or(0))
+    };
+    let mut per_core = vec![0usize; core_of.as_ref().map_or(0, |_| host as usize)];
+    // The rate of every running task (seconds of its work per second).
+    let rates = |running: &[(usize, f64)], per_core: &mut Vec<usize>, out: &mut Vec<f64>| {
+        out.clear();
+        let k = running.len();
+        if core_of.is_none() {
+            let share = if k as f64 <= host {
+                1.0
+            } else {
+                host / k as f64
+            };
+            out.resize(k, share / slowdown((k as f64).min(host)));
+            return;
+        }
+        per_core.iter_mut().for_each(|c| *c = 0);
+        for &(id, _) in running {
+            per_core[task_core(id)] += 1;
+        }
+        let busy = per_core.iter().filter(|&&c| c > 0).count() as f64;
+        let f = slowdown(busy);
+        out.extend(
+            running
+                .iter()
+                .map(|&(id, _)| 1.0 / (per_core[task_core(id)] as f64 * f)),
+        );
+    };
+    let mut rate_of: Vec<f64> = Vec::new();
     let mut heap = BinaryHeap::with_capacity(n);
     let mut starting: BinaryHeap<Ev> = BinaryHeap::new();
     let mut running: Vec<(usize, f64)> = Vec::new();
@@ -744,11 +782,12 @@ pub fn simulate(
         // The next event: a task's end, a shared task's end, or a shared task's start (ends
         // first at equal times).
         let t_end = heap.peek().map(|e| e.0);
-        let r = rate(running.len());
+        rates(&running, &mut per_core, &mut rate_of);
         let t_shared = running
             .iter()
+            .zip(&rate_of)
             .enumerate()
-            .map(|(i, &(_, rem))| (clock + rem.max(0.0) / r, i))
+            .map(|(i, (&(_, rem), &r))| (clock + rem.max(0.0) / r, i))
             .min_by(|a, b| a.0.total_cmp(&b.0));
         let t_start = starting.peek().map(|e| e.0);
         let first = [t_end, t_shared.map(|x| x.0), t_start]
@@ -757,7 +796,7 @@ pub fn simulate(
             .filter_map(|(k, t)| t.map(|t| (t, k)))
             .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         let Some((t, which)) = first else { break };
-        for x in running.iter_mut() {
+        for (x, &r) in running.iter_mut().zip(&rate_of) {
             x.1 -= (t - clock) * r;
         }
         clock = clock.max(t);

@@ -336,6 +336,9 @@ pub struct RunOptions {
     pub trace: bool,
     /// Executor backend of the pieces (`reference` or `tract`).
     pub executor: String,
+    /// Pin the worker threads to host cores by [`pipec_compiler::program::host_core_map`] when
+    /// the devices outnumber the cores (in-process backend, Linux).
+    pub pin_threads: bool,
 }
 
 impl Default for RunOptions {
@@ -347,6 +350,7 @@ impl Default for RunOptions {
             timeout: Duration::from_secs(60),
             trace: false,
             executor: "reference".into(),
+            pin_threads: true,
         }
     }
 }
@@ -425,6 +429,12 @@ pub fn run_with(
     let executor: Box<dyn Executor> = crate::exec::executor_by_name(&opts.executor)
         .ok_or_else(|| input_err(format!("unknown executor '{}'", opts.executor)))?;
     let data = run_data(&lp.program, opts)?;
+    let cpus = if opts.pin_threads {
+        pinning::allowed_cpus()
+    } else {
+        Vec::new()
+    };
+    let pin = pipec_compiler::program::host_core_map(n, cpus.len());
     let t0 = Instant::now();
     let first: Mutex<Option<DistError>> = Mutex::new(None);
     let outcomes: Vec<Option<worker::DeviceOutcome>> = std::thread::scope(|s| {
@@ -444,8 +454,12 @@ pub fn run_with(
                     trace: opts.trace,
                 };
                 let first = &first;
-                s.spawn(
-                    move || match worker::run_device_catching(&ctx, ep.as_mut()) {
+                let cpu = pin.as_ref().map(|m| cpus[m[d]]);
+                s.spawn(move || {
+                    if let Some(c) = cpu {
+                        pinning::pin_to(c);
+                    }
+                    match worker::run_device_catching(&ctx, ep.as_mut()) {
                         Ok(o) => Some(o),
                         Err(e) => {
                             if !matches!(e, DistError::Aborted(_)) {
@@ -457,8 +471,8 @@ pub fn run_with(
                             ep.abort();
                             None
                         }
-                    },
-                )
+                    }
+                })
             })
             .collect();
         handles
@@ -496,4 +510,41 @@ pub fn run_with(
         wall_s,
         data,
     })
+}
+
+/// Pinning worker threads to host cores (Linux; elsewhere a no-op).
+pub mod pinning {
+    /// The CPUs this process may run on (its affinity mask, e.g. under `taskset`), ascending.
+    #[cfg(target_os = "linux")]
+    pub fn allowed_cpus() -> Vec<usize> {
+        // SAFETY: `sched_getaffinity` writes at most `size_of::<cpu_set_t>()` bytes into `set`.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return Vec::new();
+            }
+            (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect()
+        }
+    }
+
+    /// Pins the calling thread to `cpu` (best effort: a refusal leaves it unpinned).
+    #[cfg(target_os = "linux")]
+    pub fn pin_to(cpu: usize) {
+        // SAFETY: `set` is a zeroed `cpu_set_t` with one bit set; pid 0 is the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn allowed_cpus() -> Vec<usize> {
+        Vec::new()
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn pin_to(_cpu: usize) {}
 }

@@ -16,6 +16,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from gpp_table import models_dir  # noqa: E402
 CASES = {"mmt": (64, 0.12), "candle_uno": (4096, 0.19)}
 
 
@@ -24,10 +26,7 @@ def main():
     ap.add_argument("--pipec", default=os.path.join(ROOT, "target/release/pipec"))
     ap.add_argument("-n", type=int, default=50)
     a = ap.parse_args()
-    d = os.path.join(ROOT, "onnx-models/graphpipe")
-    if not os.path.exists(os.path.join(d, "mmt.weights")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts/gen_graphpipe_models.py")],
-                       check=True)
+    d = models_dir()
     bins = a.pipec.split(",")
     res = {(b, m): [] for b in bins for m in CASES}
     for _ in range(a.n):

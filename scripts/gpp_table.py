@@ -35,14 +35,20 @@ def plan(pipec, model, planner, gpus, batch, repeat=1):
     return best
 
 
+def models_dir():
+    """The GraphPipe family models, generated on first use."""
+    d = os.path.join(ROOT, "onnx-models/graphpipe")
+    if not os.path.exists(os.path.join(d, "mmt.weights")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts/gen_graphpipe_models.py")], check=True)
+    return d
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipec", default=os.path.join(ROOT, "target/release/pipec"))
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
-    d = os.path.join(ROOT, "onnx-models/graphpipe")
-    if not os.path.exists(os.path.join(d, "mmt.weights")):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts/gen_graphpipe_models.py")], check=True)
+    d = models_dir()
     print("| model | GPUs | batch | GPP stage graph (depth, stages, replicas) | GPP b | GPP samples/s | seq b | seq depth | seq samples/s | GPP/seq | GPP search s | seq search s | paper s | paper/GPP |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for m in ["mmt", "dlrm", "candle_uno", "seq_transformer"]:

@@ -74,6 +74,14 @@ fn profile_mlp4_has_every_node_and_positive_times() {
     let tb = p["total_bwd_s"].as_f64().expect("total_bwd_s");
     assert!((tf - fwd_sum).abs() <= 1e-12 * tf.max(1.0));
     assert!((tb - bwd_sum).abs() <= 1e-12 * tb.max(1.0));
+    // The transport's one-way message latency between two cores (0 on a one-core host).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let lat = p["message_latency_s"].as_f64().expect("message_latency_s");
+    if cores >= 2 {
+        assert!(lat > 0.0 && lat < 0.05, "message latency {lat} s");
+    } else {
+        assert_eq!(lat, 0.0);
+    }
 }
 
 fn stage_times(plan_json: &str) -> Vec<f64> {

@@ -141,7 +141,8 @@ fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, 
 /// `--profile prof.json`: replace the works of an ONNX model's cost graph by the measured
 /// seconds of a `pipec profile` output (node names must match, in order). On a cluster whose
 /// devices share the host's cores, the profile's measured all-cores slowdown becomes the
-/// cluster's `host_slowdown`.
+/// cluster's `host_slowdown`; on the `cpu` preset (the devices `pipec run` emulates with
+/// threads), the measured message latency becomes every link level's latency α.
 pub fn apply_measured_profile(
     g: &mut CostGraph,
     cluster: &mut Cluster,
@@ -160,6 +161,11 @@ pub fn apply_measured_profile(
     measured::apply(g, &p, &file)?;
     if cluster.host_cores.is_some() {
         cluster.host_slowdown = p.host_slowdown();
+    }
+    if cluster.name == "cpu" && p.message_latency_s > 0.0 {
+        for l in &mut cluster.levels {
+            l.latency = p.message_latency_s;
+        }
     }
     Ok(())
 }

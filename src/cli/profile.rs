@@ -28,11 +28,15 @@
 //!    `concurrent_run_s` (their median run) over `run_s` is how much slower a device computes
 //!    when every core is busy; `pipec plan/compile/compare --profile` give it to the simulator as
 //!    `Cluster::host_slowdown` when the `cpu` preset is oversubscribed.
+//! 6. Two threads on different cores ping-pong a small tensor through `pipec run`'s in-process
+//!    transport: `message_latency_s` is the median one-way time (a blocked receiver's wake-up,
+//!    ~0.1 ms on a VM, far above the shared-memory link's nominal 1 µs); `--profile` on the `cpu`
+//!    preset makes it the link latency α of every transfer.
 //!
 //! Output (`-o`): `{"model", "batch", "executor", "repeat", "warmup", "nodes": [{"name",
 //! "op_type", "fwd_s", "bwd_s", "output_bytes", "parameter_bytes"}], "total_fwd_s",
 //! "total_bwd_s", "loss_s", "unattributed_s", "run_s", "kernel_s", "host_threads",
-//! "concurrent_run_s"}`; everything but the measured seconds is
+//! "concurrent_run_s", "message_latency_s"}`; everything but the measured seconds is
 //! deterministic.
 //!
 //! `--compare-analytic` prints the analytic (roofline on `--device-kind`, default `cpu-core`)
@@ -457,6 +461,7 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
     bar.finish();
     let (host_threads, concurrent_run_s) = concurrent_runs(exec.as_ref(), &t, &inputs, a.repeat)
         .with_context(|| format!("{name}: the concurrent runs failed"))?;
+    let message_latency_s = message_latency().context("the transport's ping-pong failed")?;
     let mut med: Vec<f64> = samples.iter().map(|s| median(s)).collect();
     let kernel_s: f64 = med.iter().sum();
     let run_s = median(&walls);
@@ -495,6 +500,59 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
         kernel_s,
         host_threads,
         concurrent_run_s,
+        message_latency_s,
+    })
+}
+
+/// One-way latency of a small message between two worker threads on different cores through the
+/// in-process transport (what every `pipec run` send/receive pays on top of the bytes): the
+/// median over 20 batches of 25 round trips, after 25 warm-up round trips. 0 on a one-core host.
+fn message_latency() -> Result<f64> {
+    use pipec_runtime::dist::pinning::{allowed_cpus, pin_to};
+    use pipec_runtime::dist::transport::{Endpoint, Tag};
+    let cpus = allowed_cpus();
+    if cpus.len() < 2 {
+        return Ok(0.0);
+    }
+    let (batches, per, warm) = (20usize, 25usize, 25usize);
+    let rounds = warm + batches * per;
+    let small = pipec_runtime::Tensor::zeros(pipec_compiler::ir::DType::F32, &[16])?;
+    let timeout = std::time::Duration::from_secs(10);
+    let mut eps = pipec_runtime::dist::inproc::endpoints(2);
+    let mut b = eps.pop().context("endpoint")?;
+    let mut a = eps.pop().context("endpoint")?;
+    let (ca, cb) = (cpus[0], cpus[1]);
+    std::thread::scope(|sc| -> Result<f64> {
+        let echo = sc.spawn(move || -> Result<()> {
+            pin_to(cb);
+            for _ in 0..rounds {
+                let t = b.recv(0, Tag::p2p(1), timeout)?;
+                b.send(0, Tag::p2p(2), t)?;
+            }
+            Ok(())
+        });
+        let ping = sc.spawn(move || -> Result<Vec<f64>> {
+            pin_to(ca);
+            let mut marks = Vec::with_capacity(batches + 1);
+            for i in 0..rounds {
+                if i >= warm && (i - warm) % per == 0 {
+                    marks.push(Instant::now());
+                }
+                a.send(1, Tag::p2p(1), small.clone())?;
+                a.recv(1, Tag::p2p(2), timeout)?;
+            }
+            marks.push(Instant::now());
+            Ok(marks
+                .windows(2)
+                .map(|w| (w[1] - w[0]).as_secs_f64() / (2 * per) as f64)
+                .collect())
+        });
+        let times = ping
+            .join()
+            .map_err(|_| anyhow!("the ping thread panicked"))??;
+        echo.join()
+            .map_err(|_| anyhow!("the echo thread panicked"))??;
+        Ok(median(&times))
     })
 }
 

@@ -91,6 +91,10 @@ pub struct MeasuredProfile {
     /// profiles.
     #[serde(default)]
     pub concurrent_run_s: f64,
+    /// Median one-way seconds of a small message between two worker threads on different cores
+    /// through the in-process transport (a blocked receiver's wake-up). 0: not measured.
+    #[serde(default)]
+    pub message_latency_s: f64,
 }
 
 impl MeasuredProfile {
@@ -593,6 +597,7 @@ mod tests {
             kernel_s: 0.0,
             host_threads: 0,
             concurrent_run_s: 0.0,
+            message_latency_s: 0.0,
         }
     }
 

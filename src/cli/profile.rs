@@ -36,7 +36,7 @@
 //! Output (`-o`): `{"model", "batch", "executor", "repeat", "warmup", "nodes": [{"name",
 //! "op_type", "fwd_s", "bwd_s", "output_bytes", "parameter_bytes"}], "total_fwd_s",
 //! "total_bwd_s", "loss_s", "unattributed_s", "run_s", "kernel_s", "host_threads",
-//! "concurrent_run_s", "message_latency_s"}`; everything but the measured seconds is
+//! "concurrent_run_s", "message_latency_s", "loss_node"}`; everything but the measured seconds is
 //! deterministic.
 //!
 //! `--compare-analytic` prints the analytic (roofline on `--device-kind`, default `cpu-core`)
@@ -408,6 +408,15 @@ impl Progress {
 fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<MeasuredProfile> {
     let (batch, sym) = resolve_batch(m, a.batch)?;
     let fwd_ops = m.graph.order.clone();
+    // The loss is taken of the first output: its producer's stage computes it.
+    let loss_node = m
+        .graph
+        .outputs
+        .first()
+        .and_then(|&v| m.graph.producer(v))
+        .and_then(|op| fwd_ops.iter().position(|&o| o == op))
+        .and_then(|i| g.nodes.get(i))
+        .map(|n| n.name.clone());
     if fwd_ops.len() != g.len() {
         bail!(
             "internal: the cost graph has {} nodes for {} ops",
@@ -501,6 +510,7 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
         host_threads,
         concurrent_run_s,
         message_latency_s,
+        loss_node,
     })
 }
 

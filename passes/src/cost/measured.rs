@@ -26,7 +26,8 @@
 //! [`apply`] replaces every node's [`Work`] by `Work::Measured`, converted from the profile's
 //! batch to the cost graph's reference batch linearly (`t_ref = t_b · ref / b`; the cost graph
 //! then scales it linearly to any batch, as for PipeDream profiles). The profile's node names must
-//! be the cost graph's, in the same order.
+//! be the cost graph's, in the same order. The loss's seconds (and the unattributed seed's) go to
+//! the node that produces the first graph output (`loss_node`), whose stage computes the loss.
 
 use super::{CostGraph, DeviceKind, NodeId, Work};
 use pipec_compiler::ir::{Attr, Module, Op};
@@ -95,6 +96,11 @@ pub struct MeasuredProfile {
     /// through the in-process transport (a blocked receiver's wake-up). 0: not measured.
     #[serde(default)]
     pub message_latency_s: f64,
+    /// The node whose output the loss is taken of (the first graph output's producer): [`apply`]
+    /// gives it the loss and unattributed seconds, which its stage runs. `None` in older
+    /// profiles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_node: Option<String>,
 }
 
 impl MeasuredProfile {
@@ -230,9 +236,15 @@ pub fn apply(g: &mut CostGraph, p: &MeasuredProfile, file: &str) -> Result<()> {
     }
     let s = g.reference_batch / p.batch as f64;
     for (n, pn) in g.nodes.iter_mut().zip(&p.nodes) {
+        let (mut f, mut b) = (pn.fwd_s, pn.bwd_s);
+        if p.loss_node.as_deref() == Some(pn.name.as_str()) {
+            // The loss and the gradient seed run where the output is produced.
+            f += p.loss_s;
+            b += p.unattributed_s;
+        }
         n.work = Work::Measured {
-            fwd_s: pn.fwd_s * s,
-            bwd_s: pn.bwd_s * s,
+            fwd_s: f * s,
+            bwd_s: b * s,
         };
     }
     Ok(())
@@ -598,6 +610,7 @@ mod tests {
             host_threads: 0,
             concurrent_run_s: 0.0,
             message_latency_s: 0.0,
+            loss_node: None,
         }
     }
 
@@ -628,6 +641,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("p.json: not a pipec profile"), "{e}");
+
+        // The loss and seed seconds go to the loss node only (and survive the JSON round trip).
+        let mut with_loss = p.clone();
+        with_loss.loss_s = 0.5;
+        with_loss.unattributed_s = 0.25;
+        with_loss.loss_node = Some(with_loss.nodes[1].name.clone());
+        let text = serde_json::to_string(&with_loss).expect("json");
+        let with_loss = MeasuredProfile::parse(&text, "p.json").expect("parse");
+        let mut g3 = from_module(&m, &AnalyticOptions::default(), "t").expect("cost graph");
+        apply(&mut g3, &with_loss, "p.json").expect("apply");
+        assert_eq!(g3.times(1, 4.0, &kind), (2.5, 4.25));
+        assert_eq!(g3.times(0, 4.0, &kind), g.times(0, 4.0, &kind));
     }
 
     #[test]

@@ -49,7 +49,10 @@
 //! `t_r` starts at a feasible plan's bottleneck (the DP at `t = ∞` picks the shallowest plan that
 //! fits), `t_l` at the work bound of [`lower_bounds`] (`F_total/(b·D)`, no plan can beat it), and
 //! the interval halves until `t_r − t_l ≤ ε·t_r`. A refinement passes a coarser search's bracket
-//! ([`SearchParams::bracket`]) instead of starting over.
+//! ([`SearchParams::bracket`]) instead of starting over. A DP run compares stage TPS values with
+//! the target and nothing else, so every target below the smallest compared value above it
+//! (`next_t`) runs the same way: a failed run moves `t_l` up to there, and a relaxed target
+//! inside the previous run's interval is not run again.
 //!
 //! # IR pass
 //! [`PartitionGpp`] (`partition-gpp`) plans the module with the `gpp` planner (cluster, device

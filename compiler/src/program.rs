@@ -548,6 +548,7 @@ pub fn host_core_map(devices: usize, cores: usize) -> Option<Vec<usize>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn host_core_map_pairs_the_ends() {
@@ -559,8 +560,6 @@ mod tests {
         assert_eq!(host_core_map(2, 2), None);
         assert_eq!(host_core_map(4, 1), None);
     }
-
-    use super::*;
 
     fn piece(f: &str) -> Piece {
         Piece {

@@ -442,19 +442,13 @@ pub fn lower_bounds(
 fn connected(ug: &UnitGraph) -> bool {
     let n = ug.units.len();
     let mut parent: Vec<usize> = (0..n).collect();
-    fn root(parent: &mut [usize], mut x: usize) -> usize {
-        while parent[x] != x {
-            parent[x] = parent[parent[x]];
-            x = parent[x];
-        }
-        x
-    }
     let mut parts = n;
     for &(a, c, _) in &ug.edges {
         if a >= n || c >= n {
             continue;
         }
-        let (ra, rc) = (root(&mut parent, a), root(&mut parent, c));
+        let find = crate::sp_decompose::find;
+        let (ra, rc) = (find(&mut parent, a), find(&mut parent, c));
         if ra != rc {
             parent[ra] = rc;
             parts -= 1;

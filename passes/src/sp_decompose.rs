@@ -270,6 +270,15 @@ pub(crate) fn grow<R>(f: impl FnOnce() -> R) -> R {
     stacker::maybe_grow(64 << 10, 16 << 20, f)
 }
 
+/// The root of `x` in the union-find forest `p` (with path halving).
+pub(crate) fn find(p: &mut [usize], mut x: usize) -> usize {
+    while p[x] != x {
+        p[x] = p[p[x]];
+        x = p[x];
+    }
+    x
+}
+
 /// [`Ctx::decompose`]'s per-call arrays, kept between calls.
 #[derive(Default)]
 struct Scratch {
@@ -401,8 +410,8 @@ impl Ctx<'_> {
 
     /// `set` is in (global) topological order.
     fn decompose(&mut self, set: &[NodeId]) -> usize {
-        // Forced splits may recurse deeply on big graphs: grow the stack on demand (in 64-MiB
-        // segments) instead of running every decomposition on a big-stack thread (a thread
+        // Forced splits may recurse deeply on big graphs: grow the stack on demand ([`grow`])
+        // instead of running every decomposition on a big-stack thread (a thread
         // start was a visible share of a few-ms GraphPipe search).
         grow(|| self.decompose_in(set))
     }
@@ -421,13 +430,6 @@ impl Ctx<'_> {
         let parent = &mut sc.parent;
         parent.clear();
         parent.extend(0..n);
-        fn find(p: &mut [usize], mut x: usize) -> usize {
-            while p[x] != x {
-                p[x] = p[p[x]];
-                x = p[x];
-            }
-            x
-        }
         for (i, &u) in set.iter().enumerate() {
             for v in g.succs(u) {
                 let j = self.local[v];

@@ -511,3 +511,87 @@ fn round_robin_replicas_follow_the_stage_order_without_deadlock() {
         &["--schedule", "1f1b", "--optimizer", "adam:lr=0.001"],
     );
 }
+
+/// GraphPipe's kFkB (`--schedule kfkb-K`): every stage runs `K` forwards, then `K` backwards, in
+/// turn after its warm-up `K + 2·(depth − 1)` (Appendix A.1 row 8), on a DAG plan and on a chain;
+/// the program trains exactly as single-device training does.
+#[test]
+fn run_check_kfkb_dag_and_chain() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile(
+        "dlrm_tiny",
+        "gpp",
+        4,
+        16,
+        2,
+        &["--schedule", "kfkb-2", "--optimizer", "adam:lr=0.001"],
+        &out,
+    );
+    let p = load(&out);
+    assert_eq!(p.schedule, "kfkb-2");
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["schedule"], "kfkb-2");
+    // Depth of every stage from the stage DAG (preds), then each device's compute order.
+    let stages = plan["stages"].as_array().unwrap();
+    let n = stages.len();
+    let preds: Vec<Vec<usize>> = stages
+        .iter()
+        .map(|s| {
+            s["predecessors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as usize)
+                .collect()
+        })
+        .collect();
+    let mut depth = vec![1usize; n];
+    for s in (0..n).rev() {
+        for &q in &preds[s] {
+            depth[q] = depth[q].max(depth[s] + 1);
+        }
+    }
+    assert!(depth.iter().any(|&d| d > 1), "a one-stage plan: {depth:?}");
+    let m = p.micro_batches as usize;
+    for d in &p.devices {
+        let order: Vec<(bool, u32)> = d
+            .instructions
+            .iter()
+            .filter_map(|i| match i {
+                Instr::Compute { pass, mb } => Some((*pass == program::PieceKind::Fwd, *mb)),
+                _ => None,
+            })
+            .collect();
+        let warm = (2 + 2 * (depth[d.stage] - 1)).min(m);
+        assert_eq!(
+            stages[d.stage]["in_flight"], warm as u64,
+            "stage {}",
+            d.stage
+        );
+        let mut want: Vec<(bool, u32)> = (0..warm as u32).map(|f| (true, f)).collect();
+        let (mut nf, mut nb) = (warm, 0);
+        while nb < m {
+            for _ in 0..2.min(m - nb) {
+                want.push((false, nb as u32));
+                nb += 1;
+            }
+            for _ in 0..2.min(m - nf) {
+                want.push((true, nf as u32));
+                nf += 1;
+            }
+        }
+        assert_eq!(order, want, "device {} (stage {})", d.device, d.stage);
+    }
+    let so = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    assert!(so.contains("check ok"), "{so}");
+    run_check(
+        "gpt2_tiny",
+        "straight",
+        4,
+        16,
+        2,
+        &["--schedule", "kfkb-3", "--optimizer", "adam:lr=0.001"],
+    );
+}

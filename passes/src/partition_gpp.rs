@@ -25,7 +25,9 @@
 //! the DP value is the Pareto set of `(δ, σ)` over feasible sub-plans, which answers every `i_b`
 //! at once; PICKBETTER (less memory) is "smallest `δ` with `σ ≥ i_b`".
 //! - **Base case** (line 28): all of `G` is one stage on `d` replicas; feasible iff
-//!   `TPS ≤ t_max`, `(δ, σ) = (1, cap − 1)` with `cap` the most micro-batches in flight that fit.
+//!   `TPS ≤ t_max`, `(δ, σ) = (1, cap − 1)` with `cap` the most micro-batches in flight that fit
+//!   (`σ = ⌊(cap − K)/2⌋` under a uniform kFkB, [`SearchParams::group`]: the sink holds `K` and
+//!   each stage edge adds two, Appendix A.1 row 8).
 //! - **Series split** (lines 33–40): the last segment `c_k..c_{j−1}` gets `d₂` devices and the
 //!   prefix `c_0..c_{k−1}` the other `d − d₂`; the segment is solved first and its `i_m` fixes the
 //!   prefix's `c_b`: `δ = δ₁ + δ₂`, `σ = min(σ₂, σ₁ − δ₂)`. A segment of one non-unit child
@@ -329,6 +331,9 @@ pub struct SearchParams {
     /// `t_r` (a coarser search's result, see [`SearchResult::bracket`]). Without it the
     /// search brackets from [`lower_bounds`] and a first feasible plan.
     pub bracket: Option<(f64, f64)>,
+    /// `k` of a kFkB schedule (`kfkb-K`, same on every stage; 1 = 1F1B, the default): only the
+    /// memory check changes, see [`Search::sigma_of`].
+    pub group: usize,
 }
 
 /// One stage of a search result.
@@ -811,17 +816,26 @@ impl<'a> Search<'a> {
         })
     }
 
-    /// A single stage's `σ` (the most in-flight micro-batches after it that still fit), or `None`
-    /// when it misses the target or never fits.
+    /// A single stage's `σ` (the most stages after it on a path to a sink that still fit), or
+    /// `None` when it misses the target or never fits.
+    ///
+    /// A stage with `n` stages after it holds `K + step·n` micro-batches (capped at `M`): with
+    /// 1F1B (`K = 1`) Appendix A.1 row 7 adds one per stage edge, `step = 1`, so `σ = cap − 1`;
+    /// with kFkB (`K ≥ 2`, same `K` and `b` everywhere) row 8 adds two, so
+    /// `σ = ⌊(cap − K) / 2⌋`.
     fn sigma_of(&mut self, tps: f64, cap: i64) -> Option<i64> {
         if tps > self.t_max {
             self.next_t = self.next_t.min(tps);
             return None;
         }
-        if cap < 1 {
+        if cap >= self.m {
+            return Some(INF);
+        }
+        let k = self.p.group.max(1) as i64;
+        if cap < k {
             return None;
         }
-        Some(if cap >= self.m { INF } else { cap - 1 })
+        Some(if k == 1 { cap - 1 } else { (cap - k) / 2 })
     }
 
     /// The series node `t`'s candidate last segments `c_k..c_{j−1}` (units only) as one stage:

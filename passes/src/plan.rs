@@ -405,7 +405,7 @@ impl Plan {
             batch,
             micro_batch,
             micro_batches: m,
-            schedule: schedule.name().to_string(),
+            schedule: schedule.label(),
             pipeline_depth: sg.depth(),
             iteration_time_s: t,
             throughput_samples_per_s: if t > 0.0 { batch as f64 / t } else { 0.0 },

@@ -302,6 +302,7 @@ fn dp_is_optimal_on_random_sp_graphs() {
         let coarse = sp.coarsen(&vec![1.0; g.len()], 0.0);
         let ug = UnitGraph::new(&g, &coarse, false);
         let p = SearchParams {
+            group: 1,
             batch: 1,
             micro_batch: 1,
             devices: d,
@@ -461,6 +462,7 @@ fn shared_stage_table_changes_nothing() {
     let (_, ug) = gpp.unit_graph(&g, &c);
     let (_, seq_ug) = Gpp::sequential().unit_graph(&g, &c);
     let params = |b: u64, relax: bool| SearchParams {
+        group: 1,
         batch: 4096,
         micro_batch: b,
         devices: 4,
@@ -505,6 +507,7 @@ fn dp_runs_are_constant_below_next_t() {
             for gpp in [Gpp::default(), Gpp::sequential()] {
                 let (_, ug) = gpp.unit_graph(&g, &c);
                 let p = SearchParams {
+                    group: 1,
                     batch: 256,
                     micro_batch: b,
                     devices,
@@ -551,6 +554,7 @@ fn lower_bounds_bound_the_estimates() {
             let mut checked = 0;
             for b in (0..).map(|i| 1u64 << i).take_while(|&b| b <= batch) {
                 let p = SearchParams {
+                    group: 1,
                     batch,
                     micro_batch: b,
                     devices,
@@ -632,6 +636,7 @@ fn deep_nesting_fits_any_stack() {
                 return Err(format!("{} units", ug.units.len()));
             }
             let p = SearchParams {
+                group: 1,
                 batch: 8,
                 micro_batch: 1,
                 devices: 4,
@@ -649,4 +654,64 @@ fn deep_nesting_fits_any_stack() {
         .expect("no stack overflow")
         .expect("valid tree");
     assert!(tree_nodes > 3 * levels, "{tree_nodes} tree nodes");
+}
+
+/// kFkB behind `--schedule kfkb-K`: the DP sizes memory for `K + 2·(stages after)` micro-batches
+/// in flight (Appendix A.1 row 8). On devices just big enough for the 1F1B plan, that plan
+/// overflows under kFkB, and the planner's kFkB plan fits (checked by the simulator, which
+/// replays the kFkB programs), with the schedule's in-flight counts.
+#[test]
+fn kfkb_plans_fit_their_in_flight_memory() {
+    use pipec_passes::cost::cluster::cpu_core;
+    use pipec_passes::cost::AllReduceAlgo;
+    use pipec_passes::sim::simulate;
+    let g = family("mmt");
+    let (d, batch, k) = (8usize, 64u64, 4u32);
+    let peak = |c: &Cluster, specs: &[pipec_passes::plan::StageSpec], mb: u64, kind| {
+        let sg = StageGraph::from_specs(&g, c, specs, mb as f64, Default::default());
+        let sched = schedule::generate(&sg, kind, (batch / mb) as usize);
+        let r = simulate(&sg, &sched, c, AllReduceAlgo::Ring).expect("sim");
+        let peak = r
+            .devices
+            .iter()
+            .map(|x| x.peak_memory_bytes)
+            .fold(0.0, f64::max);
+        (peak, sched, r.stage_in_flight)
+    };
+    let mut opts = PlanOptions::new(batch);
+    opts.micro_batch = Some(2);
+    let big = Cluster::from_inline(&format!("{d}@25e9"), cpu_core(64 << 30)).unwrap();
+    let p1 = Gpp::default().plan(&g, &big, &opts).expect("1f1b plan");
+    let s1 = p1.specs(&g).unwrap();
+    let (peak1, _, _) = peak(&big, &s1, 2, ScheduleKind::Gpp);
+    let (peak1k, _, _) = peak(&big, &s1, 2, ScheduleKind::Kfkb(k));
+    assert!(peak1k > peak1 * 1.05, "{peak1k} vs {peak1}");
+    // Devices halfway between: the 1F1B plan fits, not under kFkB.
+    let mem = ((peak1 + peak1k) / 2.0) as u64;
+    let tight = Cluster::from_inline(&format!("{d}@25e9"), cpu_core(mem)).unwrap();
+    let p1t = Gpp::default()
+        .plan(&g, &tight, &opts)
+        .expect("1f1b plan on tight");
+    let (pk1t, _, _) = peak(&tight, &p1t.specs(&g).unwrap(), 2, ScheduleKind::Gpp);
+    assert!(pk1t <= mem as f64, "1f1b: {pk1t} > {mem}");
+    opts.schedule = Some(ScheduleKind::Kfkb(k));
+    let pk = Gpp::default()
+        .plan(&g, &tight, &opts)
+        .expect("kfkb plan on tight");
+    assert_eq!(pk.schedule, format!("kfkb-{k}"));
+    let sk = pk.specs(&g).unwrap();
+    assert_ne!(
+        sk, s1,
+        "the kFkB plan must differ from the 1F1B plan that overflows"
+    );
+    let (peakk, sched, inflight) = peak(&tight, &sk, 2, ScheduleKind::Kfkb(k));
+    assert!(peakk <= mem as f64, "kfkb plan: {peakk} > {mem}");
+    assert_eq!(inflight, sched.warmup);
+    let depth = StageGraph::from_specs(&g, &tight, &sk, 2.0, Default::default()).depth_to_sink();
+    for (s, &w) in sched.warmup.iter().enumerate() {
+        assert_eq!(w, (k as usize + 2 * (depth[s] - 1)).min(32), "stage {s}");
+    }
+    for (st, &w) in pk.stages.iter().zip(&sched.warmup) {
+        assert_eq!(st.in_flight, w);
+    }
 }

@@ -456,3 +456,88 @@ fn pinned_devices_share_only_their_core() {
     let spread = run(&[1.0; 6], 4);
     assert!(close(spread, 1.5), "six on four: {spread}");
 }
+
+/// GraphPipe's kFkB (`kfkb-K`, §6): on random stage DAGs each stage's warm-up is its in-flight
+/// count from Appendix A.1's table with uniform `k = K`, `b = 1` (sinks `K`, `+2` per edge by
+/// row 8, `+1` for `K = 1` by row 7), capped at `M`; the simulator runs every such schedule to
+/// the end (no deadlock) and finds exactly that many micro-batches in flight per stage. `kfkb-1`
+/// is the default GPP schedule.
+#[test]
+fn kfkb_in_flight_follows_appendix_a1() {
+    use pipec_passes::schedule_gpp::in_flight_samples;
+    use pipec_passes::sim::StageEdge;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for _ in 0..40 {
+        let n = 2 + rnd(5) as usize;
+        let mut edges = Vec::new();
+        for s in 0..n - 1 {
+            // Every stage but the last feeds a later one; some feed two.
+            let t = s + 1 + rnd((n - s - 1) as u64) as usize;
+            edges.push(StageEdge {
+                src: s,
+                dst: t,
+                bytes: 0.0,
+            });
+            let u = s + 1 + rnd((n - s - 1) as u64) as usize;
+            if u != t && rnd(2) == 0 {
+                edges.push(StageEdge {
+                    src: s,
+                    dst: u,
+                    bytes: 0.0,
+                });
+            }
+        }
+        let succ: Vec<Vec<usize>> = (0..n)
+            .map(|s| edges.iter().filter(|e| e.src == s).map(|e| e.dst).collect())
+            .collect();
+        let sg = StageGraph::new(StageGraph::uniform_chain(n, 1.0, 2.0, 0.0).stages, edges);
+        let c = flat(n, 1e9);
+        for k in 1..=4u32 {
+            let inf = in_flight_samples(&succ, &vec![1; n], &vec![u64::from(k); n]);
+            for m in [1usize, 3, 8, 16] {
+                let kind = ScheduleKind::Kfkb(k);
+                assert_eq!(ScheduleKind::parse(&kind.label()), Some(kind));
+                let sched = schedule::generate(&sg, kind, m);
+                let want: Vec<usize> = inf.iter().map(|&i| (i as usize).clamp(1, m)).collect();
+                assert_eq!(sched.warmup, want, "K={k} M={m} succ={succ:?}");
+                if k == 1 {
+                    assert_eq!(
+                        sched.programs,
+                        schedule::generate(&sg, ScheduleKind::Gpp, m).programs
+                    );
+                }
+                let r = simulate(&sg, &sched, &c, AllReduceAlgo::Ring)
+                    .unwrap_or_else(|e| panic!("K={k} M={m} succ={succ:?}: {e}"));
+                assert_eq!(r.stage_in_flight, want, "K={k} M={m} succ={succ:?}");
+            }
+        }
+    }
+    // The kFkB order: K forwards of warm-up, then K backwards / K forwards in turn, then drain.
+    let f = |x| (true, x);
+    let b = |x| (false, x);
+    assert_eq!(
+        schedule::fb_order_grouped(4, 2, 7),
+        vec![
+            f(0),
+            f(1),
+            f(2),
+            f(3),
+            b(0),
+            b(1),
+            f(4),
+            f(5),
+            b(2),
+            b(3),
+            f(6),
+            b(4),
+            b(5),
+            b(6)
+        ]
+    );
+}

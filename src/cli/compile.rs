@@ -45,7 +45,9 @@ pub struct CompileArgs {
     /// Micro-batch size (divides --batch; each stage's replicas split it evenly).
     #[arg(long = "micro-batch")]
     pub micro_batch: u64,
-    /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp (default: the planner's own).
+    /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
+    /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up)
+    /// (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.
@@ -92,8 +94,10 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let schedule = match a.schedule.as_deref() {
         None => None,
         Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
-            let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-            anyhow!("--schedule {s}: one of {}", names.join(", "))
+            anyhow!(
+                "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024)",
+                ScheduleKind::names().join(", ")
+            )
         })?),
     };
     planners::by_name(&a.planner)?; // an unknown name fails before any work

@@ -44,7 +44,8 @@ pub struct PlanArgs {
     #[arg(long = "micro-batch")]
     pub micro_batch: Option<u64>,
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
-    /// 1f1b-rr (default: the planner's own).
+    /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up; with
+    /// `--planner gpp` the DP sizes the in-flight memory for it) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file
@@ -281,8 +282,10 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     let schedule = match a.schedule.as_deref() {
         None => None,
         Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
-            let names: Vec<&str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-            anyhow!("--schedule {s}: one of {}", names.join(", "))
+            anyhow!(
+                "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024)",
+                ScheduleKind::names().join(", ")
+            )
         })?),
     };
     let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;

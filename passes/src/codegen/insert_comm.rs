@@ -15,7 +15,7 @@
 //! deterministic order, so the same plan always gives byte-identical schedules.
 
 use super::{concrete_dims, layout, Layout};
-use crate::sim::schedule::fb_order;
+use crate::sim::schedule::fb_order_grouped;
 use crate::sim::ScheduleKind;
 use pipec_compiler::ir::{Module, Value};
 use pipec_compiler::program::{DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram};
@@ -336,7 +336,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             // The stage's order over all micro-batches; a round-robin replica keeps the events
             // of its own micro-batches (so its order is consistent with its neighbours').
             let k = cx.schedule.warmup(depth[s], nmb);
-            for (fwd, m) in fb_order(k, nmb) {
+            for (fwd, m) in fb_order_grouped(k, cx.schedule.group(), nmb) {
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
                 };

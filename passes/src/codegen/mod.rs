@@ -25,9 +25,10 @@
 //!      `j mod r_p` to consumer replica `j`, and their cotangents come back and are summed;
 //!      cotangents flow back along the same routes. Skip edges (stage 0 → stage 3) are just
 //!      cross values whose consumer is not the next stage: nothing special.
-//!   4. *Order*: per stage, the schedule's forward/backward order ([`crate::sim::schedule::fb_order`]
-//!      with the warm-up `K_s` of the schedule kind at the stage's depth: GPipe all forwards
-//!      first; 1F1B / DAPPLE / GraphPipe early backward), receives just before the compute that
+//!   4. *Order*: per stage, the schedule's forward/backward order
+//!      ([`crate::sim::schedule::fb_order_grouped`] with the warm-up `K_s` of the schedule kind at
+//!      the stage's depth and its group `k`: GPipe all forwards first; 1F1B / DAPPLE / GraphPipe
+//!      early backward; GraphPipe's kFkB `k` backwards and `k` forwards in turn), receives just before the compute that
 //!      reads them, sends right after the compute that makes them, gradient accumulation after
 //!      each backward, then the all-reduces (in one global order) and the step.
 //!   5. *Scaling*: the loss of a slice is pre-scaled by `1/(M·r)` (mean losses) or `1/M` (sum),
@@ -555,7 +556,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         version: PROGRAM_VERSION,
         model: opts.model_name.clone(),
         planner: opts.planner.clone(),
-        schedule: opts.schedule.name().to_string(),
+        schedule: opts.schedule.label(),
         batch: b,
         micro_batch: mb,
         micro_batches: nmb,

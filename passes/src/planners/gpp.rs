@@ -664,6 +664,7 @@ impl Gpp {
             eps,
             relax: bracket.is_some(),
             bracket,
+            group: opts.schedule.map_or(1, ScheduleKind::group),
         };
         let split = |all: Vec<(u64, Result<SearchResult>)>,
                      last_err: &mut Option<Error>|

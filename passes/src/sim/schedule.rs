@@ -14,6 +14,7 @@
 //! | `dapple-b` | `min(2·depth(s) − 1, M)` | DAPPLE policy B `K_i = min(2(S − i) − 1, D)` |
 //! | `1f1b-so` | `min(2·depth(s), M)` | BaPipe 1F1B-SO: warm-up doubled, features `2(N−i+1)a` |
 //! | `gpp` | `min(depth(s), M)` on the stage DAG | GraphPipe App. A.1, default row: `i_x = max_y i_y + b` |
+//! | `kfkb-K` | `min(K + 2·(depth(s) − 1), M)`, then `K` backwards / `K` forwards | GraphPipe §6 kFkB, App. A.1 row 8 |
 //! | `gpipe-recompute` | `M`, backward re-runs the forward | GPipe §2.3 re-materialisation |
 //! | `1f1b-recompute` | `min(depth(s), M)`, backward re-runs the forward | DAPPLE "+ RC" (Table 6) |
 //! | `1f1b-rr` | `min(⌈W(s)/r_s⌉, M_k)` of the replica's own micro-batches | PipeDream 1F1B-RR (§3.3, NOAM) |
@@ -37,6 +38,15 @@
 //! stage time of PipeDream's optimizer (`A(j, m) = T/m`); the slowest `T_s / r_s` sets the pace.
 //! All other kinds split every micro-batch evenly over a stage's replicas (DAPPLE §3.3).
 //!
+//! **kFkB** (`kfkb-K`, GraphPipe §6 footnote 2: a schedule "starts with `ℓ` forward passes (for
+//! warm-up), alternates between `k` backward and `k` forward passes, and ends with `ℓ` backward
+//! passes"): every stage uses the same `K` and micro-batch. Its in-flight count is Appendix A.1's
+//! [`crate::schedule_gpp::in_flight_samples`] with uniform `k = K`, `b = 1`: a sink holds `K`, and
+//! each stage edge adds `2` (row 8, `max(b_x, b_y) < k_y b_y = k_x b_x`, for `K ≥ 2`; row 7 adds
+//! `1` for `K = 1`, which is `gpp`), so `K_s = K + 2·(depth(s) − 1)` on the longest path. Larger
+//! `K` groups `K` forwards (and backwards) back to back — fewer switches between directions — at
+//! the price of more micro-batches in flight.
+//!
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
 
@@ -59,6 +69,8 @@ pub enum ScheduleKind {
     OneFOneBRecompute,
     /// PipeDream's 1F1B with whole micro-batches given to replicas round robin.
     OneFOneBRr,
+    /// GraphPipe's kFkB with the same `k` (≥ 1) and micro-batch on every stage.
+    Kfkb(u32),
 }
 
 impl ScheduleKind {
@@ -87,6 +99,32 @@ impl ScheduleKind {
             ScheduleKind::GPipeRecompute => "gpipe-recompute",
             ScheduleKind::OneFOneBRecompute => "1f1b-recompute",
             ScheduleKind::OneFOneBRr => "1f1b-rr",
+            ScheduleKind::Kfkb(_) => "kfkb",
+        }
+    }
+
+    /// The name with its parameter, as `--schedule` takes it and `plan.json` records it:
+    /// [`ScheduleKind::name`], or `kfkb-K`.
+    pub fn label(self) -> String {
+        match self {
+            ScheduleKind::Kfkb(k) => format!("kfkb-{k}"),
+            _ => self.name().to_string(),
+        }
+    }
+
+    /// The `--schedule` names, for help and error messages.
+    pub fn names() -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        v.push("kfkb-K");
+        v
+    }
+
+    /// `k` of kFkB: how many forwards (and backwards) a stage runs back to back after its
+    /// warm-up (1 for every kind but `kfkb-K`).
+    pub fn group(self) -> usize {
+        match self {
+            ScheduleKind::Kfkb(k) => k.max(1) as usize,
+            _ => 1,
         }
     }
 
@@ -106,6 +144,13 @@ impl ScheduleKind {
 
     /// Parse a `--schedule` name.
     pub fn parse(s: &str) -> Option<ScheduleKind> {
+        if let Some(k) = s.strip_prefix("kfkb-") {
+            return k
+                .parse::<u32>()
+                .ok()
+                .filter(|k| (1..=1024).contains(k))
+                .map(ScheduleKind::Kfkb);
+        }
         ScheduleKind::ALL.iter().copied().find(|k| k.name() == s)
     }
 
@@ -120,6 +165,8 @@ impl ScheduleKind {
             | ScheduleKind::OneFOneBRr => depth,
             ScheduleKind::DappleB => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
+            ScheduleKind::Kfkb(1) => depth,
+            ScheduleKind::Kfkb(k) => k as usize + 2 * depth.saturating_sub(1),
         };
         k.clamp(1, m.max(1))
     }
@@ -184,17 +231,25 @@ pub struct Schedule {
 /// The forward/backward order of one stage: `K` forwards, then backward/forward pairs, then the
 /// remaining backwards. `true` = forward.
 pub fn fb_order(k: usize, m: usize) -> Vec<(bool, usize)> {
+    fb_order_grouped(k, 1, m)
+}
+
+/// The kFkB order (GraphPipe §6): `warmup` forwards, then `group` backwards and `group` forwards
+/// in turn while forwards remain, then the remaining backwards. `group = 1` is [`fb_order`].
+pub fn fb_order_grouped(warmup: usize, group: usize, m: usize) -> Vec<(bool, usize)> {
     let mut out = Vec::with_capacity(2 * m);
-    let k = k.min(m);
+    let (k, group) = (warmup.min(m), group.max(1));
     let (mut nf, mut nb) = (0, 0);
     while nf < k {
         out.push((true, nf));
         nf += 1;
     }
     while nb < m {
-        out.push((false, nb));
-        nb += 1;
-        if nf < m {
+        for _ in 0..group.min(m - nb) {
+            out.push((false, nb));
+            nb += 1;
+        }
+        for _ in 0..group.min(m - nf) {
             out.push((true, nf));
             nf += 1;
         }
@@ -222,7 +277,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
         let r = st.devices.len();
         for (j, &d) in st.devices.iter().enumerate() {
             let prog = &mut programs[d];
-            for (fwd, mb) in fb_order(k, m) {
+            for (fwd, mb) in fb_order_grouped(k, kind.group(), m) {
                 if fwd {
                     for &e in &sg.in_edges[s] {
                         let ed = &sg.edges[e];

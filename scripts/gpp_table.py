@@ -21,11 +21,11 @@ PAPER = {"mmt": [0.12, 0.76, 3.00, 10.11], "dlrm": [0.33, 2.73, 13.28, 54.6],
 GPUS = [4, 8, 16, 32]
 
 
-def plan(pipec, model, planner, gpus, batch, repeat=1):
+def plan(pipec, model, planner, gpus, batch, repeat=1, extra=()):
     best = None
     for _ in range(max(1, repeat)):
         out = subprocess.run([pipec, "plan", model, "--cluster", "summit", "--devices", str(gpus),
-                              "--planner", planner, "--batch", str(batch), "--json"],
+                              "--planner", planner, "--batch", str(batch), "--json", *extra],
                              capture_output=True, text=True, check=True).stdout
         p = json.loads(out)
         if best is not None and p["throughput_samples_per_s"] != best["throughput_samples_per_s"]:

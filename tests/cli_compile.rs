@@ -595,3 +595,84 @@ fn run_check_kfkb_dag_and_chain() {
         &["--schedule", "kfkb-3", "--optimizer", "adam:lr=0.001"],
     );
 }
+
+/// GraphPipe's per-stage micro-batch sizes (`--schedule gpp-per-stage`): stages of different
+/// sizes (and replica counts) exchange re-sliced pieces of each other's micro-batches, every
+/// device runs `B / b_s` micro-batches of its stage, and the program trains exactly as
+/// single-device training does (tied GPT-2 embeddings included). A stage with batch statistics
+/// keeps the plan's size.
+#[test]
+fn run_check_per_stage_micro_batches() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    compile(
+        "dlrm_tiny",
+        "gpp",
+        8,
+        32,
+        2,
+        &[
+            "--schedule",
+            "gpp-per-stage",
+            "--optimizer",
+            "sgd:lr=0.1,momentum=0.9",
+        ],
+        &out,
+    );
+    let p = load(&out);
+    assert_eq!(p.schedule, "gpp-per-stage");
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    let sizes: Vec<u64> = plan["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["micro_batch"].as_u64().expect("per-stage micro_batch"))
+        .collect();
+    let mut distinct = sizes.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() > 1, "one size for all stages: {sizes:?}");
+    let mut resliced = 0;
+    for d in &p.devices {
+        let computes = d
+            .instructions
+            .iter()
+            .filter(|i| matches!(i, Instr::Compute { .. }))
+            .count() as u64;
+        assert_eq!(computes, 2 * 32 / sizes[d.stage], "device {}", d.device);
+        resliced += d
+            .instructions
+            .iter()
+            .filter(|i| {
+                // `name#r1m3`: a piece of the sender's micro-batch 3.
+                matches!(i, Instr::Recv { tensor, .. }
+                    if tensor.rsplit('#').next().is_some_and(|x| x.contains('m')))
+            })
+            .count();
+    }
+    assert!(resliced > 0, "no piece of another stage's micro-batch");
+    let so = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    assert!(so.contains("check ok"), "{so}");
+    run_check(
+        "gpt2_tiny",
+        "gpp",
+        8,
+        32,
+        2,
+        &[
+            "--schedule",
+            "gpp-per-stage",
+            "--optimizer",
+            "adam:lr=0.001",
+        ],
+    );
+    run_check(
+        "inception_mini",
+        "gpp",
+        6,
+        32,
+        2,
+        &["--schedule", "gpp-per-stage"],
+    );
+}

@@ -81,3 +81,50 @@ fn ir_after_gpp_passes() {
         );
     }
 }
+
+/// The GraphPipe passes with their options (`partition-gpp{... schedule=S}`): the module
+/// attributes they write for kFkB (`kfkb-2`: in-flight `2 + 2·(depth − 1)`) and for per-stage
+/// micro-batch sizes (`gpp-per-stage`: each stage's `micro_batch` and `k`, in-flight counts in
+/// the stage's own micro-batches), and the op count per stage.
+#[test]
+fn gpp_passes_with_schedule_options() {
+    for sched in ["kfkb-2", "gpp-per-stage"] {
+        let path = model("dlrm_tiny.onnx");
+        let mut m = pipec_compiler::onnx::import::load(&path).unwrap();
+        pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+        let spec = format!(
+            "partition-gpp{{cluster=cpu devices=4 batch=32 micro-batch=2 schedule={sched}}}"
+        );
+        let passes = [
+            "shape-infer",
+            "fold-constants",
+            "dce",
+            "sp-decompose",
+            &spec,
+            "schedule-gpp",
+        ]
+        .iter()
+        .map(|p| pipec_passes::lookup_spec(p).unwrap())
+        .collect();
+        PassManager::new(passes)
+            .run(&mut m, &mut |_, _| {})
+            .unwrap();
+        let mut text: Vec<String> = m
+            .attrs
+            .iter()
+            .filter(|(k, _)| {
+                k.starts_with("pipec.stage") || *k == "pipec.schedule" || *k == "pipec.micro_batch"
+            })
+            .map(|(k, v)| format!("{k} = {v:?}"))
+            .collect();
+        text.sort();
+        let mut per_stage = std::collections::BTreeMap::new();
+        for &op in &m.graph.order {
+            if let Some(s) = m.graph.ops[op].int_attr("pipec.stage") {
+                *per_stage.entry(s).or_insert(0usize) += 1;
+            }
+        }
+        text.push(format!("ops per stage: {per_stage:?}"));
+        snapshot(&format!("dlrm_tiny.gpp-{sched}"), &text.join("\n"));
+    }
+}

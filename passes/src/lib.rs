@@ -39,7 +39,7 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         Box::new(Optimizer::default()),
         // GraphPipe (issue 5).
         Box::new(sp_decompose::SpDecompose),
-        Box::new(partition_gpp::PartitionGpp),
+        Box::new(partition_gpp::PartitionGpp::default()),
         Box::new(schedule_gpp::ScheduleGpp),
     ]
 }
@@ -55,6 +55,9 @@ pub fn lookup(name: &str) -> Option<Box<dyn Pass>> {
 ///   (`none`: the first output already is the 0-D loss);
 /// - `optimizer{type=sgd|adam micro-batches=M lr=.. momentum=.. weight_decay=.. beta1=..
 ///   beta2=.. eps=..}`;
+/// - `partition-gpp{cluster=C devices=N batch=B micro-batch=b schedule=gpp|kfkb-K|gpp-per-stage}`
+///   (each sets the module attribute `pipec.<key>` the GPP passes read, `micro-batch` →
+///   `pipec.micro_batch`);
 /// - every other pass takes no options.
 pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
     use pipec_compiler::error::Error;
@@ -112,6 +115,33 @@ pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
             }
             let k: optimizer::OptimizerKind = format!("{kind}:{}", hyper.join(",")).parse()?;
             Ok(Box::new(Optimizer::new(k, micro)))
+        }
+        "partition-gpp" => {
+            use pipec_compiler::ir::Attr;
+            let mut set = Vec::new();
+            for (k, v) in &kv {
+                let int = || {
+                    v.parse::<i64>()
+                        .ok()
+                        .filter(|&x| x >= 1)
+                        .map(Attr::Int)
+                        .ok_or_else(|| {
+                            Error::Usage(format!(
+                                "pass 'partition-gpp': {k}={v} must be an integer >= 1"
+                            ))
+                        })
+                };
+                let (key, attr) = match k.as_str() {
+                    "cluster" => ("pipec.cluster", Attr::String(v.clone())),
+                    "devices" => ("pipec.devices", int()?),
+                    "batch" => ("pipec.batch", int()?),
+                    "micro-batch" => ("pipec.micro_batch", int()?),
+                    "schedule" => ("pipec.schedule", Attr::String(v.clone())),
+                    _ => return Err(bad(k)),
+                };
+                set.push((key.to_string(), attr));
+            }
+            Ok(Box::new(partition_gpp::PartitionGpp { set }))
         }
         _ => {
             let p = lookup(name).ok_or_else(|| Error::Usage(format!("unknown pass '{name}'")))?;

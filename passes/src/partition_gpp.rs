@@ -60,8 +60,10 @@
 //! [`PartitionGpp`] (`partition-gpp`) plans the module with the `gpp` planner (cluster, device
 //! count and batch from the module attributes `pipec.cluster` (default `summit`),
 //! `pipec.devices` (default 4), `pipec.batch` (default 32) and optional
-//! `pipec.micro_batch`), and annotates every op with `pipec.stage`, and the module with
-//! `pipec.micro_batch` and, per stage `i`, `pipec.stage{i}.devices`.
+//! `pipec.micro_batch` and `pipec.schedule` (`gpp`, `kfkb-K`, `gpp-per-stage`)), and annotates
+//! every op with `pipec.stage`, and the module with `pipec.micro_batch` and, per stage `i`,
+//! `pipec.stage{i}.devices` (and, for `gpp-per-stage`, `pipec.stage{i}.micro_batch` and
+//! `pipec.stage{i}.k`).
 //!
 //! The sequential mode runs the same DP on a one-level tree: the units linearised in the tree's
 //! depth-first order (a topological order), so only chains of stages are possible (SPP).
@@ -1388,7 +1390,11 @@ fn search_in(
 }
 
 /// The `partition-gpp` IR pass (see the module doc).
-pub struct PartitionGpp;
+#[derive(Default)]
+pub struct PartitionGpp {
+    /// Module attributes set before planning (the pass's options, `partition-gpp{devices=8}`).
+    pub set: Vec<(String, pipec_compiler::ir::Attr)>,
+}
 
 impl pipec_compiler::passmgr::Pass for PartitionGpp {
     fn name(&self) -> &'static str {
@@ -1404,10 +1410,14 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
     ) -> Result<()> {
         use crate::planners::Planner;
         use pipec_compiler::ir::Attr;
+        for (k, v) in &self.set {
+            module.attrs.insert(k.clone(), v.clone());
+        }
         let g = ir::cost_graph(module)?;
         let cfg = ir::IrConfig::from_module(module, &g)?;
         let mut opts = crate::plan::PlanOptions::new(cfg.batch);
         opts.micro_batch = cfg.micro_batch;
+        opts.schedule = cfg.schedule;
         let plan = crate::planners::gpp::Gpp::default().plan(&g, &cfg.cluster, &opts)?;
         let specs = plan.specs(&g)?;
         let order = module.graph.order.clone();
@@ -1423,6 +1433,21 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
                 format!("pipec.stage{s}.devices"),
                 Attr::Ints(sp.devices.iter().map(|&d| d as i64).collect()),
             );
+            // gpp-per-stage: the stage's own micro-batch size and k.
+            let st = &plan.stages[s];
+            if let (Some(b), Some(k)) = (st.micro_batch, st.group) {
+                module
+                    .attrs
+                    .insert(format!("pipec.stage{s}.micro_batch"), Attr::Int(b as i64));
+                module
+                    .attrs
+                    .insert(format!("pipec.stage{s}.k"), Attr::Int(k as i64));
+            }
+        }
+        if cfg.schedule.is_some() {
+            module
+                .attrs
+                .insert("pipec.schedule".into(), Attr::String(plan.schedule.clone()));
         }
         module.attrs.insert(
             "pipec.micro_batch".into(),
@@ -1445,6 +1470,7 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
 pub mod ir {
     use crate::cost::analytic::{from_module, AnalyticOptions};
     use crate::cost::{Cluster, CostGraph};
+    use crate::sim::ScheduleKind;
     use pipec_compiler::ir::{Attr, Module};
     use pipec_compiler::{Error, Result};
 
@@ -1458,6 +1484,8 @@ pub mod ir {
         pub cluster: Cluster,
         pub batch: u64,
         pub micro_batch: Option<u64>,
+        /// `pipec.schedule`: `gpp` (default), `kfkb-K` or `gpp-per-stage`.
+        pub schedule: Option<ScheduleKind>,
     }
 
     impl IrConfig {
@@ -1489,10 +1517,28 @@ pub mod ir {
                 .get("pipec.micro_batch")
                 .and_then(Attr::as_int)
                 .map(|b| b.max(0) as u64);
+            let schedule = match m.attrs.get("pipec.schedule") {
+                None => None,
+                Some(a) => {
+                    let name = a.as_str().unwrap_or("");
+                    let kind = ScheduleKind::parse(name).filter(|k| {
+                        matches!(
+                            k,
+                            ScheduleKind::Gpp | ScheduleKind::Kfkb(_) | ScheduleKind::GppPerStage
+                        )
+                    });
+                    Some(kind.ok_or_else(|| {
+                        Error::Usage(format!(
+                            "pipec.schedule = {name:?}: one of gpp, kfkb-K, gpp-per-stage"
+                        ))
+                    })?)
+                }
+            };
             Ok(IrConfig {
                 cluster,
                 batch,
                 micro_batch,
+                schedule,
             })
         }
     }

@@ -31,6 +31,12 @@ pub struct Stage {
     pub compute_time_s: f64,
     /// Peak memory of the stage's most loaded replica in the simulation.
     pub peak_memory_bytes: u64,
+    /// The stage's own micro-batch size `b_s` (`gpp-per-stage` only; else the plan's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u64>,
+    /// `k_s` of the stage's `k_sFk_sB` order (`gpp-per-stage` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u64>,
 }
 
 /// A whole plan, as printed by `plan --json` (extra fields after the contract's).
@@ -396,6 +402,8 @@ impl Plan {
                 in_flight: res.stage_in_flight[s],
                 compute_time_s: compute,
                 peak_memory_bytes: peak.round() as u64,
+                micro_batch: sg.per_stage.as_ref().map(|p| p.micro_batch[s]),
+                group: sg.per_stage.as_ref().map(|p| p.group[s]),
             });
         }
         let t = res.iteration_time_s;

@@ -204,6 +204,7 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
             }
         }
         for (s, f) in &next_f {
+            let m = schedule.stage_micro_batches.get(*s).copied().unwrap_or(m);
             if *f != m || next_b.get(s).copied().unwrap_or(0) != m {
                 return Err(Error::msg(format!(
                     "C4: device {d} stage {s}: {f} forwards / {} backwards, expected {m}",
@@ -274,8 +275,10 @@ impl pipec_compiler::passmgr::Pass for ScheduleGpp {
                 .ok_or_else(|| Error::msg(format!("schedule-gpp: op {n} has stage {s} of {ns}")))?;
             specs[s].nodes.push(n);
         }
+        let kind = cfg.schedule.unwrap_or(ScheduleKind::Gpp);
         let mut opts = PlanOptions::new(cfg.batch);
         opts.micro_batch = Some(mb);
+        opts.schedule = Some(kind);
         let plan = Plan::assemble(
             "gpp",
             &g,
@@ -283,28 +286,47 @@ impl pipec_compiler::passmgr::Pass for ScheduleGpp {
             &opts,
             specs.clone(),
             mb,
-            ScheduleKind::Gpp,
+            kind,
             0.0,
             0.0,
         )?;
-        let sg = StageGraph::from_specs(&g, &cfg.cluster, &specs, mb as f64, opts.optimizer);
-        let succ: Vec<Vec<usize>> = (0..ns)
-            .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
-            .collect();
-        let m = (cfg.batch / mb) as usize;
-        let samples = in_flight_samples(&succ, &vec![mb; ns], &vec![1; ns]);
-        let sched = crate::sim::schedule::generate(&sg, ScheduleKind::Gpp, m);
-        verify(&plan, &g, &cfg.cluster, &sched)?;
-        for (s, i) in samples.iter().enumerate() {
-            let k = ((*i / mb) as usize).clamp(1, m.max(1));
+        // Per-stage micro-batch sizes and k (`gpp-per-stage`, from partition-gpp).
+        let own = |s: usize, what: &str| {
             module
                 .attrs
-                .insert(format!("pipec.stage{s}.in_flight"), Attr::Int(k as i64));
+                .get(&format!("pipec.stage{s}.{what}"))
+                .and_then(Attr::as_int)
+                .map(|x| x.max(1) as u64)
+        };
+        let sg = match (0..ns)
+            .map(|s| own(s, "micro_batch").zip(own(s, "k")))
+            .collect::<Option<Vec<(u64, u64)>>>()
+        {
+            Some(v) if kind == ScheduleKind::GppPerStage => {
+                let ps = crate::sim::PerStage {
+                    batch: cfg.batch,
+                    base_micro_batch: mb,
+                    micro_batch: v.iter().map(|x| x.0).collect(),
+                    group: v.iter().map(|x| x.1).collect(),
+                };
+                StageGraph::from_specs_per_stage(&g, &cfg.cluster, &specs, opts.optimizer, ps)
+            }
+            _ => StageGraph::from_specs(&g, &cfg.cluster, &specs, mb as f64, opts.optimizer),
+        };
+        let m = (cfg.batch / mb) as usize;
+        // The warm-ups are the in-flight counts of Appendix A.1 (`in_flight_samples`) with each
+        // stage's b and k, in micro-batches of the stage.
+        let sched = crate::sim::schedule::generate(&sg, kind, m);
+        verify(&plan, &g, &cfg.cluster, &sched)?;
+        for (s, k) in sched.warmup.iter().enumerate() {
+            module
+                .attrs
+                .insert(format!("pipec.stage{s}.in_flight"), Attr::Int(*k as i64));
         }
         stats.add("stages", ns as u64);
         stats.add(
             "max-in-flight",
-            samples.iter().max().copied().unwrap_or(0) / mb,
+            sched.warmup.iter().max().copied().unwrap_or(0) as u64,
         );
         Ok(())
     }

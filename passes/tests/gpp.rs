@@ -715,3 +715,41 @@ fn kfkb_plans_fit_their_in_flight_memory() {
         assert_eq!(st.in_flight, w);
     }
 }
+
+/// `gpp-per-stage`: per-stage micro-batch sizes on the GPP planner's stages are never slower
+/// than the uniform plan (the planner keeps the uniform one otherwise), fit in memory, and on
+/// CANDLE-Uno at 8 GPUs (stages whose time scales differently with the micro-batch) are faster.
+#[test]
+fn per_stage_micro_batches_never_lose() {
+    for (name, d, batch, must_win) in [
+        ("candle_uno", 8usize, 512u64, true),
+        ("dlrm", 4, 256, false),
+        ("mmt", 8, 128, false),
+    ] {
+        let g = family(name);
+        let c = summit(d);
+        let mut opts = PlanOptions::new(batch);
+        let uniform = Gpp::default().plan(&g, &c, &opts).expect("gpp");
+        opts.schedule = Some(ScheduleKind::GppPerStage);
+        let ps = Gpp::default().plan(&g, &c, &opts).expect("gpp-per-stage");
+        assert_eq!(ps.schedule, "gpp-per-stage");
+        assert!(!ps.out_of_memory, "{name}@{d}");
+        assert!(
+            ps.iteration_time_s <= uniform.iteration_time_s * (1.0 + 1e-9),
+            "{name}@{d}: {} > {}",
+            ps.iteration_time_s,
+            uniform.iteration_time_s
+        );
+        if must_win {
+            assert!(
+                ps.iteration_time_s < uniform.iteration_time_s * 0.95,
+                "{name}@{d}: {} vs {}",
+                ps.iteration_time_s,
+                uniform.iteration_time_s
+            );
+            let sizes: std::collections::BTreeSet<Option<u64>> =
+                ps.stages.iter().map(|s| s.micro_batch).collect();
+            assert!(sizes.len() > 1 && !sizes.contains(&None), "{sizes:?}");
+        }
+    }
+}

@@ -457,6 +457,47 @@ fn pinned_devices_share_only_their_core() {
     assert!(close(spread, 1.5), "six on four: {spread}");
 }
 
+/// A xorshift generator: `rnd(n)` is uniform-ish in `0..n`.
+fn xorshift(mut seed: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    }
+}
+
+/// A random stage DAG of 2–6 stages in topological order: every stage but the last feeds a
+/// later one, some feed two; each edge carries `bytes`. Returns `(stages, edges, successors)`.
+fn random_dag(
+    rnd: &mut impl FnMut(u64) -> u64,
+    bytes: f64,
+) -> (usize, Vec<pipec_passes::sim::StageEdge>, Vec<Vec<usize>>) {
+    use pipec_passes::sim::StageEdge;
+    let n = 2 + rnd(5) as usize;
+    let mut edges = Vec::new();
+    for s in 0..n - 1 {
+        let t = s + 1 + rnd((n - s - 1) as u64) as usize;
+        edges.push(StageEdge {
+            src: s,
+            dst: t,
+            bytes,
+        });
+        let u = s + 1 + rnd((n - s - 1) as u64) as usize;
+        if u != t && rnd(2) == 0 {
+            edges.push(StageEdge {
+                src: s,
+                dst: u,
+                bytes,
+            });
+        }
+    }
+    let succ = (0..n)
+        .map(|s| edges.iter().filter(|e| e.src == s).map(|e| e.dst).collect())
+        .collect();
+    (n, edges, succ)
+}
+
 /// GraphPipe's kFkB (`kfkb-K`, §6): on random stage DAGs each stage's warm-up is its in-flight
 /// count from Appendix A.1's table with uniform `k = K`, `b = 1` (sinks `K`, `+2` per edge by
 /// row 8, `+1` for `K = 1` by row 7), capped at `M`; the simulator runs every such schedule to
@@ -465,37 +506,9 @@ fn pinned_devices_share_only_their_core() {
 #[test]
 fn kfkb_in_flight_follows_appendix_a1() {
     use pipec_passes::schedule_gpp::in_flight_samples;
-    use pipec_passes::sim::StageEdge;
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut rnd = xorshift(0x2545_f491_4f6c_dd1d);
     for _ in 0..40 {
-        let n = 2 + rnd(5) as usize;
-        let mut edges = Vec::new();
-        for s in 0..n - 1 {
-            // Every stage but the last feeds a later one; some feed two.
-            let t = s + 1 + rnd((n - s - 1) as u64) as usize;
-            edges.push(StageEdge {
-                src: s,
-                dst: t,
-                bytes: 0.0,
-            });
-            let u = s + 1 + rnd((n - s - 1) as u64) as usize;
-            if u != t && rnd(2) == 0 {
-                edges.push(StageEdge {
-                    src: s,
-                    dst: u,
-                    bytes: 0.0,
-                });
-            }
-        }
-        let succ: Vec<Vec<usize>> = (0..n)
-            .map(|s| edges.iter().filter(|e| e.src == s).map(|e| e.dst).collect())
-            .collect();
+        let (n, edges, succ) = random_dag(&mut rnd, 0.0);
         let sg = StageGraph::new(StageGraph::uniform_chain(n, 1.0, 2.0, 0.0).stages, edges);
         let c = flat(n, 1e9);
         for k in 1..=4u32 {
@@ -540,4 +553,78 @@ fn kfkb_in_flight_follows_appendix_a1() {
             b(6)
         ]
     );
+}
+
+/// GraphPipe's per-stage micro-batch sizes and `k_sFk_sB` (`gpp-per-stage`, §6, Figure 5): on
+/// random stage DAGs with random sizes `b_s` and groups `k_s` (some chosen by the paper's
+/// `argmin_k ComputeInFlight`), every stage runs `B / b_s` micro-batches, its warm-up is
+/// `⌈i_s / b_s⌉` of Appendix A.1's in-flight samples, the schedule runs to the end (no
+/// deadlock) with exactly that many micro-batches in flight per stage, every backward after its
+/// forward. Every sample crosses every edge exactly once per direction.
+#[test]
+fn per_stage_micro_batches_follow_appendix_a1() {
+    use pipec_passes::schedule_gpp::{choose_k, in_flight_samples, reverse_topo};
+    use pipec_passes::sim::{Dir, Instr, PerStage};
+    let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15);
+    let batch = 16u64;
+    for case in 0..200 {
+        let (n, edges, succ) = random_dag(&mut rnd, 8.0);
+        let b: Vec<u64> = (0..n).map(|_| 1 << rnd(4)).collect();
+        let mut k = vec![1u64; n];
+        let by_argmin = case % 2 == 0;
+        let mut inf = vec![0u64; n];
+        for &x in &reverse_topo(&succ) {
+            k[x] = if by_argmin {
+                let ss: Vec<(u64, u64, u64)> =
+                    succ[x].iter().map(|&y| (k[y], b[y], inf[y])).collect();
+                choose_k(b[x], &ss, &[1, 2, 4])
+            } else {
+                1 << rnd(3)
+            };
+            inf = in_flight_samples(&succ, &b, &k);
+        }
+        let mut sg = StageGraph::new(StageGraph::uniform_chain(n, 1.0, 2.0, 0.0).stages, edges);
+        sg.per_stage = Some(PerStage {
+            batch,
+            base_micro_batch: 1,
+            micro_batch: b.clone(),
+            group: k.clone(),
+        });
+        let sched = schedule::generate(&sg, ScheduleKind::GppPerStage, batch as usize);
+        let ms: Vec<usize> = b.iter().map(|&x| (batch / x) as usize).collect();
+        assert_eq!(sched.stage_micro_batches, ms);
+        let want: Vec<usize> = (0..n)
+            .map(|s| (inf[s].div_ceil(b[s]) as usize).clamp(1, ms[s]))
+            .collect();
+        assert_eq!(sched.warmup, want);
+        // Every edge carries each of the B samples once forward and once backward.
+        for dir in [Dir::Act, Dir::Grad] {
+            let sent: f64 = sched
+                .programs
+                .iter()
+                .flatten()
+                .map(|i| match i {
+                    Instr::Send { dir: d, bytes, .. } if *d == dir => *bytes,
+                    _ => 0.0,
+                })
+                .sum();
+            assert_eq!(sent, 8.0 * batch as f64 * sg.edges.len() as f64);
+        }
+        let r = simulate(&sg, &sched, &flat(n, 1e9), AllReduceAlgo::Ring)
+            .unwrap_or_else(|e| panic!("b={b:?} k={k:?} succ={succ:?}: {e}"));
+        assert_eq!(r.stage_in_flight, want, "b={b:?} k={k:?} succ={succ:?}");
+        // C4: every backward after its forward.
+        for prog in &sched.programs {
+            let mut fwd = std::collections::HashSet::new();
+            for i in prog {
+                match i {
+                    Instr::Forward { mb, .. } => {
+                        fwd.insert(*mb);
+                    }
+                    Instr::Backward { mb, .. } => assert!(fwd.contains(mb)),
+                    _ => {}
+                }
+            }
+        }
+    }
 }

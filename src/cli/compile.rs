@@ -140,6 +140,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         loss,
         optimizer,
         optimizer_spec: a.optimizer.clone(),
+        per_stage: per_stage_of(&plan),
     };
     let compiled =
         codegen::compile(m, &specs, &copts).with_context(|| format!("{name}: compile failed"))?;
@@ -180,6 +181,17 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         a.output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// A `gpp-per-stage` plan's per-stage micro-batch sizes and groups (every stage has them).
+fn per_stage_of(plan: &pipec_passes::plan::Plan) -> Option<pipec_passes::sim::PerStage> {
+    let micro_batch: Option<Vec<u64>> = plan.stages.iter().map(|s| s.micro_batch).collect();
+    Some(pipec_passes::sim::PerStage {
+        batch: plan.batch,
+        base_micro_batch: plan.micro_batch,
+        micro_batch: micro_batch?,
+        group: plan.stages.iter().map(|s| s.group.unwrap_or(1)).collect(),
+    })
 }
 
 /// The whole program as MLIR (accepted by `mlir-opt --allow-unregistered-dialect`): every piece

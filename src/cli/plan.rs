@@ -232,8 +232,13 @@ pub fn render(plan: &Plan) -> String {
             (Some(a), _) => a.clone(),
             _ => String::new(),
         };
+        // gpp-per-stage: the stage's own micro-batch size and k of its kFkB order.
+        let own = match (st.micro_batch, st.group) {
+            (Some(b), Some(k)) => format!(", micro-batch {b}, {k}F{k}B"),
+            _ => String::new(),
+        };
         s.push_str(&format!(
-            "  stage {:>2}: {:>4} nodes ({span}), devices {:?}, preds {:?}, in-flight {}, {:.3} ms/micro-batch, peak {}\n",
+            "  stage {:>2}: {:>4} nodes ({span}), devices {:?}, preds {:?}{own}, in-flight {}, {:.3} ms/micro-batch, peak {}\n",
             st.id,
             st.nodes.len(),
             st.devices,

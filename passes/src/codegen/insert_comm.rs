@@ -49,20 +49,38 @@ pub struct Context<'a> {
     pub input_grads: Vec<Vec<(String, String)>>,
     /// Per stage: `(parameter, gradient output)`.
     pub param_grads: Vec<Vec<(String, String)>>,
+    /// GraphPipe's per-stage micro-batch sizes and kFkB groups (`gpp-per-stage`), with the
+    /// warm-up of every stage; `None`: `micro_batch` everywhere, the schedule kind's order.
+    pub per_stage: Option<PerStageOrder>,
+}
+
+/// Per-stage micro-batch sizes `b_s`, groups `k_s` and warm-ups `K_s` (see
+/// [`crate::sim::schedule`]'s per-stage schedule, which this order follows).
+pub struct PerStageOrder {
+    pub micro_batch: Vec<u64>,
+    pub group: Vec<usize>,
+    pub warmup: Vec<usize>,
 }
 
 /// Deterministic message tags: allocated on first request by either side.
 #[derive(Default)]
 struct Tags {
-    map: HashMap<(bool, String, usize, usize, usize, u32), u32>,
+    map: HashMap<TagKey, u32>,
 }
 
+/// (cotangent?, value, consumer stage, producer replica, consumer replica, producer's
+/// micro-batch, consumer's micro-batch).
+type TagKey = (bool, String, usize, usize, usize, u32, u32);
+
 impl Tags {
-    fn get(&mut self, grad: bool, v: &str, c: usize, i: usize, j: usize, mb: u32) -> u32 {
+    /// The tag of value `v`'s message (or its cotangent's, `grad`) for consumer stage `c` from
+    /// producer replica `i` (micro-batch `mp`) to consumer replica `j` (micro-batch `mc`).
+    #[allow(clippy::too_many_arguments)]
+    fn get(&mut self, grad: bool, v: &str, c: usize, i: usize, j: usize, mp: u32, mc: u32) -> u32 {
         let n = self.map.len() as u32;
         *self
             .map
-            .entry((grad, v.to_string(), c, i, j, mb))
+            .entry((grad, v.to_string(), c, i, j, mp, mc))
             .or_insert(n)
     }
 }
@@ -88,11 +106,17 @@ pub fn owned(mode: Replication, r: usize, k: usize, m: usize, b: u64) -> Option<
 }
 
 /// One message of a route: producer replica `i`, consumer replica `j`, and the samples it
-/// carries relative to the micro-batch (`None`: the whole value).
+/// carries.
 struct Hop {
     i: usize,
     j: usize,
-    samples: Option<(u64, u64)>,
+    /// The producer's and the consumer's micro-batch (equal unless their sizes differ).
+    mp: u32,
+    mc: u32,
+    /// The samples it carries relative to the producer's and to the consumer's micro-batch
+    /// (equal unless the sizes differ; `None`: the whole value).
+    at_p: Option<(u64, u64)>,
+    at_c: Option<(u64, u64)>,
 }
 
 /// The messages carrying value `v` (layout `lay`) of micro-batch `m` from a producer stage
@@ -122,7 +146,10 @@ fn routes(
                         out.push(Hop {
                             i,
                             j,
-                            samples: Some((lo, hi)),
+                            mp: m as u32,
+                            mc: m as u32,
+                            at_p: Some((lo, hi)),
+                            at_c: Some((lo, hi)),
                         });
                     }
                 }
@@ -135,7 +162,10 @@ fn routes(
             .map(|(x, &(j, _))| Hop {
                 i: prod[x % prod.len()].0,
                 j,
-                samples: None,
+                mp: m as u32,
+                mc: m as u32,
+                at_p: None,
+                at_c: None,
             })
             .collect(),
         Layout::Other => {
@@ -153,11 +183,74 @@ fn routes(
                 .map(|(a, c)| Hop {
                     i: a.0,
                     j: c.0,
-                    samples: None,
+                    mp: m as u32,
+                    mc: m as u32,
+                    at_p: None,
+                    at_c: None,
                 })
                 .collect()
         }
     })
+}
+
+/// The messages of value `v` between a producer stage (`rp` replicas, micro-batch `bp`) and a
+/// consumer stage (`rc`, `bc`) of different micro-batch sizes (`gpp-per-stage`; both split
+/// their micro-batches evenly): the pieces where the consumer replica `j`'s samples of its
+/// micro-batch `mc` (`side = Consumer`) or the producer replica `i`'s samples of its micro-batch
+/// `mp` (`side = Producer`) overlap the other stage's replica slices. Only batch-major values
+/// can be re-sliced.
+fn routes_resliced(
+    lay: Layout,
+    (bp, rp): (u64, usize),
+    (bc, rc): (u64, usize),
+    side: Side,
+    v: &str,
+) -> Result<Vec<Hop>> {
+    if lay != Layout::Rows {
+        return Err(Error::named(
+            v,
+            format!(
+                "codegen: the value has no leading batch axis and crosses between stages of different micro-batch sizes ({bp} and {bc}); plan without gpp-per-stage"
+            ),
+        ));
+    }
+    let (qp, qc) = (bp / rp as u64, bc / rc as u64);
+    let (lo, hi, other_b, other_r) = match side {
+        Side::Consumer { mc, j } => {
+            let lo = mc as u64 * bc + j as u64 * qc;
+            (lo, lo + qc, bp, rp)
+        }
+        Side::Producer { mp, i } => {
+            let lo = mp as u64 * bp + i as u64 * qp;
+            (lo, lo + qp, bc, rc)
+        }
+    };
+    let mut out = Vec::new();
+    let mut x = lo;
+    for (om, oj, n) in crate::sim::schedule::covering(other_b, other_r, lo, hi) {
+        let (mp, i, mc, j) = match side {
+            Side::Consumer { mc, j } => (om as u32, oj, mc, j),
+            Side::Producer { mp, i } => (mp, i, om as u32, oj),
+        };
+        let (p0, c0) = (mp as u64 * bp, mc as u64 * bc);
+        out.push(Hop {
+            i,
+            j,
+            mp,
+            mc,
+            at_p: Some((x - p0, x + n - p0)),
+            at_c: Some((x - c0, x + n - c0)),
+        });
+        x += n;
+    }
+    Ok(out)
+}
+
+/// Which side of a stage edge asks for its messages (for [`routes_resliced`]).
+#[derive(Clone, Copy)]
+enum Side {
+    Consumer { mc: u32, j: usize },
+    Producer { mp: u32, i: usize },
 }
 
 /// Shape of the message of hop samples `samples` of a value of type `ty`: the overlap's rows for
@@ -275,14 +368,47 @@ fn depth_to_sink(preds: &[BTreeSet<usize>]) -> Vec<usize> {
     depth
 }
 
+/// The hops of value `v` (layout `lay`) on the edge from stage `p` to stage `c` that concern one
+/// replica: for `side = Consumer { mc, j }` the pieces consumer replica `j` receives for its
+/// micro-batch `mc`, for `Producer { mp, i }` the pieces producer replica `i` sends of its `mp`.
+fn edge_hops(
+    cx: &Context,
+    lay: Layout,
+    p: usize,
+    c: usize,
+    side: Side,
+    v: &str,
+) -> Result<Vec<Hop>> {
+    let size = |s: usize| {
+        cx.per_stage
+            .as_ref()
+            .map_or(cx.micro_batch, |o| o.micro_batch[s])
+    };
+    let (bp, bc) = (size(p), size(c));
+    let (rp, rc) = (cx.stage_devices[p].len(), cx.stage_devices[c].len());
+    if bp != bc {
+        return routes_resliced(lay, (bp, rp), (bc, rc), side, v);
+    }
+    let (pm, cm) = ((rp, cx.replication[p]), (rc, cx.replication[c]));
+    Ok(match side {
+        Side::Consumer { mc, j } => routes(lay, bp, mc as usize, pm, cm, v)?
+            .into_iter()
+            .filter(|h| h.j == j)
+            .collect(),
+        Side::Producer { mp, i } => routes(lay, bp, mp as usize, pm, cm, v)?
+            .into_iter()
+            .filter(|h| h.i == i)
+            .collect(),
+    })
+}
+
 /// Build every device's instruction list.
 pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     let g = &cx.m.graph;
     let ndev = cx.stage_devices.iter().map(Vec::len).sum::<usize>();
     let mut programs: Vec<Option<DeviceProgram>> = (0..ndev).map(|_| None).collect();
     let depth = depth_to_sink(cx.preds);
-    let nmb = cx.micro_batches as usize;
-    let b = cx.micro_batch;
+    let batch = cx.micro_batch * cx.micro_batches;
     let mut tags = Tags::default();
     // The stage that sends `v` (usize::MAX if none does).
     let stage_of_value = |v: Value| -> usize {
@@ -315,6 +441,16 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
         let st = &cx.stages[s];
         let r = devs.len();
         let mode = cx.replication[s];
+        // This stage's micro-batch size, count, warm-up and group.
+        let (b, k, group) = match &cx.per_stage {
+            Some(o) => (o.micro_batch[s], o.warmup[s], o.group[s]),
+            None => {
+                let nmb = cx.micro_batches as usize;
+                let k = cx.schedule.warmup(depth[s], nmb);
+                (cx.micro_batch, k, cx.schedule.group())
+            }
+        };
+        let nmb = (batch / b.max(1)) as usize;
         // Data inputs this stage reads (either piece).
         let mut loads: Vec<&DataInput> = Vec::new();
         for name in st
@@ -335,8 +471,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             let mut live: HashMap<u32, Vec<String>> = HashMap::new();
             // The stage's order over all micro-batches; a round-robin replica keeps the events
             // of its own micro-batches (so its order is consistent with its neighbours').
-            let k = cx.schedule.warmup(depth[s], nmb);
-            for (fwd, m) in fb_order_grouped(k, cx.schedule.group(), nmb) {
+            for (fwd, m) in fb_order_grouped(k, group, nmb) {
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
                 };
@@ -368,19 +503,15 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         let vn = g.name(v);
                         let ty = g.ty(v);
                         let lay = layout(ty, cx.batch_sym);
-                        let rp = cx.stage_devices[p].len();
-                        let pm = (rp, cx.replication[p]);
-                        let hops: Vec<Hop> = routes(lay, b, m, pm, (r, mode), vn)?
-                            .into_iter()
-                            .filter(|h| h.j == j)
-                            .collect();
+                        let side = Side::Consumer { mc: mb, j };
+                        let hops = edge_hops(cx, lay, p, s, side, vn)?;
                         let mut pieces = Vec::with_capacity(hops.len());
                         for h in &hops {
                             pieces.push(Incoming {
-                                tensor: format!("{vn}#r{}", h.i),
+                                tensor: piece_name(vn, h.i, h.mp, h.mc),
                                 peer: cx.stage_devices[p][h.i],
-                                tag: tags.get(false, vn, s, h.i, h.j, mb),
-                                shape: piece_shape(lay, h.samples, own, ty, cx.batch_sym),
+                                tag: tags.get(false, vn, s, h.i, h.j, h.mp, h.mc),
+                                shape: piece_shape(lay, h.at_c, own, ty, cx.batch_sym),
                             });
                         }
                         recv_joined(&mut list, mb, vn, &ty.dtype.to_string(), pieces, false);
@@ -397,20 +528,16 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         let ty = g.ty(*v);
                         let lay = layout(ty, cx.batch_sym);
                         for &c in cs {
-                            let rc = cx.stage_devices[c].len();
-                            let cm = (rc, cx.replication[c]);
-                            for h in routes(lay, b, m, (r, mode), cm, vn)?
-                                .into_iter()
-                                .filter(|h| h.i == j)
-                            {
+                            let side = Side::Producer { mp: mb, i: j };
+                            for h in edge_hops(cx, lay, s, c, side, vn)? {
                                 let (slice, shape) =
-                                    send_piece(lay, h.samples, (olo, ohi), ty, cx.batch_sym);
+                                    send_piece(lay, h.at_p, (olo, ohi), ty, cx.batch_sym);
                                 list.push(Instr::Send {
                                     mb,
                                     tensor: vn.to_string(),
                                     peer: cx.stage_devices[c][h.j],
                                     slice,
-                                    tag: tags.get(false, vn, c, h.i, h.j, mb),
+                                    tag: tags.get(false, vn, c, h.i, h.j, h.mp, h.mc),
                                     dtype: ty.dtype.to_string(),
                                     shape,
                                 });
@@ -436,20 +563,16 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         let ty = g.ty(*v);
                         let lay = layout(ty, cx.batch_sym);
                         for &c in cs {
-                            let rc = cx.stage_devices[c].len();
-                            let cm = (rc, cx.replication[c]);
-                            let hops: Vec<Hop> = routes(lay, b, m, (r, mode), cm, vn)?
-                                .into_iter()
-                                .filter(|h| h.i == j)
-                                .collect();
+                            let side = Side::Producer { mp: mb, i: j };
+                            let hops = edge_hops(cx, lay, s, c, side, vn)?;
                             let cot = super::cot_name(vn, c);
                             let mut pieces = Vec::with_capacity(hops.len());
                             for h in &hops {
                                 pieces.push(Incoming {
-                                    tensor: format!("{cot}#r{}", h.j),
+                                    tensor: piece_name(&cot, h.j, h.mc, h.mp),
                                     peer: cx.stage_devices[c][h.j],
-                                    tag: tags.get(true, vn, c, h.i, h.j, mb),
-                                    shape: piece_shape(lay, h.samples, own, ty, cx.batch_sym),
+                                    tag: tags.get(true, vn, c, h.i, h.j, h.mp, h.mc),
+                                    shape: piece_shape(lay, h.at_p, own, ty, cx.batch_sym),
                                 });
                             }
                             // A batch-independent value's cotangent pieces are partial sums.
@@ -476,20 +599,16 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         let p = stage_of_value(v);
                         let ty = g.ty(v);
                         let lay = layout(ty, cx.batch_sym);
-                        let rp = cx.stage_devices[p].len();
-                        let pm = (rp, cx.replication[p]);
-                        for h in routes(lay, b, m, pm, (r, mode), vn)?
-                            .into_iter()
-                            .filter(|h| h.j == j)
-                        {
+                        let side = Side::Consumer { mc: mb, j };
+                        for h in edge_hops(cx, lay, p, s, side, vn)? {
                             let (slice, shape) =
-                                send_piece(lay, h.samples, (olo, ohi), ty, cx.batch_sym);
+                                send_piece(lay, h.at_c, (olo, ohi), ty, cx.batch_sym);
                             list.push(Instr::Send {
                                 mb,
                                 tensor: gn.clone(),
                                 peer: cx.stage_devices[p][h.i],
                                 slice,
-                                tag: tags.get(true, vn, s, h.i, h.j, mb),
+                                tag: tags.get(true, vn, s, h.i, h.j, h.mp, h.mc),
                                 dtype: ty.dtype.to_string(),
                                 shape,
                             });
@@ -533,6 +652,16 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
         .enumerate()
         .map(|(d, p)| p.ok_or_else(|| Error::msg(format!("codegen: device {d} has no stage"))))
         .collect()
+}
+
+/// The buffer of one received piece: from replica `r` (`name#r1`), and of the sender's
+/// micro-batch `theirs` when it differs from the receiver's `mine` (`name#r1m3`).
+fn piece_name(name: &str, r: usize, theirs: u32, mine: u32) -> String {
+    if theirs == mine {
+        format!("{name}#r{r}")
+    } else {
+        format!("{name}#r{r}m{theirs}")
+    }
 }
 
 fn dedup(v: Vec<String>) -> Vec<String> {

@@ -65,6 +65,8 @@ pub struct CompileOptions {
     pub optimizer: OptimizerKind,
     /// The `--optimizer` text, recorded in the program.
     pub optimizer_spec: String,
+    /// GraphPipe's per-stage micro-batch sizes and kFkB groups (`gpp-per-stage` plans).
+    pub per_stage: Option<crate::sim::PerStage>,
 }
 
 /// A compiled program with the modules and data its files hold.
@@ -196,10 +198,17 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
     // PipeDream's replicas take whole micro-batches round robin (1F1B-RR); the others cut
     // each micro-batch into even slices (DAPPLE), falling back to round robin when the
     // micro-batch does not divide over the replicas.
+    if let Some(ps) = &opts.per_stage {
+        check_per_stage(m, specs, ps, b)?;
+    }
+    // A stage's own micro-batch size (per-stage plans), else the plan's.
+    let size = |s: usize| opts.per_stage.as_ref().map_or(mb, |p| p.micro_batch[s]);
     let replication: Vec<Replication> = stage_devices
         .iter()
-        .map(|devs| {
+        .enumerate()
+        .map(|(s, devs)| {
             let r = devs.len() as u64;
+            let mb = size(s);
             if r > 1 && (opts.planner == "pipedream" || mb % r != 0) {
                 Replication::RoundRobin
             } else {
@@ -332,7 +341,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         (Replication::RoundRobin, _) | (_, LossKind::Sum) => 1.0,
         (Replication::Slices, _) => stage_devices[s].len() as f64,
     };
-    let loss_scale = |s: usize| 1.0 / (nmb as f64 * slices_per_mb(s));
+    let loss_scale = |s: usize| 1.0 / ((b / size(s)) as f64 * slices_per_mb(s));
     for &s in topo.iter().rev() {
         let bld = &builds[s];
         let mut cots: Vec<(String, String)> = Vec::new();
@@ -550,6 +559,26 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         holders: &holders,
         input_grads: built.iter().map(|p| p.input_grads.clone()).collect(),
         param_grads: built.iter().map(|p| p.param_grads.clone()).collect(),
+        per_stage: opts.per_stage.as_ref().map(|ps| {
+            // Warm-ups from Appendix A.1's in-flight samples, as the simulator's schedule.
+            let mut succ = vec![Vec::new(); ns];
+            for (c, ps_) in preds.iter().enumerate() {
+                for &p in ps_ {
+                    succ[p].push(c);
+                }
+            }
+            let samples = crate::schedule_gpp::in_flight_samples(&succ, &ps.micro_batch, &ps.group);
+            insert_comm::PerStageOrder {
+                micro_batch: ps.micro_batch.clone(),
+                group: ps.group.iter().map(|&k| k.max(1) as usize).collect(),
+                warmup: (0..ns)
+                    .map(|s| {
+                        let bs = ps.micro_batch[s].max(1);
+                        (samples[s].div_ceil(bs) as usize).clamp(1, (b / bs).max(1) as usize)
+                    })
+                    .collect(),
+            }
+        }),
     };
     let devices = insert_comm::device_programs(&ctx)?;
     let program = Program {
@@ -620,6 +649,52 @@ fn piece(file: &str, m: &Module) -> Piece {
 }
 
 /// Kahn order of the stage DAG (ties to the lower id).
+/// A per-stage configuration must name every stage with a size that divides the mini-batch
+/// over its replicas, and a stage whose size differs from the plan's must hold no op whose
+/// result couples the samples of a micro-batch (batch statistics), since re-slicing would change
+/// what it computes.
+fn check_per_stage(
+    m: &Module,
+    specs: &[StageSpec],
+    ps: &crate::sim::PerStage,
+    batch: u64,
+) -> Result<()> {
+    if ps.micro_batch.len() != specs.len() || ps.group.len() != specs.len() {
+        return Err(Error::msg(format!(
+            "codegen: per-stage micro-batch sizes for {} stages, the plan has {}",
+            ps.micro_batch.len(),
+            specs.len()
+        )));
+    }
+    let g = &m.graph;
+    for (s, sp) in specs.iter().enumerate() {
+        let (bs, r) = (ps.micro_batch[s], sp.devices.len().max(1) as u64);
+        if bs == 0 || !batch.is_multiple_of(bs) || !bs.is_multiple_of(r) {
+            return Err(Error::Usage(format!(
+                "stage {s}: micro-batch {bs} must divide the batch {batch} and be a multiple of its {r} replicas"
+            )));
+        }
+        if bs != ps.base_micro_batch {
+            for &n in &sp.nodes {
+                let Some(op) = g.order.get(n).map(|&o| &g.ops[o]) else {
+                    continue;
+                };
+                if op.op_type == "BatchNormalization" {
+                    return Err(Error::node(
+                        &op.name,
+                        &op.op_type,
+                        format!(
+                            "codegen: stage {s} runs micro-batches of {bs} (the plan's are {}): batch statistics would change; plan without gpp-per-stage",
+                            ps.base_micro_batch
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn topo_order(preds: &[BTreeSet<usize>]) -> Result<Vec<usize>> {
     let n = preds.len();
     let mut indeg: Vec<usize> = preds.iter().map(|p| p.len()).collect();

@@ -897,10 +897,10 @@ impl Gpp {
         }
         let (ranked_t, i) = best.ok_or_else(|| Error::msg("gpp: no plan"))?;
         let (b, specs, objective) = cands.swap_remove(i);
-        let plan = match &sims[i] {
-            // The ranking simulated the whole iteration (of the chain, for `gpp-seq`): the plan's
-            // figures are that simulation's.
-            Some(res) => Plan::from_simulation(
+        let per_stage_specs = (schedule == ScheduleKind::GppPerStage).then(|| specs.clone());
+        // The plan of `specs` from a simulation of its whole iteration.
+        let simulated = |specs: Vec<StageSpec>, sim: (&StageGraph, &SimResult)| {
+            Plan::from_simulation(
                 self.name(),
                 g,
                 cluster,
@@ -910,8 +910,13 @@ impl Gpp {
                 schedule,
                 objective,
                 0.0,
-                (&graphs[i], res),
-            )?,
+                sim,
+            )
+        };
+        let plan = match &sims[i] {
+            // The ranking simulated the whole iteration (of the chain, for `gpp-seq`): the plan's
+            // figures are that simulation's.
+            Some(res) => simulated(specs, (&graphs[i], res))?,
             None => {
                 let mut plan = Plan::assemble(
                     self.name(),
@@ -935,6 +940,16 @@ impl Gpp {
             "simulated the plan ({:.6} s; ranking time {ranked_t:.6} s)",
             plan.iteration_time_s
         ));
+        if let Some(specs) = per_stage_specs {
+            // Per-stage micro-batch sizes and kFkB groups on the chosen stages (behind the
+            // flag); kept only when the simulation is faster than the uniform plan.
+            if let Some(p) = super::gpp_per_stage::search(g, cluster, opts, &specs, b)? {
+                phase("per-stage micro-batch sizes");
+                if p.sim.iteration_time_s < plan.iteration_time_s * (1.0 - 1e-9) {
+                    plan = simulated(specs, (&p.graph, &p.sim))?;
+                }
+            }
+        }
         plan.search_time_s = t0.elapsed().as_secs_f64();
         Ok(plan)
     }

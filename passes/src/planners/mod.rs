@@ -30,6 +30,7 @@ pub mod bapipe;
 pub mod dapple;
 pub mod dp;
 pub mod gpp;
+pub mod gpp_per_stage;
 pub mod pipedream;
 pub mod straight;
 

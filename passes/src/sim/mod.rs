@@ -86,6 +86,23 @@ pub struct StageGraph {
     pub edges: Vec<StageEdge>,
     pub in_edges: Vec<Vec<usize>>,
     pub out_edges: Vec<Vec<usize>>,
+    /// Per-stage micro-batch sizes and kFkB groups (`gpp-per-stage`); `None`: one micro-batch
+    /// size for all stages, the schedule kind's own order.
+    pub per_stage: Option<PerStage>,
+}
+
+/// GraphPipe's per-stage schedule configuration (§4: `b_i` "the micro-batch size of `S_i`",
+/// §6: a `k_iFk_iB` schedule per stage): what [`ScheduleKind::GppPerStage`] runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerStage {
+    /// The mini-batch `B` (samples per iteration).
+    pub batch: u64,
+    /// The micro-batch size the stage graph's edge bytes are for.
+    pub base_micro_batch: u64,
+    /// `b_s` per stage: divides `B` and is a multiple of the stage's replica count.
+    pub micro_batch: Vec<u64>,
+    /// `k_s` per stage.
+    pub group: Vec<u64>,
 }
 
 impl StageGraph {
@@ -102,6 +119,7 @@ impl StageGraph {
             edges,
             in_edges,
             out_edges,
+            per_stage: None,
         }
     }
 
@@ -137,7 +155,30 @@ impl StageGraph {
         micro_batch: f64,
         opt: Optimizer,
     ) -> StageGraph {
-        Self::build(g, cluster, specs, micro_batch, opt, true)
+        Self::build(g, cluster, specs, micro_batch, opt, true, None)
+    }
+
+    /// Cost a planner's stages with GraphPipe's per-stage micro-batch sizes `ps` (for
+    /// [`ScheduleKind::GppPerStage`]): stage `s`'s replicas each take `ps.micro_batch[s] /
+    /// replicas` samples; the edges' bytes are per micro-batch of `ps.base_micro_batch`.
+    pub fn from_specs_per_stage(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        opt: Optimizer,
+        ps: PerStage,
+    ) -> StageGraph {
+        let mut sg = Self::build(
+            g,
+            cluster,
+            specs,
+            ps.base_micro_batch as f64,
+            opt,
+            true,
+            Some(&ps.micro_batch),
+        );
+        sg.per_stage = Some(ps);
+        sg
     }
 
     /// Cost a planner's stages for the schedule `kind`: as [`StageGraph::from_specs`], except
@@ -151,7 +192,15 @@ impl StageGraph {
         opt: Optimizer,
         kind: ScheduleKind,
     ) -> StageGraph {
-        Self::build(g, cluster, specs, micro_batch, opt, !kind.round_robin())
+        Self::build(
+            g,
+            cluster,
+            specs,
+            micro_batch,
+            opt,
+            !kind.round_robin(),
+            None,
+        )
     }
 
     /// The stage graph the simulator runs `kind` on: itself, or
@@ -171,6 +220,7 @@ impl StageGraph {
         micro_batch: f64,
         opt: Optimizer,
         split: bool,
+        per_stage_mb: Option<&[u64]>,
     ) -> StageGraph {
         let mut stage_of = vec![usize::MAX; g.len()];
         for (s, sp) in specs.iter().enumerate() {
@@ -179,10 +229,13 @@ impl StageGraph {
             }
         }
         let mut stages = Vec::with_capacity(specs.len());
-        for sp in specs {
+        for (s, sp) in specs.iter().enumerate() {
             let mask = g.mask(&sp.nodes);
             let r = if split { sp.devices.len().max(1) } else { 1 };
-            let slice = micro_batch / r as f64;
+            let own = per_stage_mb
+                .and_then(|v| v.get(s))
+                .map_or(micro_batch, |&b| b as f64);
+            let slice = own / r as f64;
             let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
             let (mut fwd, mut bwd, mut step) = (Vec::new(), Vec::new(), Vec::new());
             let mut static_bytes: f64 = 0.0;
@@ -403,7 +456,8 @@ fn ingress_res(ndev: usize, n: usize) -> usize {
     2 * ndev + 2 * n + 1
 }
 
-type TransferKey = (Dir, usize, usize, usize);
+/// (direction, sender's micro-batch, receiver's micro-batch, source device, destination device).
+type TransferKey = (Dir, usize, usize, usize, usize);
 
 /// Task arrays under construction.
 #[derive(Default)]
@@ -433,7 +487,7 @@ impl Builder {
         if let Some(&t) = self.transfers.get(&key) {
             return t;
         }
-        let (dir, mb, src, dst) = key;
+        let (dir, mb, _, src, dst) = key;
         let t = comm::p2p_time(cluster, src, dst, bytes);
         let mut rs = vec![send_res(src), recv_res(dst)];
         let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
@@ -579,6 +633,7 @@ pub fn simulate(
                 Instr::Recv {
                     dir,
                     mb,
+                    peer_mb,
                     peer,
                     bytes,
                     ..
@@ -588,11 +643,12 @@ pub fn simulate(
                             "device {d}: receive from device {peer} outside the cluster"
                         )));
                     }
-                    pending.push(tb.transfer(cluster, (*dir, *mb, *peer, d), *bytes));
+                    pending.push(tb.transfer(cluster, (*dir, *peer_mb, *mb, *peer, d), *bytes));
                 }
                 Instr::Send {
                     dir,
                     mb,
+                    peer_mb,
                     peer,
                     bytes,
                     ..
@@ -602,8 +658,9 @@ pub fn simulate(
                             "device {d}: send to device {peer} outside the cluster"
                         )));
                     }
-                    let t = tb.transfer(cluster, (*dir, *mb, d, *peer), *bytes);
-                    sends_seen.insert((*dir, *mb, d, *peer));
+                    let key = (*dir, *mb, *peer_mb, d, *peer);
+                    let t = tb.transfer(cluster, key, *bytes);
+                    sends_seen.insert(key);
                     if let Some(p) = last_compute {
                         tb.edge(p, t);
                     }

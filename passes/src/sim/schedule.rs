@@ -71,6 +71,9 @@ pub enum ScheduleKind {
     OneFOneBRr,
     /// GraphPipe's kFkB with the same `k` (≥ 1) and micro-batch on every stage.
     Kfkb(u32),
+    /// GraphPipe's per-stage micro-batch sizes and `k_sFk_sB` schedules
+    /// ([`crate::sim::PerStage`] on the stage graph; without it, the same as `gpp`).
+    GppPerStage,
 }
 
 impl ScheduleKind {
@@ -100,6 +103,7 @@ impl ScheduleKind {
             ScheduleKind::OneFOneBRecompute => "1f1b-recompute",
             ScheduleKind::OneFOneBRr => "1f1b-rr",
             ScheduleKind::Kfkb(_) => "kfkb",
+            ScheduleKind::GppPerStage => "gpp-per-stage",
         }
     }
 
@@ -116,6 +120,7 @@ impl ScheduleKind {
     pub fn names() -> Vec<&'static str> {
         let mut v: Vec<&'static str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
         v.push("kfkb-K");
+        v.push("gpp-per-stage");
         v
     }
 
@@ -151,6 +156,9 @@ impl ScheduleKind {
                 .filter(|k| (1..=1024).contains(k))
                 .map(ScheduleKind::Kfkb);
         }
+        if s == "gpp-per-stage" {
+            return Some(ScheduleKind::GppPerStage);
+        }
         ScheduleKind::ALL.iter().copied().find(|k| k.name() == s)
     }
 
@@ -162,7 +170,8 @@ impl ScheduleKind {
             | ScheduleKind::DappleA
             | ScheduleKind::Gpp
             | ScheduleKind::OneFOneBRecompute
-            | ScheduleKind::OneFOneBRr => depth,
+            | ScheduleKind::OneFOneBRr
+            | ScheduleKind::GppPerStage => depth,
             ScheduleKind::DappleB => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
             ScheduleKind::Kfkb(1) => depth,
@@ -188,22 +197,26 @@ pub enum Instr {
     Forward { stage: usize, mb: usize },
     /// Backward pass of micro-batch `mb`; accumulates the weight gradients.
     Backward { stage: usize, mb: usize },
-    /// Send `bytes` of micro-batch `mb` to device `peer` (of stage `to`): a split/concat piece when
-    /// replica counts differ.
+    /// Send `bytes` of micro-batch `mb` to device `peer` (of stage `to`), for its micro-batch
+    /// `peer_mb` (the same index unless the stages' micro-batch sizes differ): a split/concat
+    /// piece when replica counts or micro-batch sizes differ.
     Send {
         dir: Dir,
         stage: usize,
         to: usize,
         mb: usize,
+        peer_mb: usize,
         peer: usize,
         bytes: f64,
     },
-    /// Receive `bytes` of micro-batch `mb` from device `peer` (of stage `from`).
+    /// Receive `bytes` of micro-batch `mb` from device `peer` (of stage `from`), out of its
+    /// micro-batch `peer_mb`.
     Recv {
         dir: Dir,
         stage: usize,
         from: usize,
         mb: usize,
+        peer_mb: usize,
         peer: usize,
         bytes: f64,
     },
@@ -222,6 +235,8 @@ pub enum Instr {
 pub struct Schedule {
     pub kind: ScheduleKind,
     pub micro_batches: usize,
+    /// Micro-batches of every stage (`micro_batches` each, unless per-stage sizes differ).
+    pub stage_micro_batches: Vec<usize>,
     /// Warm-up forwards `K_s` per stage (for `1f1b-rr`: of one replica's own micro-batches).
     pub warmup: Vec<usize>,
     /// `programs[d]`: the ordered instructions of device `d`.
@@ -262,12 +277,10 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     if kind.round_robin() {
         return generate_round_robin(sg, kind, m);
     }
-    let ndev = sg
-        .stages
-        .iter()
-        .flat_map(|s| s.devices.iter().copied())
-        .max()
-        .map_or(0, |d| d + 1);
+    if let (ScheduleKind::GppPerStage, Some(ps)) = (kind, &sg.per_stage) {
+        return generate_per_stage(sg, ps, m);
+    }
+    let ndev = device_count(sg);
     let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
     let depth = sg.depth_to_sink();
     let mut warmup = Vec::with_capacity(sg.stages.len());
@@ -289,6 +302,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                                     stage: s,
                                     from: ed.src,
                                     mb,
+                                    peer_mb: mb,
                                     peer: src[i],
                                     bytes: b,
                                 });
@@ -306,6 +320,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                                     stage: s,
                                     to: ed.dst,
                                     mb,
+                                    peer_mb: mb,
                                     peer: dst[jj],
                                     bytes: b,
                                 });
@@ -323,6 +338,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                                     stage: s,
                                     from: ed.dst,
                                     mb,
+                                    peer_mb: mb,
                                     peer: dst[jj],
                                     bytes: b,
                                 });
@@ -340,6 +356,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                                     stage: s,
                                     to: ed.src,
                                     mb,
+                                    peer_mb: mb,
                                     peer: src[i],
                                     bytes: b,
                                 });
@@ -348,22 +365,38 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                     }
                 }
             }
-            if r > 1 {
-                prog.push(Instr::AllReduce {
-                    stage: s,
-                    group: st.devices.clone(),
-                    bytes: st.parameter_bytes,
-                });
-            }
-            prog.push(Instr::OptimizerStep { stage: s });
+            push_flush(prog, s, st);
         }
     }
     Schedule {
         kind,
         micro_batches: m,
+        stage_micro_batches: vec![m; sg.stages.len()],
         warmup,
         programs,
     }
+}
+
+/// Devices the stage graph uses (one past the largest device id).
+fn device_count(sg: &StageGraph) -> usize {
+    sg.stages
+        .iter()
+        .flat_map(|s| s.devices.iter().copied())
+        .max()
+        .map_or(0, |d| d + 1)
+}
+
+/// The flush after a replica's last backward: the all-reduce of a replicated stage's gradients,
+/// then the optimizer step.
+fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &crate::sim::SimStage) {
+    if st.devices.len() > 1 {
+        prog.push(Instr::AllReduce {
+            stage: s,
+            group: st.devices.clone(),
+            bytes: st.parameter_bytes,
+        });
+    }
+    prog.push(Instr::OptimizerStep { stage: s });
 }
 
 /// The micro-batches replica `k` of `r` runs under round robin: `k, k + r, k + 2r, ... < m`.
@@ -374,12 +407,7 @@ pub fn round_robin_micro_batches(k: usize, r: usize, m: usize) -> Vec<usize> {
 /// PipeDream's 1F1B-RR (see the module doc): replica `k` of stage `s` runs the micro-batches
 /// `m ≡ k (mod r_s)` whole, in 1F1B order with `⌈W(s)/r_s⌉` warm-up forwards.
 fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
-    let ndev = sg
-        .stages
-        .iter()
-        .flat_map(|s| s.devices.iter().copied())
-        .max()
-        .map_or(0, |d| d + 1);
+    let ndev = device_count(sg);
     let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
     let workers = sg.workers_to_sink();
     let mut warmup = Vec::with_capacity(sg.stages.len());
@@ -401,6 +429,7 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                             stage: s,
                             from: ed.src,
                             mb,
+                            peer_mb: mb,
                             peer: src[mb % src.len()],
                             bytes: ed.bytes,
                         });
@@ -414,6 +443,7 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                             stage: s,
                             to: ed.dst,
                             mb,
+                            peer_mb: mb,
                             peer: dst[mb % dst.len()],
                             bytes: ed.bytes,
                         });
@@ -427,6 +457,7 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                             stage: s,
                             from: ed.dst,
                             mb,
+                            peer_mb: mb,
                             peer: dst[mb % dst.len()],
                             bytes: ed.bytes,
                         });
@@ -440,25 +471,133 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                             stage: s,
                             to: ed.src,
                             mb,
+                            peer_mb: mb,
                             peer: src[mb % src.len()],
                             bytes: ed.bytes,
                         });
                     }
                 }
             }
-            if r > 1 {
-                prog.push(Instr::AllReduce {
-                    stage: s,
-                    group: st.devices.clone(),
-                    bytes: st.parameter_bytes,
-                });
-            }
-            prog.push(Instr::OptimizerStep { stage: s });
+            push_flush(prog, s, st);
         }
     }
     Schedule {
         kind,
         micro_batches: m,
+        stage_micro_batches: vec![m; sg.stages.len()],
+        warmup,
+        programs,
+    }
+}
+
+/// The sample pieces of stage `t` (`r` replicas, micro-batch `b`) that cover the global samples
+/// `[lo, hi)`: `(micro-batch, replica, samples)` in sample order. Replica `j` of micro-batch `m`
+/// holds samples `[m·b + j·b/r, m·b + (j + 1)·b/r)`.
+pub fn covering(b: u64, r: usize, lo: u64, hi: u64) -> Vec<(usize, usize, u64)> {
+    let r64 = r.max(1) as u64;
+    let q = (b / r64).max(1);
+    let mut out = Vec::new();
+    let mut x = lo;
+    while x < hi {
+        let u = x / q;
+        let end = ((u + 1) * q).min(hi);
+        out.push(((u / r64) as usize, (u % r64) as usize, end - x));
+        x = end;
+    }
+    out
+}
+
+/// Per-stage micro-batch sizes and `k_sFk_sB` orders (GraphPipe §6, Figure 5): stage `s` runs
+/// `M_s = B / b_s` micro-batches of `b_s` samples, each split evenly over its replicas, in the
+/// order [`fb_order_grouped`]`(K_s, k_s, M_s)` with the warm-up `K_s = ⌈i_s / b_s⌉` from the
+/// in-flight samples `i_s` of [`crate::schedule_gpp::in_flight_samples`] (Appendix A.1, reverse
+/// topological order). A forward receives, per input edge, the pieces of the producer's
+/// micro-batches that overlap its samples (a concat when the producer's micro-batches are
+/// smaller, a split when larger) and sends its output pieces to the consumers' micro-batches;
+/// gradients take the same pieces back.
+fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> Schedule {
+    let n = sg.stages.len();
+    let ndev = device_count(sg);
+    let batch = ps.batch;
+    let b = &ps.micro_batch;
+    let succ: Vec<Vec<usize>> = (0..n)
+        .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
+        .collect();
+    let samples = crate::schedule_gpp::in_flight_samples(&succ, b, &ps.group);
+    let ms: Vec<usize> = b.iter().map(|&x| (batch / x.max(1)) as usize).collect();
+    let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
+    let mut warmup = Vec::with_capacity(n);
+    // Bytes per sample of every edge (its `bytes` are per micro-batch of the graph's base size).
+    let per_sample: Vec<f64> = sg
+        .edges
+        .iter()
+        .map(|e| e.bytes / ps.base_micro_batch.max(1) as f64)
+        .collect();
+    for (s, st) in sg.stages.iter().enumerate() {
+        let k = (samples[s].div_ceil(b[s].max(1)) as usize).clamp(1, ms[s].max(1));
+        warmup.push(k);
+        let r = st.devices.len().max(1);
+        let q = b[s] / r as u64;
+        for (j, &d) in st.devices.iter().enumerate() {
+            let prog = &mut programs[d];
+            for (fwd, mb) in fb_order_grouped(k, ps.group[s] as usize, ms[s]) {
+                let lo = mb as u64 * b[s] + j as u64 * q;
+                let hi = lo + q;
+                // Pieces of the other stage's micro-batches over this replica's samples.
+                let pieces = |t: usize| covering(b[t], sg.stages[t].devices.len(), lo, hi);
+                // One message per piece, received (`send = false`) or sent.
+                let hops = |prog: &mut Vec<Instr>, send: bool, dir: Dir, e: usize, t: usize| {
+                    for (pm, pj, x) in pieces(t) {
+                        let (peer, bytes) = (sg.stages[t].devices[pj], x as f64 * per_sample[e]);
+                        let (stage, peer_mb) = (s, pm);
+                        prog.push(if send {
+                            Instr::Send {
+                                dir,
+                                stage,
+                                to: t,
+                                mb,
+                                peer_mb,
+                                peer,
+                                bytes,
+                            }
+                        } else {
+                            Instr::Recv {
+                                dir,
+                                stage,
+                                from: t,
+                                mb,
+                                peer_mb,
+                                peer,
+                                bytes,
+                            }
+                        });
+                    }
+                };
+                if fwd {
+                    for &e in &sg.in_edges[s] {
+                        hops(prog, false, Dir::Act, e, sg.edges[e].src);
+                    }
+                    prog.push(Instr::Forward { stage: s, mb });
+                    for &e in &sg.out_edges[s] {
+                        hops(prog, true, Dir::Act, e, sg.edges[e].dst);
+                    }
+                } else {
+                    for &e in &sg.out_edges[s] {
+                        hops(prog, false, Dir::Grad, e, sg.edges[e].dst);
+                    }
+                    prog.push(Instr::Backward { stage: s, mb });
+                    for &e in &sg.in_edges[s] {
+                        hops(prog, true, Dir::Grad, e, sg.edges[e].src);
+                    }
+                }
+            }
+            push_flush(prog, s, st);
+        }
+    }
+    Schedule {
+        kind: ScheduleKind::GppPerStage,
+        micro_batches: m,
+        stage_micro_batches: ms,
         warmup,
         programs,
     }

@@ -210,6 +210,26 @@ fn bad_input_exits_2_naming_the_culprit() {
         ],
         "--devices 40",
     );
+    // Schedules: a kFkB group out of range, per-stage sizes with another planner.
+    for (sched, planner, want) in [
+        ("kfkb-0", "dp", "--schedule kfkb-0: one of"),
+        ("kfkb-x", "dp", "--schedule kfkb-x: one of"),
+        ("gpp-per-stage", "dp", "only with --planner gpp"),
+    ] {
+        bad(
+            &[
+                "plan",
+                &vgg,
+                "--cluster",
+                "pipedream-b",
+                "--planner",
+                planner,
+                "--schedule",
+                sched,
+            ],
+            want,
+        );
+    }
     bad(
         &["plan", &vgg, "--cluster", "nope", "--planner", "dp"],
         "--cluster nope",

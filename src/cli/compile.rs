@@ -91,15 +91,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
             a.batch
         );
     }
-    let schedule = match a.schedule.as_deref() {
-        None => None,
-        Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
-            anyhow!(
-                "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024)",
-                ScheduleKind::names().join(", ")
-            )
-        })?),
-    };
+    let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &a.planner)?;
     planners::by_name(&a.planner)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let m = super::load_module(&a.model)?;

@@ -284,15 +284,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     })?;
     planners::by_name(planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
-    let schedule = match a.schedule.as_deref() {
-        None => None,
-        Some(s) => Some(ScheduleKind::parse(s).ok_or_else(|| {
-            anyhow!(
-                "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024)",
-                ScheduleKind::names().join(", ")
-            )
-        })?),
-    };
+    let schedule = parse_schedule(a.schedule.as_deref(), planner_name)?;
     let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
     if let Some(p) = &a.profile {
         apply_measured_profile(&mut g, &mut cluster, model, p)?;
@@ -377,4 +369,20 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         print!("{}", render(&plan));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--schedule S` for `planner`: a known name (`kfkb-K` with K in 1..=1024); `gpp-per-stage`
+/// only with the `gpp` planner (its per-stage sizes are searched on GPP's stage graph).
+pub fn parse_schedule(s: Option<&str>, planner: &str) -> Result<Option<ScheduleKind>> {
+    let Some(s) = s else { return Ok(None) };
+    let kind = ScheduleKind::parse(s).ok_or_else(|| {
+        anyhow!(
+            "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024)",
+            ScheduleKind::names().join(", ")
+        )
+    })?;
+    if kind == ScheduleKind::GppPerStage && planner != "gpp" {
+        bail!("--schedule gpp-per-stage: only with --planner gpp (got '{planner}')");
+    }
+    Ok(Some(kind))
 }

@@ -897,7 +897,9 @@ impl Gpp {
         }
         let (ranked_t, i) = best.ok_or_else(|| Error::msg("gpp: no plan"))?;
         let (b, specs, objective) = cands.swap_remove(i);
-        let per_stage_specs = (schedule == ScheduleKind::GppPerStage).then(|| specs.clone());
+        // Per-stage sizes are searched on the stage DAG (not on `gpp-seq`'s chain simulation).
+        let per_stage_specs =
+            (schedule == ScheduleKind::GppPerStage && !self.sequential).then(|| specs.clone());
         // The plan of `specs` from a simulation of its whole iteration.
         let simulated = |specs: Vec<StageSpec>, sim: (&StageGraph, &SimResult)| {
             Plan::from_simulation(

@@ -7,7 +7,7 @@ Executors: `--runner ort` (default) uses scripts/ort_program.py (onnxruntime, in
 pipec's runtime); `--runner pipec` uses `pipec run OUTDIR --steps 3 --check`.
 
 Usage: python3 scripts/compile_matrix.py [--pipec target/debug/pipec] [--runner ort|pipec]
-         [--quick | --rest] [--out matrix.md]
+         [--quick | --rest | --gpp-flags] [--out matrix.md]
 Writes a markdown table (one row per case: result, stages/replicas, max_rel_diff, seconds).
 """
 import argparse
@@ -34,6 +34,17 @@ PRECISION = "f32"
 def in_quick(planner, dev, M, opt):
     # one optimizer per (model, planner), alternating; M in {1, 4}
     return not (M == 8 or (OPTIMIZERS.index(opt) + PLANNERS.index(planner) + DEVICES.index(dev)) % 2)
+
+
+# GraphPipe's schedules behind flags (issue 5): kFkB and per-stage micro-batch sizes, on gpp plans.
+GPP_FLAG_SCHEDULES = ["kfkb-2", "gpp-per-stage"]
+
+
+def gpp_flag_cases():
+    for model, dev, M, opt, sched in itertools.product(
+        MODELS, DEVICES, [4, 8], OPTIMIZERS, GPP_FLAG_SCHEDULES
+    ):
+        yield model, "gpp", dev, M, opt, sched
 
 
 def case_list(quick, rest=False):
@@ -91,13 +102,15 @@ def main():
                     help="with --runner pipec: run pipeline and reference in f32 or f64")
     ap.add_argument("--models", default=None,
                     help="comma-separated models to run (default: all, in the MODELS order)")
+    ap.add_argument("--gpp-flags", action="store_true",
+                    help="instead: gpp plans under --schedule kfkb-2 and gpp-per-stage, M in {4, 8}")
     ap.add_argument("--only", default=None, help="a file of `model planner devices M optimizer schedule` lines to run")
     a = ap.parse_args()
     global PRECISION
     PRECISION = a.precision
     rows = []
     counts = {}
-    cases = list(case_list(a.quick, a.rest))
+    cases = list(gpp_flag_cases() if a.gpp_flags else case_list(a.quick, a.rest))
     if a.models:
         keep = a.models.split(",")
         cases = sorted((c for c in cases if c[0] in keep), key=lambda c: keep.index(c[0]))

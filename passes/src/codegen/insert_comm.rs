@@ -11,6 +11,14 @@
 //!   the cotangents it receives (the gradient of a broadcast is a sum);
 //! - otherwise the replica counts must agree and replica `j` talks to replica `j`.
 //!
+//! With GraphPipe's per-stage micro-batch sizes (`gpp-per-stage`, [`PerStageOrder`]) stage `s`
+//! runs `B/b_s` micro-batches; between stages of different sizes the ranges are global sample
+//! ranges (replica `j` of micro-batch `m` holds `[m·b_s + j·q_s, m·b_s + (j+1)·q_s)`), so a
+//! consumer micro-batch may gather pieces of several producer micro-batches (named
+//! `v#r{i}m{m_p}`) and a producer micro-batch may feed several consumer ones; only
+//! [`Layout::Rows`] values can be re-sliced that way. Each stage follows the per-stage
+//! `k_sFk_sB` order with the warm-ups the simulator uses.
+//!
 //! Cotangents take the routes of their activations in reverse. Message tags are allocated in a
 //! deterministic order, so the same plan always gives byte-identical schedules.
 

@@ -334,7 +334,7 @@ pub struct SearchParams {
     /// search brackets from [`lower_bounds`] and a first feasible plan.
     pub bracket: Option<(f64, f64)>,
     /// `k` of a kFkB schedule (`kfkb-K`, same on every stage; 1 = 1F1B, the default): only the
-    /// memory check changes, see [`Search::sigma_of`].
+    /// memory check changes (`Search::sigma_of`).
     pub group: usize,
 }
 

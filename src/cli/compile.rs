@@ -162,8 +162,19 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if a.verbose {
         eprint!("{}", render(&plan));
     }
+    let sizes = match per_stage_of(&plan) {
+        Some(p) => format!(
+            " (per stage: {})",
+            p.micro_batch
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => String::new(),
+    };
     println!(
-        "compiled {} for {} devices ({} stages, {} micro-batches of {}, schedule {}) into {}",
+        "compiled {} for {} devices ({} stages, {} micro-batches of {}{sizes}, schedule {}) into {}",
         name,
         compiled.program.devices.len(),
         compiled.program.stages.len(),

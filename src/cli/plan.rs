@@ -216,8 +216,13 @@ fn gb(b: f64) -> String {
 
 /// Text rendering of a plan.
 pub fn render(plan: &Plan) -> String {
+    let per_stage = if plan.stages.iter().any(|s| s.micro_batch.is_some()) {
+        " (per-stage micro-batch sizes below)"
+    } else {
+        ""
+    };
     let mut s = format!(
-        "plan: {} on {} ({} devices), batch {} = {} x {}, schedule {}\n",
+        "plan: {} on {} ({} devices), batch {} = {} x {}{per_stage}, schedule {}\n",
         plan.planner,
         plan.cluster,
         plan.devices,

@@ -11,12 +11,12 @@ times (fastest of N runs, default 3).
 import argparse
 import os
 
-from gpp_table import BATCH, GPUS, ROOT, models_dir, plan
+from gpp_table import BATCH, GPUS, PIPEC, models_dir, plan
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pipec", default=os.path.join(ROOT, "target/release/pipec"))
+    ap.add_argument("--pipec", default=PIPEC)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     d = models_dir()

@@ -17,13 +17,13 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from gpp_table import models_dir  # noqa: E402
+from gpp_table import PIPEC, models_dir  # noqa: E402
 CASES = {"mmt": (64, 0.12), "candle_uno": (4096, 0.19)}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pipec", default=os.path.join(ROOT, "target/release/pipec"))
+    ap.add_argument("--pipec", default=PIPEC)
     ap.add_argument("-n", type=int, default=50)
     a = ap.parse_args()
     d = models_dir()

@@ -19,6 +19,8 @@ BATCH = {"mmt": [64, 128, 256, 512], "dlrm": [256, 512, 1024, 2048],
 PAPER = {"mmt": [0.12, 0.76, 3.00, 10.11], "dlrm": [0.33, 2.73, 13.28, 54.6],
          "candle_uno": [0.19, 1.43, 6.14, 22.37], "seq_transformer": [None] * 4}
 GPUS = [4, 8, 16, 32]
+# The binary the GraphPipe scripts run by default (`--pipec`).
+PIPEC = os.path.join(ROOT, "target/release/pipec")
 
 
 def plan(pipec, model, planner, gpus, batch, repeat=1, extra=()):
@@ -45,7 +47,7 @@ def models_dir():
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pipec", default=os.path.join(ROOT, "target/release/pipec"))
+    ap.add_argument("--pipec", default=PIPEC)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     d = models_dir()

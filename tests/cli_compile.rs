@@ -41,6 +41,16 @@ fn compile(
     pipec_ok(&args);
 }
 
+/// OUTDIR's `plan.json`.
+fn plan_json(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap()
+}
+
+/// `pipec run OUTDIR --steps 3 --check` (must exit 0); its stdout.
+fn run_3_steps_checked(out: &Path) -> String {
+    pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"])
+}
+
 fn load(out: &Path) -> Program {
     let text = std::fs::read_to_string(out.join("schedule.json")).unwrap();
     Program::from_json(&text, "schedule.json").unwrap()
@@ -88,8 +98,7 @@ fn outdir_has_every_piece_and_a_verified_schedule() {
         .filter(|i| matches!(i, Instr::Recv { .. }))
         .count();
     assert_eq!((sends, recvs), (4, 4));
-    let plan: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    let plan = plan_json(&out);
     assert_eq!(plan["planner"], "straight");
 }
 
@@ -318,7 +327,7 @@ fn run_check(name: &str, planner: &str, devices: usize, batch: u64, mb: u64, ext
     let t = tempdir();
     let out = t.path().join("o");
     compile(name, planner, devices, batch, mb, extra, &out);
-    let so = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    let so = run_3_steps_checked(&out);
     assert!(so.contains("max_rel_diff"), "{so}");
 }
 
@@ -530,8 +539,7 @@ fn run_check_kfkb_dag_and_chain() {
     );
     let p = load(&out);
     assert_eq!(p.schedule, "kfkb-2");
-    let plan: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    let plan = plan_json(&out);
     assert_eq!(plan["schedule"], "kfkb-2");
     // Depth of every stage from the stage DAG (preds), then each device's compute order.
     let stages = plan["stages"].as_array().unwrap();
@@ -584,7 +592,7 @@ fn run_check_kfkb_dag_and_chain() {
         }
         assert_eq!(order, want, "device {} (stage {})", d.device, d.stage);
     }
-    let so = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    let so = run_3_steps_checked(&out);
     assert!(so.contains("check ok"), "{so}");
     run_check(
         "gpt2_tiny",
@@ -621,8 +629,7 @@ fn run_check_per_stage_micro_batches() {
     );
     let p = load(&out);
     assert_eq!(p.schedule, "gpp-per-stage");
-    let plan: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    let plan = plan_json(&out);
     let sizes: Vec<u64> = plan["stages"]
         .as_array()
         .unwrap()
@@ -652,7 +659,7 @@ fn run_check_per_stage_micro_batches() {
             .count();
     }
     assert!(resliced > 0, "no piece of another stage's micro-batch");
-    let so = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    let so = run_3_steps_checked(&out);
     assert!(so.contains("check ok"), "{so}");
     run_check(
         "gpt2_tiny",

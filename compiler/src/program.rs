@@ -525,7 +525,7 @@ fn replay(p: &Program) -> Result<()> {
 /// warm-up and drain when the last ones wait, and the other way round in the steady state, so a
 /// core's devices rarely compete. The runtime pins its worker threads to this map and the
 /// simulator shares each core only among its own devices (measured on gpt2_tiny, 4 stages on 2
-/// cores: 37.0 → 35.1 ms/step median, BENCHMARKS.md).
+/// cores: 41.1 → 37.9 ms/step median over 12 alternating runs, BENCHMARKS.md).
 pub fn host_core_map(devices: usize, cores: usize) -> Option<Vec<usize>> {
     if cores < 2 || devices < 2 * cores || !devices.is_multiple_of(cores) {
         return None;

@@ -450,11 +450,11 @@ fn connected(ug: &UnitGraph) -> bool {
     let n = ug.units.len();
     let mut parent: Vec<usize> = (0..n).collect();
     let mut parts = n;
+    let find = crate::sp_decompose::find;
     for &(a, c, _) in &ug.edges {
         if a >= n || c >= n {
             continue;
         }
-        let find = crate::sp_decompose::find;
         let (ra, rc) = (find(&mut parent, a), find(&mut parent, c));
         if ra != rc {
             parent[ra] = rc;

@@ -90,6 +90,13 @@ pub struct IntraSplitReport {
     pub params: Vec<crate::split_layer::SplitParam>,
 }
 
+/// Whether an op (an ONNX op type, or a profile's module repr such as `BatchNorm2d(64)`) couples
+/// the samples of a micro-batch (batch statistics): a stage holding one cannot take another
+/// micro-batch size than the plan's without changing what it computes.
+pub fn couples_samples(op: &str) -> bool {
+    op.starts_with("BatchNorm")
+}
+
 /// What a planner decides for one stage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StageSpec {
@@ -375,7 +382,6 @@ impl Plan {
             }
             p
         };
-        let mut out_of_memory = false;
         for (s, spec) in specs.iter().enumerate() {
             let mut nodes = spec.nodes.clone();
             nodes.sort_by_key(|&n| topo_pos[n]);
@@ -388,11 +394,6 @@ impl Plan {
                 .iter()
                 .map(|&d| res.devices[d].peak_memory_bytes)
                 .fold(0.0, f64::max);
-            for &d in &st.devices {
-                if res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64 {
-                    out_of_memory = true;
-                }
-            }
             stages.push(Stage {
                 id: s,
                 nodes: nodes.iter().map(|&n| g.nodes[n].name.clone()).collect(),
@@ -427,7 +428,7 @@ impl Plan {
             objective_s,
             bubble_fraction: res.bubble_fraction,
             cluster: cluster.name.clone(),
-            out_of_memory,
+            out_of_memory: res.out_of_memory(cluster),
             intra_splits: Vec::new(),
         })
     }

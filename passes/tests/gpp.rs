@@ -414,9 +414,7 @@ fn plans_verify_c1_to_c4() {
         let sched = schedule::generate(&sg, ScheduleKind::Gpp, plan.micro_batches as usize);
         schedule_gpp::verify(&plan, &g, &c, &sched).expect("C1-C4");
         // the scheduler's in-flight counts are the simulator's warm-ups
-        let succ: Vec<Vec<usize>> = (0..sg.stages.len())
-            .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
-            .collect();
+        let succ = sg.successors();
         assert_eq!(
             schedule_gpp::default_in_flight(&succ, plan.micro_batches as usize),
             sched.warmup

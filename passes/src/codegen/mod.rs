@@ -28,7 +28,8 @@
 //!   4. *Order*: per stage, the schedule's forward/backward order
 //!      ([`crate::sim::schedule::fb_order_grouped`] with the warm-up `K_s` of the schedule kind at
 //!      the stage's depth and its group `k`: GPipe all forwards first; 1F1B / DAPPLE / GraphPipe
-//!      early backward; GraphPipe's kFkB `k` backwards and `k` forwards in turn), receives just before the compute that
+//!      early backward; GraphPipe's kFkB `k` backwards and `k` forwards in turn; per-stage sizes:
+//!      [`crate::sim::schedule::per_stage_warmups`]), receives just before the compute that
 //!      reads them, sends right after the compute that makes them, gradient accumulation after
 //!      each backward, then the all-reduces (in one global order) and the step.
 //!   5. *Scaling*: the loss of a slice is pre-scaled by `1/(M·r)` (mean losses) or `1/M` (sum),
@@ -560,23 +561,17 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         input_grads: built.iter().map(|p| p.input_grads.clone()).collect(),
         param_grads: built.iter().map(|p| p.param_grads.clone()).collect(),
         per_stage: opts.per_stage.as_ref().map(|ps| {
-            // Warm-ups from Appendix A.1's in-flight samples, as the simulator's schedule.
+            // The simulator's warm-ups (Appendix A.1's in-flight samples) on the stage DAG.
             let mut succ = vec![Vec::new(); ns];
             for (c, ps_) in preds.iter().enumerate() {
                 for &p in ps_ {
                     succ[p].push(c);
                 }
             }
-            let samples = crate::schedule_gpp::in_flight_samples(&succ, &ps.micro_batch, &ps.group);
             insert_comm::PerStageOrder {
                 micro_batch: ps.micro_batch.clone(),
                 group: ps.group.iter().map(|&k| k.max(1) as usize).collect(),
-                warmup: (0..ns)
-                    .map(|s| {
-                        let bs = ps.micro_batch[s].max(1);
-                        (samples[s].div_ceil(bs) as usize).clamp(1, (b / bs).max(1) as usize)
-                    })
-                    .collect(),
+                warmup: crate::sim::schedule::per_stage_warmups(&succ, ps),
             }
         }),
     };
@@ -648,7 +643,6 @@ fn piece(file: &str, m: &Module) -> Piece {
     }
 }
 
-/// Kahn order of the stage DAG (ties to the lower id).
 /// A per-stage configuration must name every stage with a size that divides the mini-batch
 /// over its replicas, and a stage whose size differs from the plan's must hold no op whose
 /// result couples the samples of a micro-batch (batch statistics), since re-slicing would change
@@ -679,7 +673,7 @@ fn check_per_stage(
                 let Some(op) = g.order.get(n).map(|&o| &g.ops[o]) else {
                     continue;
                 };
-                if op.op_type == "BatchNormalization" {
+                if crate::plan::couples_samples(&op.op_type) {
                     return Err(Error::node(
                         &op.name,
                         &op.op_type,
@@ -695,6 +689,7 @@ fn check_per_stage(
     Ok(())
 }
 
+/// Kahn order of the stage DAG (ties to the lower id).
 fn topo_order(preds: &[BTreeSet<usize>]) -> Result<Vec<usize>> {
     let n = preds.len();
     let mut indeg: Vec<usize> = preds.iter().map(|p| p.len()).collect();

@@ -321,7 +321,6 @@ pub fn simulate_as_chain(
     plan.throughput_samples_per_s = if t > 0.0 { plan.batch as f64 / t } else { 0.0 };
     plan.bubble_fraction = res.bubble_fraction;
     plan.pipeline_depth = sg.depth();
-    let mut oom = false;
     for (s, st) in plan.stages.iter_mut().enumerate() {
         st.in_flight = res.stage_in_flight[s];
         let peak = st
@@ -329,10 +328,6 @@ pub fn simulate_as_chain(
             .iter()
             .map(|&d| res.devices[d].peak_memory_bytes)
             .fold(0.0, f64::max);
-        oom |= st
-            .devices
-            .iter()
-            .any(|&d| res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64);
         st.peak_memory_bytes = peak.round() as u64;
     }
     plan.peak_memory_bytes = plan
@@ -341,7 +336,7 @@ pub fn simulate_as_chain(
         .map(|s| s.peak_memory_bytes)
         .max()
         .unwrap_or(0);
-    plan.out_of_memory = oom;
+    plan.out_of_memory = res.out_of_memory(cluster);
     Ok(())
 }
 

@@ -26,7 +26,7 @@
 //! with the micro-batch (per-op efficiency, fixed per-micro-batch costs such as latency).
 
 use crate::cost::{Cluster, CostGraph};
-use crate::plan::{PlanOptions, StageSpec};
+use crate::plan::{couples_samples, PlanOptions, StageSpec};
 use crate::schedule_gpp::{choose_k, in_flight_samples, reverse_topo};
 use crate::sim::{schedule, simulate, PerStage, ScheduleKind, SimResult, StageGraph};
 use pipec_compiler::Result;
@@ -37,9 +37,8 @@ pub const MAX_PASSES: usize = 3;
 /// `k` candidates of every stage's `k_sFk_sB` order.
 const GROUPS: [u64; 3] = [1, 2, 4];
 
-/// The chosen configuration with its stage graph and simulation.
+/// The chosen configuration (`graph.per_stage`) with its stage graph and simulation.
 pub struct PerStagePlan {
-    pub config: PerStage,
     pub graph: StageGraph,
     pub sim: SimResult,
 }
@@ -86,11 +85,7 @@ pub fn search(
     let batch = opts.batch.max(1);
     let n = specs.len();
     // A stage with batch statistics keeps the plan's size (re-slicing would change them).
-    let coupled = |s: &StageSpec| {
-        s.nodes.iter().any(|&n| {
-            g.nodes[n].op == "BatchNormalization" || g.nodes[n].op.starts_with("BatchNorm")
-        })
-    };
+    let coupled = |s: &StageSpec| s.nodes.iter().any(|&n| couples_samples(&g.nodes[n].op));
     let cands: Vec<Vec<u64>> = specs
         .iter()
         .map(|s| {
@@ -109,31 +104,22 @@ pub fn search(
             None => return Ok(None),
         }
     }
-    let base = StageGraph::from_specs(g, cluster, specs, b as f64, opts.optimizer);
-    let succ: Vec<Vec<usize>> = (0..n)
-        .map(|s| {
-            base.out_edges[s]
-                .iter()
-                .map(|&e| base.edges[e].dst)
-                .collect()
-        })
-        .collect();
     let eval = |sizes: &[u64]| -> Result<Option<PerStagePlan>> {
         let config = PerStage {
             batch,
             base_micro_batch: b,
             micro_batch: sizes.to_vec(),
-            group: choose_groups(&succ, sizes),
+            group: vec![1; n],
         };
-        let graph =
-            StageGraph::from_specs_per_stage(g, cluster, specs, opts.optimizer, config.clone());
+        let mut graph = StageGraph::from_specs_per_stage(g, cluster, specs, opts.optimizer, config);
+        // Each k_s depends on the stage DAG and the sizes only.
+        let groups = choose_groups(&graph.successors(), sizes);
+        if let Some(ps) = graph.per_stage.as_mut() {
+            ps.group = groups;
+        }
         let sched = schedule::generate(&graph, ScheduleKind::GppPerStage, (batch / b) as usize);
         let sim = simulate(&graph, &sched, cluster, opts.allreduce)?;
-        let fits =
-            sim.devices.iter().enumerate().all(|(d, x)| {
-                !x.used || x.peak_memory_bytes <= cluster.kind_of(d).memory_bytes as f64
-            });
-        Ok(fits.then_some(PerStagePlan { config, graph, sim }))
+        Ok((!sim.out_of_memory(cluster)).then_some(PerStagePlan { graph, sim }))
     };
     let Some(mut best) = eval(&sizes)? else {
         return Ok(None);

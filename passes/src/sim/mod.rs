@@ -345,6 +345,14 @@ impl StageGraph {
         w
     }
 
+    /// Per stage, the stages its edges feed (the stage DAG's successor lists).
+    pub fn successors(&self) -> Vec<Vec<usize>> {
+        self.out_edges
+            .iter()
+            .map(|es| es.iter().map(|&e| self.edges[e].dst).collect())
+            .collect()
+    }
+
     /// Per stage, the number of stages on the longest path from it to a sink (a sink has 1).
     pub fn depth_to_sink(&self) -> Vec<usize> {
         let n = self.stages.len();
@@ -440,6 +448,16 @@ pub struct SimResult {
     /// Most micro-batches in flight on one replica of each stage.
     pub stage_in_flight: Vec<usize>,
     pub tasks: Vec<TaskRecord>,
+}
+
+impl SimResult {
+    /// Whether some used device's peak memory exceeds its capacity in `cluster`.
+    pub fn out_of_memory(&self, cluster: &Cluster) -> bool {
+        self.devices
+            .iter()
+            .enumerate()
+            .any(|(d, x)| x.used && x.peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64)
+    }
 }
 
 // Resource ids: per device a send and a receive channel, then per node an egress and an ingress port.

@@ -507,6 +507,21 @@ pub fn covering(b: u64, r: usize, lo: u64, hi: u64) -> Vec<(usize, usize, u64)> 
     out
 }
 
+/// The warm-up `K_s = ⌈i_s / b_s⌉` (capped at the stage's `B / b_s` micro-batches) of every
+/// stage of a per-stage configuration, from the in-flight samples `i_s` of
+/// [`crate::schedule_gpp::in_flight_samples`] on the stage DAG `succ`. Codegen emits the same.
+pub fn per_stage_warmups(succ: &[Vec<usize>], ps: &crate::sim::PerStage) -> Vec<usize> {
+    let samples = crate::schedule_gpp::in_flight_samples(succ, &ps.micro_batch, &ps.group);
+    samples
+        .iter()
+        .zip(&ps.micro_batch)
+        .map(|(&i, &b)| {
+            let b = b.max(1);
+            (i.div_ceil(b) as usize).clamp(1, (ps.batch / b).max(1) as usize)
+        })
+        .collect()
+}
+
 /// Per-stage micro-batch sizes and `k_sFk_sB` orders (GraphPipe §6, Figure 5): stage `s` runs
 /// `M_s = B / b_s` micro-batches of `b_s` samples, each split evenly over its replicas, in the
 /// order [`fb_order_grouped`]`(K_s, k_s, M_s)` with the warm-up `K_s = ⌈i_s / b_s⌉` from the
@@ -516,17 +531,11 @@ pub fn covering(b: u64, r: usize, lo: u64, hi: u64) -> Vec<(usize, usize, u64)> 
 /// smaller, a split when larger) and sends its output pieces to the consumers' micro-batches;
 /// gradients take the same pieces back.
 fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> Schedule {
-    let n = sg.stages.len();
     let ndev = device_count(sg);
-    let batch = ps.batch;
     let b = &ps.micro_batch;
-    let succ: Vec<Vec<usize>> = (0..n)
-        .map(|s| sg.out_edges[s].iter().map(|&e| sg.edges[e].dst).collect())
-        .collect();
-    let samples = crate::schedule_gpp::in_flight_samples(&succ, b, &ps.group);
-    let ms: Vec<usize> = b.iter().map(|&x| (batch / x.max(1)) as usize).collect();
+    let ms: Vec<usize> = b.iter().map(|&x| (ps.batch / x.max(1)) as usize).collect();
+    let warmup = per_stage_warmups(&sg.successors(), ps);
     let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
-    let mut warmup = Vec::with_capacity(n);
     // Bytes per sample of every edge (its `bytes` are per micro-batch of the graph's base size).
     let per_sample: Vec<f64> = sg
         .edges
@@ -534,8 +543,7 @@ fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> S
         .map(|e| e.bytes / ps.base_micro_batch.max(1) as f64)
         .collect();
     for (s, st) in sg.stages.iter().enumerate() {
-        let k = (samples[s].div_ceil(b[s].max(1)) as usize).clamp(1, ms[s].max(1));
-        warmup.push(k);
+        let k = warmup[s];
         let r = st.devices.len().max(1);
         let q = b[s] / r as u64;
         for (j, &d) in st.devices.iter().enumerate() {

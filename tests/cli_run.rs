@@ -30,6 +30,13 @@ fn compiled_mlp_runs_and_matches_the_reference() {
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let evs = t["traceEvents"].as_array().unwrap();
+    if cfg!(target_os = "linux") {
+        // The worker thread's CPU time in each instruction.
+        assert!(evs
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .all(|e| e["args"]["cpu_us"].as_f64().is_some_and(|c| c >= 0.0)));
+    }
     for d in 0..4 {
         assert!(
             evs.iter().any(|e| e["pid"] == d && e["ph"] == "X"),
@@ -86,6 +93,65 @@ fn a_failing_check_exits_1() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{s}");
     assert!(s.contains("check FAILED"), "{s}");
+}
+
+/// `pipec run --check --accuracy`: `(pipeline, reference)` distances from float64 training.
+fn accuracy(s: &str) -> (f64, f64) {
+    let line = s
+        .lines()
+        .find_map(|l| l.strip_prefix("accuracy against float64 training: pipeline "))
+        .unwrap_or_else(|| panic!("no accuracy line: {s}"));
+    let (p, rest) = line.split_once(", reference ").unwrap();
+    let r = rest.split_whitespace().next().unwrap();
+    (p.parse().unwrap(), r.parse().unwrap())
+}
+
+#[test]
+fn accuracy_tells_rounding_from_a_wrong_program() {
+    // A right program: pipeline and reference equally close to float64 training.
+    let a = tempdir();
+    let spec = LinearSpec {
+        replicas0: 2,
+        momentum: true,
+        ..Default::default()
+    };
+    write_linear(a.path(), &spec).unwrap();
+    let dir = a.path().to_str().unwrap();
+    let s = pipec_ok(&["run", dir, "--steps", "2", "--check", "--accuracy"]);
+    let (p, r) = accuracy(&s);
+    assert!(s.contains("check ok"), "{s}");
+    assert!(p < 1e-6 && r < 1e-6, "{s}");
+    // A wrong program (its stages step with another learning rate than the reference): the
+    // float32 reference stays close to float64 training, the pipeline does not.
+    let b = tempdir();
+    write_linear(b.path(), &LinearSpec { lr: 0.02, ..spec }).unwrap();
+    std::fs::copy(
+        a.path().join("reference/step.onnx"),
+        b.path().join("reference/step.onnx"),
+    )
+    .unwrap();
+    let out = pipec(&[
+        "run",
+        b.path().to_str().unwrap(),
+        "--steps",
+        "2",
+        "--check",
+        "--accuracy",
+    ]);
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{s}");
+    let (p, r) = accuracy(&s);
+    assert!(r < 1e-6 && p > 1e-3, "{s}");
+    // Flags: --accuracy needs --check and a float32 run.
+    let out = pipec(&["run", dir, "--accuracy"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = pipec(&["run", dir, "--check", "--accuracy", "--precision", "f64"]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("--accuracy") && e.contains("--precision f64"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -68,6 +68,13 @@ pub struct RunArgs {
     /// parameters whose gradient is near zero).
     #[arg(long, default_value = "f32", value_parser = ["f32", "f64"])]
     pub precision: String,
+    /// With `--check`: also run the reference in float64 (exact training to ~1e-13) and print
+    /// how far the float32 pipeline and the float32 reference each are from it, in
+    /// `max_rel_diff`'s norm. Tells float32 rounding that the training amplifies (both equally
+    /// far, e.g. Adam on near-zero gradients) from a wrong program (the pipeline farther). The
+    /// exit code is still `--check`'s.
+    #[arg(long, requires = "check")]
+    pub accuracy: bool,
     /// Leave the worker threads unpinned. By default, when the devices outnumber this host's
     /// cores and divide evenly among them (e.g. 4 devices on 2 cores), each worker is pinned to
     /// a core so that every core runs stages from both ends of the pipeline, as the planner's
@@ -228,7 +235,12 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
         std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;
     }
     if a.check {
-        let rep = dist::check(lp, r, &a.executor).context("--check")?;
+        let (rep, acc) = if a.accuracy {
+            let (rep, acc) = dist::check::check_accuracy(lp, r, &a.executor).context("--check")?;
+            (rep, Some(acc))
+        } else {
+            (dist::check(lp, r, &a.executor).context("--check")?, None)
+        };
         for (i, l) in rep.ref_losses.iter().enumerate() {
             println!("reference step {}: loss {l:.6e}", i + 1);
         }
@@ -237,6 +249,14 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
         }
         println!("max_abs_diff {:.6e}", rep.max_abs_diff);
         println!("max_rel_diff {:.6e}", rep.max_rel_diff);
+        if let Some(acc) = acc {
+            println!(
+                "accuracy against float64 training: pipeline {:.3e}, reference {:.3e} (ratio {:.3})",
+                acc.pipeline,
+                acc.reference,
+                acc.pipeline / acc.reference.max(1e-300)
+            );
+        }
         if !rep.ok {
             println!(
                 "check FAILED: max_rel_diff {:.3e} > {:.0e}",

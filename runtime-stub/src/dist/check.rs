@@ -198,6 +198,62 @@ pub fn check(lp: &LoadedProgram, run: &RunResult, executor: &str) -> Result<Chec
     compare(&run.params, &globals, &lp.weights, ref_losses)
 }
 
+/// How far a float32 run and its float32 reference each are from exact training
+/// (`pipec run --check --accuracy`).
+#[derive(Clone, Debug)]
+pub struct Accuracy {
+    /// The distributed run against the float64 reference (`max_rel_diff`'s norm).
+    pub pipeline: f64,
+    /// The float32 reference against the float64 reference.
+    pub reference: f64,
+}
+
+/// [`check`], and also the reference run in float64 (pieces, weights and float data widened as
+/// by `--precision f64`; float64 rounding is ~1e-13 here, so it stands for exact training): the
+/// two float32 results are compared with it. When `--check` fails in float32 this tells
+/// rounding from a wrong program: both equally far from exact training (the float32 difference
+/// is rounding that the training amplifies, e.g. Adam on a near-zero gradient), or the pipeline
+/// farther than the reference (a program error).
+pub fn check_accuracy(
+    lp: &LoadedProgram,
+    run: &RunResult,
+    executor: &str,
+) -> Result<(CheckReport, Accuracy)> {
+    if lp.f64 {
+        return Err(DistError::Input(
+            "--accuracy compares a float32 run with float64 training: drop --precision f64".into(),
+        ));
+    }
+    let steps = run.losses.len();
+    let (ref_losses, ref32) = reference_run(lp, &run.data, steps, executor)?;
+    let rep = compare(&run.params, &ref32, &lp.weights, ref_losses)?;
+    let mut wide = lp.clone();
+    wide.widen_to_f64()?;
+    let data = run
+        .data
+        .iter()
+        .map(|(k, t)| {
+            let t = if t.dtype() == DType::F32 {
+                t.cast(DType::F64).map_err(|e| err(e.to_string()))?
+            } else {
+                t.clone()
+            };
+            Ok((k.clone(), t))
+        })
+        .collect::<Result<data::Data>>()?;
+    let (losses64, exact) = reference_run(&wide, &data, steps, executor)?;
+    let pipeline = compare(&run.params, &exact, &lp.weights, losses64.clone())?.max_rel_diff;
+    let ref32: BTreeMap<String, Tensor> = ref32.into_iter().collect();
+    let reference = compare(&ref32, &exact, &lp.weights, losses64)?.max_rel_diff;
+    Ok((
+        rep,
+        Accuracy {
+            pipeline,
+            reference,
+        },
+    ))
+}
+
 /// Compare `got` with `reference` on every parameter of `weights` (see the module doc).
 pub fn compare(
     got: &BTreeMap<String, Tensor>,

@@ -512,7 +512,7 @@ pub fn run_with(
     })
 }
 
-/// Pinning worker threads to host cores (Linux; elsewhere a no-op).
+/// Pinning worker threads to host cores, and their CPU clocks (Linux; elsewhere no-ops).
 pub mod pinning {
     /// The CPUs this process may run on (its affinity mask, e.g. under `taskset`), ascending.
     #[cfg(target_os = "linux")]
@@ -538,6 +538,23 @@ pub mod pinning {
             libc::CPU_SET(cpu, &mut set);
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         }
+    }
+
+    /// CPU seconds the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`).
+    #[cfg(target_os = "linux")]
+    pub fn thread_cpu_s() -> Option<f64> {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        let r = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        (r == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub fn thread_cpu_s() -> Option<f64> {
+        None
     }
 
     #[cfg(not(target_os = "linux"))]

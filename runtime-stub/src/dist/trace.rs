@@ -1,6 +1,7 @@
 //! Chrome / Perfetto trace of a run: one process (track) per device, one complete event
 //! (`"ph": "X"`) per executed instruction with its `describe()` text, real timestamps in
-//! microseconds from the start of the run.
+//! microseconds from the start of the run, and (Linux) the thread's CPU time in the
+//! instruction as `args.cpu_us`.
 
 use serde_json::{json, Value};
 
@@ -15,6 +16,9 @@ pub struct Event {
     pub name: String,
     pub start_us: f64,
     pub dur_us: f64,
+    /// CPU time the device's thread spent in the instruction (Linux; `None` elsewhere): with
+    /// several workers time-sharing a core, `dur_us` also counts the others' slices.
+    pub cpu_us: Option<f64>,
 }
 
 /// The events of a run.
@@ -42,7 +46,11 @@ impl Trace {
                 "name": e.name, "cat": cat, "ph": "X", "pid": e.device, "tid": 0,
                 "ts": (e.start_us * 1000.0).round() / 1000.0,
                 "dur": (e.dur_us * 1000.0).round() / 1000.0,
-                "args": {"step": e.step, "index": e.index},
+                "args": match e.cpu_us {
+                    Some(c) => json!({"step": e.step, "index": e.index,
+                                      "cpu_us": (c * 1000.0).round() / 1000.0}),
+                    None => json!({"step": e.step, "index": e.index}),
+                },
             }));
         }
         json!({"traceEvents": evs, "displayTimeUnit": "ms"})

@@ -176,6 +176,11 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
                 return Err(DistError::Aborted(d));
             }
             let t = Instant::now();
+            let cpu0 = if ctx.trace {
+                super::pinning::thread_cpu_s()
+            } else {
+                None
+            };
             w.exec(k, ins, s, ep).map_err(|e| match e {
                 CommError::Aborted => DistError::Aborted(d),
                 e => fail(
@@ -200,6 +205,9 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
                     name: ins.describe(),
                     start_us: t.duration_since(ctx.t0).as_secs_f64() * 1e6,
                     dur_us: secs * 1e6,
+                    cpu_us: cpu0
+                        .zip(super::pinning::thread_cpu_s())
+                        .map(|(a, b)| (b - a) * 1e6),
                 });
             }
         }

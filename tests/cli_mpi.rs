@@ -76,10 +76,19 @@ fn mpi_pipeline_of_four_ranks_passes_check() {
     let out = dir.path().join("out");
     compile_mlp4(&out, "straight", 4);
     let params = dir.path().join("p.npz");
+    let trace = dir.path().join("t.json");
     let (o, wall) = mpirun(
         4,
         &out,
-        &["--steps", "2", "--check", "-o", params.to_str().unwrap()],
+        &[
+            "--steps",
+            "2",
+            "--check",
+            "-o",
+            params.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
         &[],
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -104,6 +113,28 @@ fn mpi_pipeline_of_four_ranks_passes_check() {
     );
     let p = pipec_runtime::npz::read(&params).unwrap();
     assert!(p.iter().any(|(k, _)| k == "net.0.weight"), "{p:?}");
+    // Rank 0 writes every rank's events: each device's instructions, twice (2 steps), in order.
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let evs: Vec<&serde_json::Value> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .collect();
+    let prog: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("schedule.json")).unwrap()).unwrap();
+    for d in 0..4 {
+        let n = prog["devices"][d]["instructions"].as_array().unwrap().len();
+        let mine: Vec<_> = evs.iter().filter(|e| e["pid"] == d).collect();
+        assert_eq!(mine.len(), 2 * n, "device {d}");
+        assert!(mine
+            .iter()
+            .any(|e| e["name"].as_str().unwrap().starts_with("compute fwd mb 0")));
+        assert!(mine
+            .windows(2)
+            .all(|w| w[0]["ts"].as_f64() <= w[1]["ts"].as_f64()));
+    }
     eprintln!("mpirun -np 4 straight: {:.2} s", wall.as_secs_f64());
 }
 

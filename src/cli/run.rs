@@ -295,9 +295,6 @@ fn run_mpi(a: RunArgs) -> Result<ExitCode> {
     let (rank, size) = (s.rank(), s.size());
     let prepared = prepare(&a).and_then(|(lp, opts)| {
         let n = lp.program.devices.len();
-        if a.trace.is_some() {
-            bail!("--trace is not supported with --backend mpi yet");
-        }
         if size != n {
             bail!(
                 "--backend mpi: {} has {n} devices but mpirun started {size} ranks \

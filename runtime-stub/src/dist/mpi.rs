@@ -24,6 +24,7 @@
 //! used from the thread that initialized MPI unless MPI granted `MPI_THREAD_MULTIPLE`.
 
 use super::collective::{Collectives, Elem, Ring};
+use super::trace::Event;
 use super::transport::{CommError, Endpoint, Tag};
 use super::worker::{self, DeviceCtx, DeviceOutcome};
 use super::{DeviceTiming, DistError, LoadedProgram, Result, RunOptions, RunResult};
@@ -597,6 +598,67 @@ fn reported(p: &Program, holders: &BTreeMap<String, usize>, d: usize) -> Vec<Str
     names
 }
 
+/// The part of [`RESULT_TAG`] that carries a rank's trace events to rank 0.
+const TRACE_PART: u32 = u32::MAX;
+
+/// A rank's trace events as one `[events, 5]` float64 tensor: step, instruction index, start
+/// and duration (µs since the rank's start, which the ranks take right after a barrier) and
+/// thread CPU time (NaN where unknown). Rank 0 names them from its copy of the program.
+fn encode_events(evs: &[Event]) -> Tensor {
+    let v: Vec<f64> = evs
+        .iter()
+        .flat_map(|e| {
+            [
+                e.step as f64,
+                e.index as f64,
+                e.start_us,
+                e.dur_us,
+                e.cpu_us.unwrap_or(f64::NAN),
+            ]
+        })
+        .collect();
+    Tensor::F64(
+        ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[evs.len(), 5]), v).unwrap_or_default(),
+    )
+}
+
+/// Inverse of [`encode_events`] for device `src`'s events.
+fn decode_events(
+    p: &Program,
+    src: usize,
+    t: &Tensor,
+) -> std::result::Result<Vec<Event>, CommError> {
+    let Tensor::F64(a) = t else {
+        return Err(other(format!(
+            "device {src} sent trace events of another dtype"
+        )));
+    };
+    let list = &p.devices[src].instructions;
+    let flat: Vec<f64> = a.iter().copied().collect();
+    if a.ndim() != 2 || a.shape()[1] != 5 {
+        return Err(other(format!("device {src} sent malformed trace events")));
+    }
+    flat.chunks_exact(5)
+        .map(|e| {
+            let index = e[1] as usize;
+            let ins = list.get(index).ok_or_else(|| {
+                other(format!(
+                    "device {src} traced instruction {index}, which it has not"
+                ))
+            })?;
+            Ok(Event {
+                device: src,
+                step: e[0] as usize,
+                index,
+                name: ins.describe(),
+                start_us: e[2],
+                dur_us: e[3],
+                cpu_us: (!e[4].is_nan()).then_some(e[4]),
+            })
+        })
+        .collect()
+}
+
 /// Run this rank's device (rank = device index) on the current thread, then bring every
 /// rank's losses, timings and parameters to rank 0. The world size must equal the program's
 /// device count (checked by the caller with a clear message; checked again here).
@@ -665,10 +727,15 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
             ep.send(0, tag(k as u32 + 1), t.clone())
                 .map_err(gather_err)?;
         }
+        if opts.trace {
+            ep.send(0, tag(TRACE_PART), encode_events(&out.events))
+                .map_err(gather_err)?;
+        }
         None
     } else {
         let mut losses = out.losses.clone();
         let mut timings = vec![out.timing.clone()];
+        let mut events = out.events.clone();
         let mut params: BTreeMap<String, Tensor> = out
             .params
             .iter()
@@ -710,12 +777,20 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
                     .map_err(gather_err)?;
                 params.insert(name, t);
             }
+            if opts.trace {
+                let t = ep
+                    .recv(src, tag(TRACE_PART), opts.timeout)
+                    .map_err(gather_err)?;
+                events.extend(decode_events(&lp.program, src, &t).map_err(gather_err)?);
+            }
         }
         Some(RunResult {
             losses,
             params,
             timings,
-            trace: None,
+            trace: opts
+                .trace
+                .then_some(super::trace::Trace { devices: n, events }),
             wall_s,
             data,
         })

@@ -576,16 +576,20 @@ fn concurrent_runs(
     inputs: &[(String, pipec_runtime::Tensor)],
     repeat: u32,
 ) -> Result<(u32, f64)> {
-    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // One thread per core, each pinned to its own (as `pipec run` pins its workers): left to
+    // the OS, two fresh threads sometimes share a core for a whole short measurement, which
+    // read as a 1.2–1.4× slowdown on a 2-core VM that runs two such processes side by side
+    // without any. The cores are the affinity mask's (what `pipec run` pins to), at most
+    // `available_parallelism` of them (which also counts a cgroup CPU quota).
+    let cpus = pipec_runtime::dist::pinning::allowed_cpus();
+    let mut n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !cpus.is_empty() {
+        n = n.min(cpus.len());
+    }
     if n < 2 {
         return Ok((0, 0.0));
     }
     let barrier = std::sync::Barrier::new(n);
-    // One thread per core, each pinned to its own (as `pipec run` pins its workers): left to
-    // the OS, two fresh threads sometimes share a core for a whole short measurement, which
-    // read as a 1.2–1.4× slowdown on a 2-core VM that runs two such processes side by side
-    // without any.
-    let cpus = pipec_runtime::dist::pinning::allowed_cpus();
     let walls: Vec<Result<Vec<f64>>> = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..n)
             .map(|i| {

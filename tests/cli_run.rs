@@ -93,6 +93,7 @@ fn a_failing_check_exits_1() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{s}");
     assert!(s.contains("check FAILED"), "{s}");
+    assert!(s.contains("hint: --accuracy"), "{s}");
 }
 
 /// `pipec run --check --accuracy`: `(pipeline, reference)` distances from float64 training.

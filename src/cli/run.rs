@@ -263,6 +263,11 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
                 rep.max_rel_diff,
                 dist::check::TOLERANCE
             );
+            if !a.accuracy && a.precision == "f32" {
+                println!(
+                    "hint: --accuracy (or --precision f64) tells float32 rounding that the training amplifies from a wrong program"
+                );
+            }
             return Ok(ExitCode::from(1));
         }
         println!("check ok (max_rel_diff <= {:.0e})", dist::check::TOLERANCE);

@@ -27,6 +27,19 @@ fn compiled_mlp_runs_and_matches_the_reference() {
     ]);
     assert!(s.contains("step 3: loss"), "{s}");
     assert!(s.contains("max_abs_diff") && s.contains("check ok"), "{s}");
+    // The timing table: per device, the worker thread's CPU time within its wall time.
+    assert!(s.contains("total_s    cpu_s"), "{s}");
+    if cfg!(target_os = "linux") {
+        let rows: Vec<Vec<f64>> = s
+            .lines()
+            .skip_while(|l| !l.starts_with("device  prepare_s"))
+            .skip(1)
+            .take(4)
+            .map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect())
+            .collect();
+        assert_eq!(rows.len(), 4, "{s}");
+        assert!(rows.iter().all(|r| r[6] > 0.0 && r[6] <= r[5] * 1.05), "{s}");
+    }
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
     let evs = t["traceEvents"].as_array().unwrap();

@@ -216,10 +216,15 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
             steady, a.steps
         );
     }
-    println!("device  prepare_s  compute_s  comm_s  other_s  total_s");
+    println!("device  prepare_s  compute_s  comm_s  other_s  total_s    cpu_s");
     for t in &r.timings {
+        let cpu = if t.cpu_s.is_nan() {
+            format!("{:>7}", "-")
+        } else {
+            format!("{:>7.3}", t.cpu_s)
+        };
         println!(
-            "{:>6}  {:>9.3}  {:>9.3}  {:>6.3}  {:>7.3}  {:>7.3}",
+            "{:>6}  {:>9.3}  {:>9.3}  {:>6.3}  {:>7.3}  {:>7.3}  {cpu}",
             t.device, t.prepare_s, t.compute_s, t.comm_s, t.other_s, t.total_s
         );
     }

@@ -369,6 +369,10 @@ pub struct DeviceTiming {
     pub other_s: f64,
     /// From the worker's start to its end.
     pub total_s: f64,
+    /// CPU seconds the worker's thread ran in that time (Linux; NaN elsewhere). Below
+    /// `total_s` by the time it waited; with workers time-sharing a core, the wall columns
+    /// also count the other workers' slices and this does not.
+    pub cpu_s: f64,
     /// Steady-state seconds per step: from the end of this device's first step to the end of
     /// its last, over `steps − 1` (0 with one step). Excludes preparing the pieces and the
     /// first (cold) step.

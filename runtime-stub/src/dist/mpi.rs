@@ -710,6 +710,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
             t.other_s,
             t.total_s,
             t.steady_step_s,
+            t.cpu_s,
         ]);
         let k = v.len();
         Tensor::F64(ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[k]), v).unwrap_or_default())
@@ -752,7 +753,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
                 Tensor::F64(a) => a.iter().copied().collect(),
                 _ => return Err(gather_err(other("bad result summary"))),
             };
-            if v.len() != opts.steps + 6 {
+            if v.len() != opts.steps + 7 {
                 return Err(gather_err(other(format!(
                     "device {src} sent a summary of {} numbers",
                     v.len()
@@ -770,6 +771,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
                 other_s: t[3],
                 total_s: t[4],
                 steady_step_s: t[5],
+                cpu_s: t[6],
             });
             for (k, name) in reported(&lp.program, &holders, src).into_iter().enumerate() {
                 let t = ep

@@ -101,6 +101,7 @@ pub fn run_device_catching(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result
 /// Run one device: prepare its pieces, then its instruction list `ctx.steps` times.
 pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOutcome> {
     let start = Instant::now();
+    let cpu_start = super::pinning::thread_cpu_s();
     let lp = ctx.lp;
     let d = ctx.device;
     let program = &lp.program;
@@ -219,6 +220,10 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         }
     }
     timing.total_s = start.elapsed().as_secs_f64();
+    timing.cpu_s = match (cpu_start, super::pinning::thread_cpu_s()) {
+        (Some(a), Some(b)) => b - a,
+        _ => f64::NAN,
+    };
     let params = stage
         .params
         .iter()

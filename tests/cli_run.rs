@@ -38,7 +38,10 @@ fn compiled_mlp_runs_and_matches_the_reference() {
             .map(|l| l.split_whitespace().map(|x| x.parse().unwrap()).collect())
             .collect();
         assert_eq!(rows.len(), 4, "{s}");
-        assert!(rows.iter().all(|r| r[6] > 0.0 && r[6] <= r[5] * 1.05), "{s}");
+        assert!(
+            rows.iter().all(|r| r[6] > 0.0 && r[6] <= r[5] * 1.05),
+            "{s}"
+        );
     }
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
@@ -200,6 +203,23 @@ fn bad_input_exits_2_with_a_one_line_error() {
 
     let out = pipec(&["run", dir.path().to_str().unwrap(), "--backend", "tcp"]);
     assert_eq!(out.status.code(), Some(2));
+
+    // Flags are checked before anything runs (a zero-step --check could not fail).
+    for (flags, says) in [
+        (&["--steps", "0", "--check"][..], "--steps 0"),
+        (
+            &["--executor", "onnx"][..],
+            "--executor onnx: unknown executor",
+        ),
+    ] {
+        let mut args = vec!["run", dir.path().to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let out = pipec(&args);
+        assert_eq!(out.status.code(), Some(2));
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.starts_with("error: ") && e.contains(says), "{e}");
+        assert!(out.stdout.is_empty(), "{flags:?}");
+    }
 }
 
 #[cfg(not(feature = "mpi"))]

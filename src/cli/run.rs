@@ -33,7 +33,7 @@ use std::time::Duration;
 pub struct RunArgs {
     /// The compiled program (written by `pipec compile -o OUTDIR`).
     pub outdir: PathBuf,
-    /// Training steps to run.
+    /// Training steps to run (at least 1).
     #[arg(long, default_value_t = 1)]
     pub steps: usize,
     /// One array per data input at the global batch, keyed by input name (else random data).
@@ -102,6 +102,15 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
         bail!(
             "--timeout {}: must be a positive number of seconds",
             a.timeout
+        );
+    }
+    if a.steps == 0 {
+        bail!("--steps 0: must be at least 1");
+    }
+    if pipec_runtime::exec::executor_by_name(&a.executor).is_none() {
+        bail!(
+            "--executor {}: unknown executor (executors: reference, tract)",
+            a.executor
         );
     }
     let mut lp = dist::load(&a.outdir)?;

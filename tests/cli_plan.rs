@@ -234,6 +234,38 @@ fn bad_input_exits_2_naming_the_culprit() {
         &["plan", &vgg, "--cluster", "nope", "--planner", "dp"],
         "--cluster nope",
     );
+    // Absurd sizes are refused at once, not searched for minutes.
+    for (args, want) in [
+        (
+            &["--cluster", "100000@1e10", "--planner", "dp"][..],
+            "too many devices",
+        ),
+        (
+            &["--cluster", "cpu", "--devices", "100000", "--planner", "dp"][..],
+            "--devices 100000: pipec plans for at most 16384",
+        ),
+        (
+            &["--cluster", "2048@1e10", "--planner", "gpp"][..],
+            "gpp: at most 1024 devices",
+        ),
+        (
+            &[
+                "--cluster",
+                "8@1e10",
+                "--planner",
+                "dp",
+                "--batch",
+                "99999999999",
+                "--micro-batch",
+                "1",
+            ][..],
+            "at most 4096 per iteration",
+        ),
+    ] {
+        let o = pipec(&[&["plan", &vgg][..], args].concat());
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
+    }
     bad(
         &["plan", &vgg, "--cluster", "8@0", "--planner", "dp"],
         "--cluster 8@0",

@@ -1249,12 +1249,8 @@ fn search_in(
             cluster.len()
         )));
     }
-    if p.micro_batch == 0 || !p.batch.is_multiple_of(p.micro_batch) {
-        return Err(Error::Usage(format!(
-            "gpp: micro-batch {} must be >= 1 and divide the batch {}",
-            p.micro_batch, p.batch
-        )));
-    }
+    crate::plan::check_micro_batch(p.batch, p.micro_batch)
+        .map_err(|e| Error::Usage(format!("gpp: {e}")))?;
     if ug.units.len() > MAX_DP_UNITS {
         return Err(Error::Usage(format!(
             "gpp: {} units after coarsening, more than the DP's {MAX_DP_UNITS} (its stage tables \

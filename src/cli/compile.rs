@@ -84,13 +84,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if a.batch == 0 {
         bail!("--batch 0: must be >= 1");
     }
-    if a.micro_batch == 0 || !a.batch.is_multiple_of(a.micro_batch) {
-        bail!(
-            "--micro-batch {}: must be >= 1 and divide --batch {}",
-            a.micro_batch,
-            a.batch
-        );
-    }
+    pipec_passes::plan::check_micro_batch(a.batch, a.micro_batch)?;
     let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &a.planner)?;
     planners::by_name(&a.planner)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;

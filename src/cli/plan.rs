@@ -302,9 +302,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     let mut opts = PlanOptions::new(batch);
     opts.micro_batch = a.micro_batch;
     if let Some(mb) = a.micro_batch {
-        if mb == 0 || batch % mb != 0 {
-            bail!("--micro-batch {mb}: must be >= 1 and divide the batch {batch}");
-        }
+        pipec_passes::plan::check_micro_batch(batch, mb)?;
     }
     opts.schedule = schedule;
     opts.optimizer = Optimizer::parse(&a.optimizer)?;

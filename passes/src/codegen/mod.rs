@@ -182,12 +182,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
     let g = &m.graph;
     let batch_sym = batch_symbol(m)?;
     let (b, mb) = (opts.batch, opts.micro_batch);
-    if mb == 0 || b % mb != 0 {
-        return Err(Error::Usage(format!(
-            "--micro-batch {mb}: must be >= 1 and divide --batch {b}"
-        )));
-    }
-    let nmb = b / mb;
+    let nmb = crate::plan::check_micro_batch(b, mb)?;
     // Dense device numbering.
     let mut used: Vec<usize> = specs.iter().flat_map(|s| s.devices.clone()).collect();
     used.sort_unstable();

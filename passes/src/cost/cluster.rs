@@ -205,6 +205,11 @@ impl Preset {
     }
 }
 
+/// The most devices a cluster may have. Every planner stays within a minute up to here on the
+/// bundled models (PipeDream's DP at 16384 devices: 0.3 s on mlp4; GPP and DAPPLE have lower
+/// limits of their own); a hundred thousand devices made `dp` and `pipedream` run for minutes.
+pub const MAX_DEVICES: usize = 16384;
+
 // ---- device kinds: vendor datasheet figures (dense, no sparsity) ----
 
 /// NVIDIA V100 SXM2 16 GB: 15.7 TFLOP/s fp32, 125 TFLOP/s fp16 tensor, 900 GB/s HBM2.
@@ -515,8 +520,12 @@ impl Cluster {
         let total = levels
             .iter()
             .try_fold(1usize, |a, l| a.checked_mul(l.size))
-            .filter(|n| *n <= 1 << 20)
-            .ok_or_else(|| Error::Usage(format!("{name}: too many devices")))?;
+            .filter(|n| *n <= MAX_DEVICES)
+            .ok_or_else(|| {
+                Error::Usage(format!(
+                    "{name}: too many devices (the levels' sizes multiply to more than {MAX_DEVICES})"
+                ))
+            })?;
         let per_node = levels[0].size;
         let nodes = total / per_node;
         let mut node_kind = vec![0usize; nodes];
@@ -692,6 +701,11 @@ impl Cluster {
     pub fn take(mut self, n: usize) -> Result<Cluster> {
         if n == 0 {
             return Err(Error::Usage("--devices 0: need at least one device".into()));
+        }
+        if n > MAX_DEVICES {
+            return Err(Error::Usage(format!(
+                "--devices {n}: pipec plans for at most {MAX_DEVICES} devices"
+            )));
         }
         if n > self.devices.len() && self.name == "cpu" {
             // The `cpu` preset may be oversubscribed: N worker devices sharing this machine's

@@ -136,7 +136,13 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         None
     };
     let mut rows = Vec::new();
+    let bar = super::progress::bar(
+        planners::PLANNER_NAMES.len() as u64,
+        format!("compare on {} devices", cluster.len()),
+        "planners",
+    );
     for &name in planners::PLANNER_NAMES {
+        bar.set_message(format!("compare on {} devices: {name}", cluster.len()));
         let result = plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
             .and_then(|(p, g, _)| {
                 p.verify(&g, &cluster)?;
@@ -144,7 +150,9 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
             })
             .map_err(|e| format!("{e:#}"));
         rows.push(Row { name, result });
+        bar.inc(1);
     }
+    drop(bar);
     if a.json {
         let plans: Vec<&Plan> = rows.iter().filter_map(|r| r.result.as_ref().ok()).collect();
         println!("{}", serde_json::to_string_pretty(&plans)?);

@@ -88,6 +88,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &a.planner)?;
     planners::by_name(&a.planner)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
+    let spin = super::progress::spinner(format!("importing {}", a.model.display()));
     let m = super::load_module(&a.model)?;
     let name = a.model.display().to_string();
     let mut g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
@@ -105,6 +106,11 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     // BaPipe's intra-layer splits rewrite the module (not with a measured profile: its
     // seconds are per original node).
     let with_module = a.profile.is_none().then_some(&m);
+    spin.set_message(format!(
+        "planning with {} on {} devices",
+        a.planner,
+        cluster.len()
+    ));
     let (plan, g, rewritten) = plan_model(&a.planner, with_module, g, &cluster, &opts)
         .with_context(|| format!("{name}: planner '{}' failed", a.planner))?;
     let imported = &m;
@@ -128,6 +134,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         optimizer_spec: a.optimizer.clone(),
         per_stage: per_stage_of(&plan),
     };
+    spin.set_message(format!("compiling {} stages", specs.len()));
     let compiled =
         codegen::compile(m, &specs, &copts).with_context(|| format!("{name}: compile failed"))?;
     if let Some(dir) = &a.dump_ir {
@@ -152,7 +159,9 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
             dump(&label, md)?;
         }
     }
+    spin.set_message(format!("writing {}", a.output.display()));
     write_outdir(&a.output, &plan, &compiled)?;
+    drop(spin);
     if a.verbose {
         eprint!("{}", render(&plan));
     }

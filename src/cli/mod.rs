@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod opt;
 pub mod plan;
 pub mod profile;
+pub mod progress;
 pub mod run;
 pub mod simulate;
 

@@ -317,6 +317,11 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         bail!("--repeat 0: must be >= 1");
     }
     let first = (a.repeat > 1).then(|| g.clone());
+    let spin = super::progress::spinner(format!(
+        "planning {} with {planner_name} on {} devices",
+        model.display(),
+        cluster.len()
+    ));
     let (mut plan, g, _) = plan_model(planner_name, module.as_ref(), g, &cluster, &opts)
         .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
     if let Some(g0) = first {
@@ -331,6 +336,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         let first = plan.search_time_s;
         let mut times = vec![first];
         for i in 1..a.repeat {
+            spin.set_message(format!("--repeat: run {} of {}", i + 1, a.repeat));
             let (p, _, _) = plan_model(planner_name, module.as_ref(), g0.clone(), &cluster, &opts)
                 .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
             if strip(&p)? != want {
@@ -340,6 +346,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         }
         times.sort_by(f64::total_cmp);
         plan.search_time_s = times[0];
+        spin.finish_and_clear();
         eprintln!(
             "search time over {} runs: fastest {:.3} ms, median {:.3} ms, first {:.3} ms",
             a.repeat,
@@ -348,6 +355,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
             first * 1e3
         );
     }
+    drop(spin);
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{planner_name}' produced an invalid plan"))?;
     if let Some(path) = &a.trace {

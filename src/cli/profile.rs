@@ -55,7 +55,6 @@ use pipec_passes::cost::measured::{
 };
 use pipec_passes::cost::CostGraph;
 use pipec_runtime::Tensor;
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -352,58 +351,6 @@ fn random_input(g: &Graph, v: Value, rng: &mut Rng) -> Result<Tensor> {
     })
 }
 
-/// A progress line on stderr: redrawn in place on a terminal, one line per run otherwise (only
-/// when runs are slow, so quick profiles stay quiet in scripts and tests).
-struct Progress {
-    tty: bool,
-    label: String,
-    total: u32,
-    start: Instant,
-    shown: bool,
-}
-
-impl Progress {
-    fn new(label: String, total: u32) -> Progress {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-            label,
-            total,
-            start: Instant::now(),
-            shown: false,
-        }
-    }
-    fn tick(&mut self, done: u32, what: &str) {
-        let el = self.start.elapsed().as_secs_f64();
-        if !(self.tty || el > 5.0) {
-            return;
-        }
-        let eta = if done > 0 {
-            el / done as f64 * (self.total - done) as f64
-        } else {
-            0.0
-        };
-        let width = 24usize;
-        let fill = (done as usize * width) / self.total.max(1) as usize;
-        let bar = format!("{}{}", "#".repeat(fill), "-".repeat(width - fill));
-        let mut e = std::io::stderr().lock();
-        let line = format!(
-            "{}: [{bar}] {done}/{} runs ({what}), {el:.1} s, eta {eta:.0} s",
-            self.label, self.total
-        );
-        let _ = if self.tty {
-            write!(e, "\r{line}\x1b[K")
-        } else {
-            writeln!(e, "{line}")
-        };
-        self.shown = true;
-    }
-    fn finish(&self) {
-        if self.tty && self.shown {
-            let _ = writeln!(std::io::stderr());
-        }
-    }
-}
-
 /// Profile the module (see the module doc).
 fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<MeasuredProfile> {
     let (batch, sym) = resolve_batch(m, a.batch)?;
@@ -448,13 +395,14 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
     let mut samples: Vec<Vec<f64>> = vec![Vec::with_capacity(a.repeat as usize); n_ops];
     let mut walls: Vec<f64> = Vec::with_capacity(a.repeat as usize);
     let total = a.warmup + a.repeat;
-    let mut bar = Progress::new(
+    let bar = super::progress::bar(
+        u64::from(total),
         format!("profile {} (batch {batch})", model_label(name)),
-        total,
+        "runs",
     );
     for i in 0..total {
         let warm = i < a.warmup;
-        bar.tick(i, if warm { "warm-up" } else { "timed" });
+        bar.set_position(u64::from(i));
         let t0 = Instant::now();
         let (_, times) = prog
             .run_profiled(&inputs)
@@ -466,8 +414,7 @@ fn measure(m: &Module, g: &CostGraph, name: &str, a: &ProfileArgs) -> Result<Mea
             }
         }
     }
-    bar.tick(total, "done");
-    bar.finish();
+    drop(bar);
     let (host_threads, concurrent_run_s) = concurrent_runs(exec.as_ref(), &t, &inputs, a.repeat)
         .with_context(|| format!("{name}: the concurrent runs failed"))?;
     let message_latency_s = message_latency().context("the transport's ping-pong failed")?;

@@ -90,9 +90,35 @@ pub fn run(a: RunArgs) -> Result<ExitCode> {
         "mpi" => return run_mpi(a),
         other => bail!("--backend {other}: unknown backend (backends: inproc, mpi)"),
     }
-    let (lp, opts) = prepare(&a)?;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let (lp, mut opts) = prepare(&a)?;
     print_header(&a, &lp);
-    let r = dist::run(&lp, &opts).context("the run failed")?;
+    // Steps done, on a terminal only (no extra thread where nobody watches, e.g. benchmarks).
+    let bar = super::progress::bar(
+        a.steps as u64,
+        format!("{} devices", lp.program.devices.len()),
+        "steps",
+    );
+    let done = std::sync::Arc::new(AtomicUsize::new(0));
+    let finished = AtomicBool::new(false);
+    if !bar.is_hidden() {
+        opts.steps_done = Some(done.clone());
+    }
+    let r = std::thread::scope(|s| {
+        if !bar.is_hidden() {
+            s.spawn(|| {
+                while !finished.load(Ordering::Relaxed) {
+                    bar.set_position(done.load(Ordering::Relaxed) as u64);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            });
+        }
+        let r = dist::run(&lp, &opts);
+        finished.store(true, Ordering::Relaxed);
+        r
+    })
+    .context("the run failed")?;
+    drop(bar);
     report(&a, &lp, &r)
 }
 
@@ -142,6 +168,7 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
         trace: a.trace.is_some(),
         executor: a.executor.clone(),
         pin_threads: !a.no_pin,
+        steps_done: None,
     };
     Ok((lp, opts))
 }

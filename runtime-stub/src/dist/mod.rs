@@ -339,6 +339,8 @@ pub struct RunOptions {
     /// Pin the worker threads to host cores by [`pipec_compiler::program::host_core_map`] when
     /// the devices outnumber the cores (in-process backend, Linux).
     pub pin_threads: bool,
+    /// Counts the steps device 0 has finished, for a caller's progress display.
+    pub steps_done: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl Default for RunOptions {
@@ -351,6 +353,7 @@ impl Default for RunOptions {
             trace: false,
             executor: "reference".into(),
             pin_threads: true,
+            steps_done: None,
         }
     }
 }
@@ -456,6 +459,11 @@ pub fn run_with(
                     collectives: coll,
                     t0,
                     trace: opts.trace,
+                    steps_done: if d == 0 {
+                        opts.steps_done.as_deref()
+                    } else {
+                        None
+                    },
                 };
                 let first = &first;
                 let cpu = pin.as_ref().map(|m| cpus[m[d]]);

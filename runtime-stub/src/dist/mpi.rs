@@ -689,6 +689,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
         collectives: &coll,
         t0,
         trace: opts.trace,
+        steps_done: None,
     };
     test_hook(rank)?;
     let out: DeviceOutcome =

@@ -25,6 +25,8 @@ pub struct DeviceCtx<'a> {
     /// Common time origin of the trace.
     pub t0: Instant,
     pub trace: bool,
+    /// Incremented after each finished step (progress display), if given.
+    pub steps_done: Option<&'a std::sync::atomic::AtomicUsize>,
 }
 
 /// What a worker returns.
@@ -214,6 +216,9 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         }
         w.bufs.clear();
         losses.push(w.loss);
+        if let Some(n) = ctx.steps_done {
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         match first_step_end {
             None => first_step_end = Some(Instant::now()),
             Some(t1) => timing.steady_step_s = t1.elapsed().as_secs_f64() / s as f64,

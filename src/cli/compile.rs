@@ -33,7 +33,8 @@ pub struct CompileArgs {
     /// Cluster: preset name (`pipec plan --list-clusters`), TOML file, or `N1@BW1,N2@BW2,...`.
     #[arg(long)]
     pub cluster: String,
-    /// Use only the first N devices of the cluster.
+    /// Use only the first N devices of the cluster (the `cpu` preset takes more than this host's
+    /// cores: they share them). At most 16384; the gpp planner takes at most 1024, dapple 128.
     #[arg(long)]
     pub devices: Option<usize>,
     /// Planner: gpp, dapple, pipedream, bapipe, dp, straight, gpp-seq.
@@ -42,7 +43,8 @@ pub struct CompileArgs {
     /// Global mini-batch (samples per step).
     #[arg(long)]
     pub batch: u64,
-    /// Micro-batch size (divides --batch; each stage's replicas split it evenly).
+    /// Micro-batch size (divides --batch into at most 4096 micro-batches; each stage's replicas
+    /// split it evenly).
     #[arg(long = "micro-batch")]
     pub micro_batch: u64,
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,

@@ -31,7 +31,8 @@ pub struct PlanArgs {
     /// Cluster: preset name, TOML file, or `N1@BW1,N2@BW2,...`.
     #[arg(long)]
     pub cluster: Option<String>,
-    /// Use only the first N devices of the cluster.
+    /// Use only the first N devices of the cluster (the `cpu` preset takes more than this host's
+    /// cores: they share them). At most 16384; the gpp planner takes at most 1024, dapple 128.
     #[arg(long)]
     pub devices: Option<usize>,
     /// Planner: gpp, dapple, pipedream, bapipe, dp, straight.
@@ -40,7 +41,8 @@ pub struct PlanArgs {
     /// Global mini-batch size (default: the profile batch, else the model's batch dim, else 1).
     #[arg(long)]
     pub batch: Option<u64>,
-    /// Micro-batch size (must divide the batch; default: the planner's choice).
+    /// Micro-batch size (must divide the batch into at most 4096 micro-batches; default: the
+    /// planner's choice).
     #[arg(long = "micro-batch")]
     pub micro_batch: Option<u64>,
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,

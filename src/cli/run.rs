@@ -133,6 +133,9 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
     if a.steps == 0 {
         bail!("--steps 0: must be at least 1");
     }
+    if a.accuracy && a.precision != "f32" {
+        bail!("--accuracy compares a float32 run with float64 training: drop --precision f64");
+    }
     if pipec_runtime::exec::executor_by_name(&a.executor).is_none() {
         bail!(
             "--executor {}: unknown executor (executors: reference, tract)",

@@ -102,15 +102,22 @@ pub fn couples_samples(op: &str) -> bool {
 /// at 65536 on mlp4); a user asking for more is asking for a bigger micro-batch.
 pub const MAX_MICRO_BATCHES: u64 = 4096;
 
-/// Check `--micro-batch mb` against `--batch batch`: at least 1, dividing the batch, and at most
-/// [`MAX_MICRO_BATCHES`] micro-batches. Returns the number of micro-batches.
-pub fn check_micro_batch(batch: u64, mb: u64) -> Result<u64> {
+/// The number of micro-batches of `mb` samples in `batch`; an error unless `mb` is at least 1
+/// and divides the batch. Plans a planner assembles (its own micro-batch choice) need only this;
+/// user flags also go through [`check_micro_batch`].
+pub fn micro_batches(batch: u64, mb: u64) -> Result<u64> {
     if mb == 0 || !batch.is_multiple_of(mb) {
         return Err(Error::Usage(format!(
             "--micro-batch {mb}: must be >= 1 and divide --batch {batch}"
         )));
     }
-    let m = batch / mb;
+    Ok(batch / mb)
+}
+
+/// Check `--micro-batch mb` against `--batch batch`: at least 1, dividing the batch, and at most
+/// [`MAX_MICRO_BATCHES`] micro-batches. Returns the number of micro-batches.
+pub fn check_micro_batch(batch: u64, mb: u64) -> Result<u64> {
+    let m = micro_batches(batch, mb)?;
     if m > MAX_MICRO_BATCHES {
         return Err(Error::Usage(format!(
             "--batch {batch} / --micro-batch {mb} = {m} micro-batches: at most {MAX_MICRO_BATCHES} per iteration (raise --micro-batch)"
@@ -335,12 +342,7 @@ impl Plan {
         // Checked before simulating (invalid specs name devices outside the cluster).
         stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
-        if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
-            return Err(Error::Usage(format!(
-                "--micro-batch {micro_batch}: must be >= 1 and divide --batch {batch}"
-            )));
-        }
-        let m = batch / micro_batch;
+        let m = micro_batches(batch, micro_batch)?;
         let sg = StageGraph::from_specs_for(
             g,
             cluster,
@@ -384,12 +386,7 @@ impl Plan {
     ) -> Result<Plan> {
         let (_, preds) = stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
-        if micro_batch == 0 || !batch.is_multiple_of(micro_batch) {
-            return Err(Error::Usage(format!(
-                "--micro-batch {micro_batch}: must be >= 1 and divide --batch {batch}"
-            )));
-        }
-        let m = batch / micro_batch;
+        let m = micro_batches(batch, micro_batch)?;
         // The figures the simulator ran on (re-computation adds the forward to the backward).
         let sg = sg.for_schedule(schedule);
         let mut stages = Vec::with_capacity(specs.len());

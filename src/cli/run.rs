@@ -148,19 +148,14 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
         lp.widen_to_f64()?;
     }
     let inputs = match &a.inputs {
-        Some(p) => Some(
-            pipec_runtime::npz::read(p)?
-                .into_iter()
-                .map(|(k, t)| {
-                    let t = if f64 && t.dtype() == pipec_compiler::ir::DType::F32 {
-                        t.cast(pipec_compiler::ir::DType::F64)?
-                    } else {
-                        t
-                    };
-                    Ok((k, t))
-                })
-                .collect::<pipec_runtime::error::Result<dist::Data>>()?,
-        ),
+        Some(p) => {
+            let mut d: dist::Data = pipec_runtime::npz::read(p)?.into_iter().collect();
+            if f64 {
+                dist::data::widen_f32(&mut d)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            }
+            Some(d)
+        }
         None => None,
     };
     let opts = RunOptions {

@@ -229,18 +229,8 @@ pub fn check_accuracy(
     let rep = compare(&run.params, &ref32, &lp.weights, ref_losses)?;
     let mut wide = lp.clone();
     wide.widen_to_f64()?;
-    let data = run
-        .data
-        .iter()
-        .map(|(k, t)| {
-            let t = if t.dtype() == DType::F32 {
-                t.cast(DType::F64).map_err(|e| err(e.to_string()))?
-            } else {
-                t.clone()
-            };
-            Ok((k.clone(), t))
-        })
-        .collect::<Result<data::Data>>()?;
+    let mut data = run.data.clone();
+    data::widen_f32(&mut data).map_err(err)?;
     let (losses64, exact) = reference_run(&wide, &data, steps, executor)?;
     let pipeline = compare(&run.params, &exact, &lp.weights, losses64.clone())?.max_rel_diff;
     let ref32: BTreeMap<String, Tensor> = ref32.into_iter().collect();

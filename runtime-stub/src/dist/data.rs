@@ -124,6 +124,17 @@ pub fn add_assign(acc: &mut Tensor, t: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
+/// Widen every float32 tensor of `d` to float64 in place (`--precision f64`, `--accuracy`);
+/// other dtypes stay as they are.
+pub fn widen_f32(d: &mut Data) -> Result<(), String> {
+    for t in d.values_mut() {
+        if t.dtype() == DType::F32 {
+            *t = t.cast(DType::F64).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 /// Sum of all elements as f64.
 pub fn sum_f64(t: &Tensor) -> f64 {
     t.to_f64().sum()

@@ -120,11 +120,7 @@ impl LoadedProgram {
                 st.step = Some(w(b)?);
             }
         }
-        for t in self.weights.values_mut() {
-            if t.dtype() == DType::F32 {
-                *t = t.cast(DType::F64).map_err(|e| input_err(e.to_string()))?;
-            }
-        }
+        data::widen_f32(&mut self.weights).map_err(input_err)?;
         let widen = |d: &mut String| {
             if data::parse_dtype(d) == Some(DType::F32) {
                 *d = "float64".into();

@@ -8,6 +8,23 @@
 //! output of the model and `grad/<initializer>` for every floating-point initializer the loss
 //! depends on. Input arrays are looked up by input name, then as `input/<name>` (the layout of
 //! the reference files in `onnx-models/`).
+//!
+//! `--precision f64` runs the same training graph in float64: after autodiff, every float32
+//! initializer, value, `Cast(to=FLOAT)` and constant is widened ([`pipec_runtime::exec::to_f64`],
+//! the widening `pipec run --precision f64` applies to its pieces) and so are the float32 input
+//! arrays; OUT.npz then holds float64 arrays. Its rounding (~1e-16 per operation) stands for the
+//! exact gradient when judging how far float32 gradients are from it (`scripts/grad_accuracy.py`).
+//! With `--f32-branches` the float64 run also takes every branch decision from a float32 run of
+//! the same graph: each non-float result of an op with a float operand (the masks of
+//! `Greater`/`Equal`/..., MaxPool/ArgMax/TopK indices, float-to-integer casts) is computed in
+//! float32 and fed to the float64 graph in its place. The result is the exact gradient of the
+//! piece of the piecewise-smooth function the float32 run chose. Without it, a ReLU input or a
+//! pooling window within float32 rounding of a tie can take the other branch in float64, and
+//! the float32 gradient then differs from float64 by one routed element (~1e-3 of a conv weight
+//! gradient) although neither is wrong: such flips are a lottery that PyTorch's float32
+//! gradients draw as well (1-ulp input noise moves them between layers).
+//! Models computing in another float type (float16, bfloat16, float8) are refused: widening
+//! only float32 would leave part of the graph in low precision.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -39,12 +56,27 @@ pub struct GradArgs {
     /// specialising them to the arrays given.
     #[arg(long)]
     pub keep_symbolic: bool,
+    /// Arithmetic of the run: `f32` as exported, or `f64` (float32 weights, inputs and every
+    /// float32 value widened to float64; OUT.npz in float64).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "f64"])]
+    pub precision: String,
+    /// With `--precision f64`: take every branch decision (comparison masks, pooling and
+    /// arg-max indices) from a float32 run of the same graph, so the result is the exact
+    /// gradient along float32's branches (see the module doc).
+    #[arg(long)]
+    pub f32_branches: bool,
 }
 
 /// Run the command.
 pub fn run(a: GradArgs) -> Result<ExitCode> {
     let loss: LossKind = a.loss.parse().context("--loss")?;
     let mut m = super::load_module(&a.model)?;
+    if a.f32_branches && a.precision != "f64" {
+        bail!("--f32-branches takes the branches of a float32 run for a float64 one: add --precision f64");
+    }
+    if a.precision == "f64" {
+        refuse_low_precision(&m, &a.model)?;
+    }
     let arrays = pipec_runtime::npz::read_npz(&a.inputs)?;
     let label = match &loss {
         LossKind::CrossEntropy(l) => Some(l.clone()),
@@ -112,7 +144,35 @@ pub fn run(a: GradArgs) -> Result<ExitCode> {
     if let Some(p) = &a.save_training_graph {
         pipec_compiler::onnx::export::save(&m, p)?;
     }
-    let res = pipec_runtime::run_graph(&m, &feeds)?;
+    let res = if a.precision == "f64" {
+        let mut narrow = m.clone();
+        let decisions = if a.f32_branches {
+            branch_decisions(&mut narrow)
+        } else {
+            Vec::new()
+        };
+        let f32_feeds = feeds.clone();
+        let mut wide = widen_to_f64(&m, &mut feeds)?;
+        if !decisions.is_empty() {
+            let got = pipec_runtime::run_graph(&narrow, &f32_feeds)?;
+            for &v in &decisions {
+                let name = m.graph.name(v).to_string();
+                let t = got
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, t)| t.clone())
+                    .with_context(|| format!("the float32 run returned no value '{name}'"))?;
+                let fed = format!("{name}.f32");
+                let ty = wide.graph.ty(v).clone();
+                let input = wide.graph.add_input(fed.clone(), ty);
+                wide.graph.replace_all_uses(v, input);
+                feeds.push((fed, t));
+            }
+        }
+        pipec_runtime::run_graph(&wide, &feeds)?
+    } else {
+        pipec_runtime::run_graph(&m, &feeds)?
+    };
     let get = |name: &str| -> Result<TensorData> {
         res.iter()
             .find(|(k, _)| k == name)
@@ -135,4 +195,71 @@ pub fn run(a: GradArgs) -> Result<ExitCode> {
     }
     super::write_atomic(&a.output, &pipec_runtime::npz::npz_bytes(&out)?)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--precision f64` refuses a model with values of a float type other than float32/float64
+/// (naming the first one): widening float32 alone would leave that part in low precision.
+fn refuse_low_precision(m: &pipec_compiler::ir::Module, model: &std::path::Path) -> Result<()> {
+    use pipec_compiler::ir::DType;
+    let g = &m.graph;
+    let found = g.order.iter().find_map(|&op| {
+        let d = &g.ops[op];
+        d.inputs
+            .iter()
+            .flatten()
+            .chain(&d.outputs)
+            .find(|v| {
+                g.ty(**v).dtype.is_float() && !matches!(g.ty(**v).dtype, DType::F32 | DType::F64)
+            })
+            .map(|v| (d.name.clone(), d.op_type.clone(), *v))
+    });
+    if let Some((node, op, v)) = found {
+        bail!(
+            "{}: --precision f64 widens float32 models, but value '{}' (of node '{node}' ({op})) is {}",
+            model.display(),
+            g.name(v),
+            g.ty(v).dtype
+        );
+    }
+    Ok(())
+}
+
+/// `--precision f64`: the training graph with every float32 value widened to float64, and the
+/// float32 `feeds` widened in place.
+fn widen_to_f64(
+    m: &pipec_compiler::ir::Module,
+    feeds: &mut [(String, TensorData)],
+) -> Result<pipec_compiler::ir::Module> {
+    use pipec_compiler::ir::DType;
+    for (name, t) in feeds.iter_mut() {
+        if t.dtype == DType::F32 {
+            *t = pipec_runtime::tensor::Tensor::from_tensor_data(t)
+                .and_then(|x| x.cast(DType::F64))
+                .map(|x| x.to_tensor_data())
+                .with_context(|| format!("widening input '{name}' to float64"))?;
+        }
+    }
+    pipec_runtime::exec::to_f64(m).context("--precision f64")
+}
+
+/// `--f32-branches`: the branch decisions of `m`, i.e. every non-float result of an op with a
+/// float operand, in program order; each is also made a graph output of `m` so that a run
+/// returns it.
+fn branch_decisions(m: &mut pipec_compiler::ir::Module) -> Vec<pipec_compiler::ir::Value> {
+    let g = &m.graph;
+    let mut out = Vec::new();
+    for &op in &g.order {
+        let d = &g.ops[op];
+        let float_in = d.inputs.iter().flatten().any(|v| g.ty(*v).dtype.is_float());
+        if !float_in || matches!(d.op_type.as_str(), "Shape" | "Size") {
+            continue;
+        }
+        out.extend(d.outputs.iter().filter(|v| !g.ty(**v).dtype.is_float()));
+    }
+    for &v in &out {
+        if !m.graph.outputs.contains(&v) {
+            m.graph.outputs.push(v);
+        }
+    }
+    out
 }

@@ -318,3 +318,51 @@ np.savez(r"{}", x=np.ones((2, 3), np.float32))
         "{err}"
     );
 }
+
+/// MaxPool over tied values routes each window's gradient to ONE element, the first maximum in
+/// row-major window order (the ONNX `Indices` output as onnxruntime computes it, and PyTorch's
+/// max_pool2d), not to every tied element: all-zero windows (ReLU outputs) are common.
+#[test]
+fn maxpool_ties_route_the_gradient_to_the_first_argmax() {
+    if python_with_onnx().is_none() {
+        return;
+    }
+    let dir = tempdir();
+    let path = dir.path().join("pool.onnx");
+    let npz = dir.path().join("in.npz");
+    let src = format!(
+        r#"
+import numpy as np, onnx
+from onnx import helper as h, TensorProto as T
+w = onnx.numpy_helper.from_array(np.zeros((1, 1, 4, 4), np.float32), "w")
+g = h.make_graph([h.make_node("Add", ["x", "w"], ["m"]),
+                  h.make_node("MaxPool", ["m"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+                 "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, 4, 4])],
+                 [h.make_tensor_value_info("y", T.FLOAT, [1, 1, 2, 2])], [w])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), r"{}")
+# windows: all 0; all 1; 2 tied at the second and fourth place; a single max at the third
+x = np.array([[0, 0, 1, 1], [0, 0, 1, 1], [0, 2, 0, 0], [0, 2, 3, 0]], np.float32)
+np.savez(r"{}", x=x.reshape(1, 1, 4, 4))
+"#,
+        path.display(),
+        npz.display()
+    );
+    let st = Command::new("python3").args(["-c", &src]).status().unwrap();
+    assert!(st.success());
+    let out = grad_arrays(&path, &npz, &dir.path().join("o.npz"), &["--loss", "sum"]);
+    let gw = out
+        .iter()
+        .find(|(k, _)| k == "grad/w")
+        .map(|(_, t)| t.to_f64().iter().copied().collect::<Vec<_>>())
+        .expect("grad/w");
+    // dL/dw = 1 where each window's gradient lands, 0 elsewhere: flat positions 0, 2, 9, 14,
+    // the Indices onnxruntime's MaxPool and PyTorch's max_pool2d return for this x.
+    #[rustfmt::skip]
+    let want = vec![
+        1.0, 0.0, 1.0, 0.0,
+        0.0, 0.0, 0.0, 0.0,
+        0.0, 1.0, 0.0, 0.0,
+        0.0, 0.0, 1.0, 0.0,
+    ];
+    assert_eq!(gw, want);
+}

@@ -43,7 +43,7 @@ def case(name, nodes, params, opset=17, ints=None, dtype=np.float64, pos=(), inp
         graph_inputs.append(h.make_tensor_value_info(n, t, shape))
     g = h.make_graph(nodes, name, graph_inputs, outs, inits)
     m = h.make_model(g, opset_imports=[h.make_opsetid("", opset)])
-    m.ir_version = 8
+    m.ir_version = 10 if opset >= 21 else 8
     CASES.append((name, m))
 
 
@@ -79,6 +79,46 @@ def main():
     case("dropout_eval", [N("Dropout", ["a"], ["y"])], {"a": (3, 4)})
     case("cast_f32_f64", [N("Cast", ["a"], ["t"], to=T.DOUBLE), N("Mul", ["t", "t"], ["u"]),
                           N("Cast", ["u"], ["y"], to=T.FLOAT)], {"a": (3, 4)}, dtype=F32)
+    # Activations (ORT has float kernels only for most of them).
+    away = np.linspace(-2.9, 2.9, 12).reshape(3, 4) + 0.013
+    for op, attrs in [("HardSigmoid", {}), ("HardSigmoid", dict(alpha=0.7, beta=0.4)), ("Elu", dict(alpha=0.3)),
+                      ("Selu", {}), ("Celu", dict(alpha=2.5)), ("Softplus", {}), ("Softsign", {}),
+                      ("ThresholdedRelu", dict(alpha=0.4)), ("Mish", {})]:
+        case(f"{op.lower()}{'_attrs' if attrs else ''}", [N(op, ["a"], ["y"], **attrs)], {"a": away},
+             opset=18, dtype=F32)
+    for op in ["Sin", "Cos"]:
+        case(op.lower(), [N(op, ["a"], ["y"])], {"a": (3, 4)})
+    case("prelu", [N("PRelu", ["a", "s"], ["y"])], {"a": (2, 3, 4), "s": (3, 1)}, dtype=F32)
+    case("cumsum_rev_excl", [N("CumSum", ["a", "ax"], ["y"], reverse=1, exclusive=1)], {"a": (3, 4)},
+         ints={"ax": np.array(1, np.int64)})
+    case("tile", [N("Tile", ["a", "r"], ["y"])], {"a": (2, 3)}, ints={"r": np.array([3, 2], np.int64)})
+    # ConvTranspose (float32: ORT has no double kernel): every attribute.
+    for name, attrs, xs, ws in [
+        ("s2_pads_outpad", dict(strides=[2, 2], pads=[1, 0, 2, 1], output_padding=[1, 0]), (2, 3, 3, 4),
+         (3, 2, 3, 3)),
+        ("group2_dil", dict(group=2, dilations=[2, 1], pads=[1, 1, 0, 1]), (1, 4, 3, 4), (4, 3, 3, 2)),
+        ("output_shape", dict(strides=[2, 2], output_shape=[6, 8]), (1, 2, 3, 4), (2, 2, 3, 3)),
+        ("same_upper", dict(strides=[2, 2], auto_pad="SAME_UPPER"), (1, 2, 3, 3), (2, 3, 3, 3)),
+        ("same_lower", dict(strides=[2, 2], auto_pad="SAME_LOWER"), (1, 2, 3, 3), (2, 3, 3, 3)),
+        ("valid", dict(strides=[2, 3], auto_pad="VALID"), (1, 2, 3, 3), (2, 2, 2, 3)),
+        ("1d", dict(strides=[3], dilations=[2], pads=[2, 1], output_padding=[2]), (2, 3, 5), (3, 4, 3)),
+    ]:
+        m = ws[1] * attrs.get("group", 1)
+        case(f"convtranspose_{name}", [N("ConvTranspose", ["x", "w", "b"], ["y"], **attrs)],
+             {"x": xs, "w": ws, "b": (m,)}, dtype=F32)
+    # (Followed by a random scaling: with scale and bias constant over a normalised group,
+    # mean(y^2) does not depend on x.)
+    case("instancenorm", [N("InstanceNormalization", ["x", "s", "b"], ["t"]), N("Mul", ["t", "r"], ["y"])],
+         {"x": (2, 3, 4, 5), "s": (3,), "b": (3,), "r": (2, 3, 4, 5)}, dtype=F32)
+    case("groupnorm18", [N("GroupNormalization", ["x", "s", "b"], ["t"], num_groups=3), N("Mul", ["t", "r"], ["y"])],
+         {"x": (2, 6, 3, 2), "s": (3,), "b": (3,), "r": (2, 6, 3, 2)}, opset=18, dtype=F32)
+    case("groupnorm21", [N("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=3)],
+         {"x": (2, 6, 3, 2), "s": (6,), "b": (6,)}, opset=21, dtype=F32)
+    for mode in ["reflect", "edge", "wrap"]:
+        case(f"pad_{mode}", [N("Pad", ["a", "p"], ["y"], mode=mode)], {"a": (1, 2, 4, 5)}, opset=19,
+             ints={"p": np.array([0, 0, 2, 1, 0, 0, 1, 3], np.int64)})
+    case("pad_reflect_axes", [N("Pad", ["a", "p", "", "ax"], ["y"], mode="reflect")], {"a": (2, 3, 4)}, opset=18,
+         ints={"p": np.array([1, 2, 2, 1], np.int64), "ax": np.array([-1, 1], np.int64)})
     # MatMul with broadcasting and 1-D operands.
     for i, (sa, sb) in enumerate([((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((3,), (2, 3, 4)), ((2, 3, 4), (4,)),
                                   ((2, 1, 3, 4), (5, 4, 2)), ((3,), (3,)), ((1, 2, 3), (4, 3, 2))]):

@@ -27,9 +27,11 @@
 //! - **Statistics**: `params`, `forward-ops`, `backward-ops`, `saved-values`.
 //! - **Options**: [`Autodiff::with_loss`] (default `mean-square`), [`Autodiff::wrt_inputs`].
 
+pub mod activations;
 pub mod builder;
 pub mod conv;
 pub mod norm;
+pub mod pad;
 pub mod rules;
 
 use crate::loss::{add_loss, LossKind};
@@ -75,6 +77,145 @@ impl Autodiff {
         self.wrt_inputs = yes;
         self
     }
+}
+
+/// Op types with a gradient rule (those whose operands carry no gradient, such as `Shape`,
+/// comparisons or `ArgMax`, need none). Kept in step with the match arms of [`rules::grad`],
+/// [`extra_grad`] and [`activations::OPS`] by a unit test.
+pub const GRAD_OPS: &[&str] = &[
+    "Abs",
+    "Add",
+    "AveragePool",
+    "BatchNormalization",
+    "Cast",
+    "Celu",
+    "Clip",
+    "Concat",
+    "Conv",
+    "ConvTranspose",
+    "Cos",
+    "CumSum",
+    "Div",
+    "Dropout",
+    "Einsum",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Gather",
+    "GatherElements",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "GroupNormalization",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Mean",
+    "Min",
+    "Mish",
+    "Mul",
+    "Neg",
+    "PRelu",
+    "Pad",
+    "Pow",
+    "Reciprocal",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "Relu",
+    "Reshape",
+    "Selu",
+    "Sigmoid",
+    "Sin",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Softsign",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "ThresholdedRelu",
+    "Tile",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+];
+
+/// The refusal of an op without a gradient rule on the path from a parameter to the loss.
+fn no_rule(node: &str, op_type: &str, via: &str) -> Error {
+    let via = if via.is_empty() {
+        String::new()
+    } else {
+        format!(" through its operand '{via}'")
+    };
+    Error::node(
+        node,
+        op_type,
+        format!(
+            "autodiff: no gradient rule for op type '{op_type}', and the loss depends on a \
+             parameter{via} (the node is on the path from a parameter to the loss). \
+             To train it: export the model with '{op_type}' decomposed into ops that have \
+             rules (another exporter opset or a different module), or export the parameters \
+             before it as constants (Constant nodes are not trained), or file an issue asking \
+             for a '{op_type}' rule. Ops with gradient rules: {}",
+            GRAD_OPS.join(", ")
+        ),
+    )
+}
+
+/// Which operands carry gradients, for the op types whose rules live outside [`rules`]
+/// (`None`: not one of them).
+fn extra_diff_inputs(d: &pipec_compiler::ir::OpData) -> Option<Vec<bool>> {
+    match d.op_type.as_str() {
+        // X and constant_value (pads and axes are integers).
+        "Pad" => Some((0..d.inputs.len()).map(|i| i == 0 || i == 2).collect()),
+        _ => activations::diff_inputs(d),
+    }
+}
+
+/// The rules that live outside [`rules`] (`Ok(None)`: no rule for the op type).
+fn extra_grad(
+    b: &mut Builder,
+    op: Op,
+    d: &pipec_compiler::ir::OpData,
+    dys: &[Option<Value>],
+    need: &[bool],
+    opset: i64,
+) -> Result<Option<rules::Grads>> {
+    let _ = op;
+    let mut out: rules::Grads = vec![None; d.inputs.len()];
+    let Some(g) = dys.first().copied().flatten() else {
+        return activations::grad(b, d, dys, need);
+    };
+    match d.op_type.as_str() {
+        "ConvTranspose" => conv::conv_transpose_grads(b, d, g, need, &mut out)?,
+        "Pad" => pad::pad_grads(b, d, g, need, &mut out)?,
+        "InstanceNormalization" | "GroupNormalization" => {
+            norm::group_norm_grads(b, d, g, need, &mut out, opset)?
+        }
+        _ => return activations::grad(b, d, dys, need),
+    }
+    Ok(Some(out))
 }
 
 /// What [`differentiate`] built.
@@ -254,13 +395,13 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         let (name, op_type, inputs) = (d.name.clone(), d.op_type.clone(), d.inputs.clone());
         b.prefix = format!("{name}/grad");
         let gs = rules::grad(&mut b, op, &dys, &need, opset)?.ok_or_else(|| {
-            Error::node(
-                &name,
-                &op_type,
-                format!(
-                    "autodiff: no gradient rule for op type '{op_type}' (it is on the path from a parameter to the loss)"
-                ),
-            )
+            let via = need
+                .iter()
+                .zip(&inputs)
+                .find_map(|(n, v)| v.filter(|_| *n))
+                .map(|v| b.g.name(v).to_string())
+                .unwrap_or_default();
+            no_rule(&name, &op_type, &via)
         })?;
         for (i, needed) in need.iter().enumerate() {
             if !needed {
@@ -389,4 +530,63 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         backward_ops,
         grad_of,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Capitalised string literals that open a line (match arms) of `src` between `from` and
+    /// `to`.
+    fn arms(src: &str, from: &str, to: &str) -> Vec<String> {
+        let a = src.find(from).expect("start marker");
+        let e = a + src[a..].find(to).expect("end marker");
+        let mut out = Vec::new();
+        let lines: Vec<&str> = src[a..e].lines().map(str::trim_start).collect();
+        for (k, t) in lines.iter().enumerate() {
+            // A pattern line: it ends in `=>`, or the pattern goes on with `| ...` below.
+            let pattern =
+                t.contains("=>") || lines.get(k + 1).is_some_and(|n| n.starts_with("| \""));
+            if !(t.starts_with('"') || t.starts_with("| \"")) || !pattern {
+                continue;
+            }
+            for (i, part) in t.split('"').enumerate() {
+                if i % 2 == 1 && part.starts_with(|c: char| c.is_ascii_uppercase()) {
+                    out.push(part.to_string());
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grad_ops_lists_every_rule() {
+        let mut found = arms(
+            include_str!("autodiff/rules.rs"),
+            "pub fn grad(",
+            "fn matmul_grads",
+        );
+        found.extend(arms(
+            include_str!("autodiff.rs"),
+            "fn extra_grad(",
+            "/// What",
+        ));
+        found.extend(activations::OPS.iter().map(|s| s.to_string()));
+        assert!(found.len() > 60, "{found:?}");
+        for op in &found {
+            assert!(
+                GRAD_OPS.contains(&op.as_str()),
+                "{op} has a rule but is not in GRAD_OPS"
+            );
+        }
+        for op in GRAD_OPS {
+            assert!(
+                found.iter().any(|f| f == op),
+                "{op} is in GRAD_OPS but has no rule"
+            );
+        }
+        let mut sorted = GRAD_OPS.to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, GRAD_OPS, "GRAD_OPS is sorted");
+    }
 }

@@ -169,6 +169,43 @@ case("where_int_mask", "Where", [b("c", [1, 0, 0, 1], [2, 2]), f("x", [2, 2], 10
      check=lambda c, x, y: np.where(c, x, y))
 case("cumsum", "CumSum", [f("x", [2, 3], 108), i64("ax", [1], [])], check=lambda x, a: np.cumsum(x, axis=1))
 
+# ---- activations, normalisations, ConvTranspose padding and Pad modes for the autodiff rules
+case("hard_sigmoid", "HardSigmoid", [f("x", [2, 6], 109)], {"alpha": 0.7, "beta": 0.4},
+     check=lambda x: np.clip(0.7 * x + 0.4, 0, 1))
+case("hard_swish", "HardSwish", [f("x", [4, 6], 110)], check=lambda x: x * np.clip(x / 6 + 0.5, 0, 1))
+case("elu", "Elu", [f("x", [2, 6], 111)], {"alpha": 0.3}, check=lambda x: np.where(x > 0, x, 0.3 * np.expm1(x)))
+case("selu", "Selu", [f("x", [2, 6], 112)])
+case("selu_attrs", "Selu", [f("x", [2, 6], 113)], {"alpha": 1.2, "gamma": 0.8},
+     check=lambda x: 0.8 * np.where(x > 0, x, 1.2 * np.expm1(x)))
+case("celu", "Celu", [f("x", [2, 6], 114)], {"alpha": 2.5},
+     check=lambda x: np.maximum(x, 0) + np.minimum(0, 2.5 * np.expm1(x / 2.5)))
+case("softplus", "Softplus", [f("x", [2, 6], 115)], check=lambda x: np.log1p(np.exp(x)))
+case("softsign", "Softsign", [f("x", [2, 6], 116)], check=lambda x: x / (1 + np.abs(x)))
+case("mish", "Mish", [f("x", [2, 6], 117)], opset=18, check=lambda x: x * np.tanh(np.log1p(np.exp(x))))
+case("thresholded_relu", "ThresholdedRelu", [f("x", [2, 6], 118)], {"alpha": 0.4},
+     check=lambda x: np.where(x > 0.4, x, 0))
+case("prelu", "PRelu", [f("x", [2, 3, 4], 119), f("s", [3, 1], 120)], check=lambda x, s: np.where(x < 0, s * x, x))
+case("instance_norm", "InstanceNormalization", [f("x", [2, 3, 4, 2], 121), f("s", [3], 122), f("bb", [3], 123)],
+     {"epsilon": 1e-3})
+case("group_norm_18", "GroupNormalization", [f("x", [2, 6, 3], 124), f("s", [3], 125), f("bb", [3], 126)],
+     {"num_groups": 3}, opset=18)
+case("group_norm_21", "GroupNormalization", [f("x", [2, 6, 3], 127), f("s", [6], 128), f("bb", [6], 129)],
+     {"num_groups": 2}, opset=21)
+case("conv_transpose_same_upper", "ConvTranspose", [f("x", [1, 2, 3, 3], 130), f("w", [2, 3, 3, 3], 131)],
+     {"strides": [2, 2], "auto_pad": "SAME_UPPER"})
+case("conv_transpose_same_lower", "ConvTranspose", [f("x", [1, 2, 3, 3], 132), f("w", [2, 3, 3, 3], 133)],
+     {"strides": [2, 2], "auto_pad": "SAME_LOWER"})
+case("conv_transpose_valid", "ConvTranspose", [f("x", [1, 2, 3, 3], 134), f("w", [2, 2, 2, 3], 135)],
+     {"strides": [2, 3], "auto_pad": "VALID"})
+case("conv_transpose_output_shape_odd", "ConvTranspose", [f("x", [1, 2, 3, 4], 136), f("w", [2, 2, 3, 3], 137)],
+     {"strides": [2, 1], "output_shape": [6, 5]})
+case("conv_transpose_outpad_dil", "ConvTranspose", [f("x", [2, 2, 4], 138), f("w", [2, 3, 2], 139)],
+     {"dilations": [3], "strides": [3], "output_padding": [2], "pads": [1, 0]})
+case("pad_wrap", "Pad", [f("x", [3, 4], 140), i64("pads", [1, 2, 2, 1])], {"mode": "wrap"}, opset=19,
+     check=lambda x, p: np.pad(x, ((1, 2), (2, 1)), mode="wrap"))
+case("pad_reflect_axes", "Pad", [f("x", [2, 3, 4], 141), i64("pads", [1, 2, 2, 1]), None, i64("ax", [-1, 1])],
+     {"mode": "reflect"}, opset=18, check=lambda x, p, a: np.pad(x, ((0, 0), (2, 1), (1, 2)), mode="reflect"))
+
 
 def make_model(c, dtype=np.float32):
     inputs, inits, names = [], [], []
@@ -200,7 +237,7 @@ def make_model(c, dtype=np.float32):
                           [helper.make_empty_tensor_value_info(o) for o in outs],
                           initializer=inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", c["opset"])])
-    m.ir_version = 8
+    m.ir_version = 10 if c["opset"] >= 21 else 8
     return m, feeds
 
 

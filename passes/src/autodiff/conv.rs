@@ -13,6 +13,17 @@
 //!   for the `o` of group `j`.
 //! - `dB = sum_{n,i} dY`.
 //!
+//! **ConvTranspose** (ONNX ConvTranspose-11) is the transpose of a Conv with the same
+//! weights: `Y = Yfull[pb : pb + OH]` with `Yfull[n, g Mg + m, i s + k d] += X[n, g Cg + c, i]
+//! W[g Cg + c, m, k]` (`Yfull` of length `s (H-1) + output_padding + (K-1) d + 1`; the pads
+//! are the explicit ones, or those `auto_pad`/`output_shape` resolve to). Hence
+//! - `dX = Conv(dY, W)` with the same strides, dilations, group and pads (`W` `[C, Mg, K]`
+//!   read as a Conv weight: `C` outputs, `Mg` inputs per group), cut to `H` when
+//!   `output_padding >= stride` made the padded `dY` longer;
+//! - `dW` = the Conv weight gradient above with `dY` as the Conv's input (padded by the same
+//!   pads) and `X` as its result gradient: `dW[c, m, k] = sum_{n,i} X[n,c,i] dYp[n,m,i s + k d]`;
+//! - `dB = sum_{n,i} dY`.
+//!
 //! **MaxPool** (via indices): the forward op gets its optional `Indices` result (flat row-major
 //! positions in `X`, ONNX semantics with `storage_order = 0`) and
 //! `dX = Reshape(ScatterND(zeros[numel X], Indices[:,None], dY[:], reduction=add), shape X)`.
@@ -137,7 +148,6 @@ pub fn conv_grads(
     let win = window(d, kernel.clone(), &xs[1..])?;
     let (_, strides, dil, pads) = win.clone();
     let need_i = |i: usize| need.get(i).copied().unwrap_or(false);
-    let perm_nc: Vec<i64> = [1, 0].into_iter().chain(2..(nsp + 2) as i64).collect();
     if need_i(0) {
         let op = output_padding(&win, &xs[1..], &ys[1..]);
         if op.iter().any(|v| *v < 0) {
@@ -158,48 +168,201 @@ pub fn conv_grads(
         ));
     }
     if need_i(1) {
-        let cg = xs[0] / groups.max(1);
-        let xt = if groups == 1 {
-            b.transpose(x, &perm_nc)
+        out[1] = Some(weight_grad(
+            b,
+            x,
+            &xs,
+            g,
+            &ys,
+            &WinArgs {
+                kernel: &kernel,
+                strides: &strides,
+                dil: &dil,
+                pads: &pads,
+                groups,
+            },
+        ));
+    }
+    if need_i(2) {
+        let axes: Vec<i64> = std::iter::once(0).chain(2..(nsp + 2) as i64).collect();
+        out[2] = Some(b.reduce_sum(g, &axes, false));
+    }
+    Ok(())
+}
+
+/// The geometry of a convolution: kernel, strides, dilations, pads `[begin.., end..]`, groups.
+struct WinArgs<'a> {
+    kernel: &'a [i64],
+    strides: &'a [i64],
+    dil: &'a [i64],
+    pads: &'a [i64],
+    groups: i64,
+}
+
+/// The weight gradient of `Y = Conv(X, W)` with geometry `w`: `x` is `X` (`xs`: its static
+/// `[C, H..]`), `g` is `dY` (`ys`: `[O, OH..]`); the result is `dW` `[O, C/groups, K..]` (see
+/// the module doc).
+fn weight_grad(b: &mut Builder, x: Value, xs: &[i64], g: Value, ys: &[i64], w: &WinArgs) -> Value {
+    let dt = b.dt(g);
+    let nsp = xs.len() - 1;
+    let groups = w.groups;
+    let perm_nc: Vec<i64> = [1, 0].into_iter().chain(2..(nsp + 2) as i64).collect();
+    let cg = xs[0] / groups.max(1);
+    let xt = if groups == 1 {
+        b.transpose(x, &perm_nc)
+    } else {
+        // [N, C, H..] -> [N, G, Cg, H..] -> [Cg, G, N, H..] -> [Cg, G*N, H..]
+        let mut s5 = vec![0, groups, cg];
+        s5.extend_from_slice(&xs[1..]);
+        let x5 = b.reshape(x, &s5);
+        let p5: Vec<i64> = [2, 1, 0].into_iter().chain(3..(nsp + 3) as i64).collect();
+        let t = b.transpose(x5, &p5);
+        let mut s4 = vec![cg, -1];
+        s4.extend_from_slice(&xs[1..]);
+        b.reshape(t, &s4)
+    };
+    let gt = b.transpose(g, &perm_nc);
+    let c = b.op1(
+        "Conv",
+        &[xt, gt],
+        vec![
+            ("strides", Attr::Ints(w.dil.to_vec())),
+            ("dilations", Attr::Ints(w.strides.to_vec())),
+            ("pads", Attr::Ints(w.pads.to_vec())),
+            ("group", Attr::Int(groups)),
+        ],
+        dt,
+    );
+    // Result size per spatial axis: floor((H + pb + pe - s (OH-1) - 1) / d) + 1 >= K.
+    let kp: Vec<i64> = (0..nsp)
+        .map(|i| {
+            (xs[i + 1] + w.pads[i] + w.pads[nsp + i] - w.strides[i] * (ys[i + 1] - 1) - 1)
+                / w.dil[i]
+                + 1
+        })
+        .collect();
+    let c = if kp != w.kernel {
+        let starts = b.ints(&vec![0; nsp]);
+        let ends = b.ints(w.kernel);
+        let axes = b.ints(&(2..(nsp + 2) as i64).collect::<Vec<_>>());
+        b.op1("Slice", &[c, starts, ends, axes], vec![], dt)
+    } else {
+        c
+    };
+    b.transpose(c, &perm_nc)
+}
+
+/// ConvTranspose: see the module doc.
+pub fn conv_transpose_grads(
+    b: &mut Builder,
+    d: &OpData,
+    g: Value,
+    need: &[bool],
+    out: &mut [Option<Value>],
+) -> Result<()> {
+    let x = d.input(0).ok_or_else(|| err(d, "missing input 0"))?;
+    let w = d.input(1).ok_or_else(|| err(d, "missing input 1"))?;
+    let y = d.outputs[0];
+    let dt = b.dt(g);
+    let xs = spatial(b, d, x)?; // [C, H..]
+    let ys = spatial(b, d, y)?; // [M, OH..]
+    let wd =
+        b.g.ty(w)
+            .static_dims()
+            .ok_or_else(|| err(d, "autodiff needs the static shape of the weight"))?;
+    let nsp = xs.len() - 1;
+    if wd.len() != nsp + 2 || ys.len() != nsp + 1 {
+        return Err(err(d, "input, weight and result ranks differ"));
+    }
+    let groups = d.int_attr("group").unwrap_or(1);
+    let kernel = d
+        .ints_attr("kernel_shape")
+        .map(<[i64]>::to_vec)
+        .unwrap_or_else(|| wd[2..].to_vec());
+    let attr = |name: &str, def: i64| -> Result<Vec<i64>> {
+        let v = d
+            .ints_attr(name)
+            .map(<[i64]>::to_vec)
+            .unwrap_or(vec![def; nsp]);
+        if v.len() != nsp {
+            return Err(err(d, format!("{name} does not match the kernel rank")));
+        }
+        Ok(v)
+    };
+    let strides = attr("strides", 1)?;
+    let dil = attr("dilations", 1)?;
+    let opad = attr("output_padding", 0)?;
+    let auto = d.str_attr("auto_pad").unwrap_or("NOTSET");
+    let explicit = d
+        .ints_attr("pads")
+        .map(<[i64]>::to_vec)
+        .unwrap_or(vec![0; 2 * nsp]);
+    if explicit.len() != 2 * nsp || kernel.len() != nsp {
+        return Err(err(d, "pads/kernel_shape do not match the kernel rank"));
+    }
+    // Begin pads as the forward resolved them (ONNX ConvTranspose-11: with output_shape or
+    // SAME_*, total = full - out, SAME_UPPER puts total/2 first, the others total - total/2);
+    // the end pads follow from the output size.
+    let mut pads = vec![0i64; 2 * nsp];
+    for i in 0..nsp {
+        let full = strides[i] * (xs[i + 1] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1;
+        let total = full - ys[i + 1];
+        let pb = if d.ints_attr("output_shape").is_some()
+            || matches!(auto, "SAME_UPPER" | "SAME_LOWER")
+        {
+            if auto == "SAME_UPPER" {
+                total / 2
+            } else {
+                total - total / 2
+            }
+        } else if auto == "VALID" {
+            0
         } else {
-            // [N, C, H..] -> [N, G, Cg, H..] -> [Cg, G, N, H..] -> [Cg, G*N, H..]
-            let mut s5 = vec![0, groups, cg];
-            s5.extend_from_slice(&xs[1..]);
-            let x5 = b.reshape(x, &s5);
-            let p5: Vec<i64> = [2, 1, 0].into_iter().chain(3..(nsp + 3) as i64).collect();
-            let t = b.transpose(x5, &p5);
-            let mut s4 = vec![cg, -1];
-            s4.extend_from_slice(&xs[1..]);
-            b.reshape(t, &s4)
+            explicit[i]
         };
-        let gt = b.transpose(g, &perm_nc);
+        if total < 0 || pb < 0 || pb > total {
+            return Err(err(d, "autodiff: inconsistent ConvTranspose shapes"));
+        }
+        pads[i] = pb;
+        pads[nsp + i] = total - pb;
+    }
+    let win = WinArgs {
+        kernel: &kernel,
+        strides: &strides,
+        dil: &dil,
+        pads: &pads,
+        groups,
+    };
+    let need_i = |i: usize| need.get(i).copied().unwrap_or(false);
+    if need_i(0) {
+        // dX = Conv(dY, W): the rows s (H-1) + 1 .. of the padded dY that output_padding
+        // added are cut when output_padding >= stride.
         let c = b.op1(
             "Conv",
-            &[xt, gt],
+            &[g, w],
             vec![
-                ("strides", Attr::Ints(dil.clone())),
-                ("dilations", Attr::Ints(strides.clone())),
+                ("strides", Attr::Ints(strides.clone())),
+                ("dilations", Attr::Ints(dil.clone())),
                 ("pads", Attr::Ints(pads.clone())),
                 ("group", Attr::Int(groups)),
+                ("kernel_shape", Attr::Ints(kernel.clone())),
             ],
             dt,
         );
-        // Result size per spatial axis: floor((H + pb + pe - s (OH-1) - 1) / d) + 1 >= K.
-        let kp: Vec<i64> = (0..nsp)
-            .map(|i| {
-                (xs[i + 1] + pads[i] + pads[nsp + i] - strides[i] * (ys[i + 1] - 1) - 1) / dil[i]
-                    + 1
-            })
-            .collect();
-        let c = if kp != kernel {
+        let long = (0..nsp).any(|i| opad[i] >= strides[i]);
+        out[0] = Some(if long {
             let starts = b.ints(&vec![0; nsp]);
-            let ends = b.ints(&kernel);
+            let ends = b.ints(&xs[1..]);
             let axes = b.ints(&(2..(nsp + 2) as i64).collect::<Vec<_>>());
             b.op1("Slice", &[c, starts, ends, axes], vec![], dt)
         } else {
             c
-        };
-        out[1] = Some(b.transpose(c, &perm_nc));
+        });
+    }
+    if need_i(1) {
+        // ConvTranspose is the input gradient of a Conv of its result; its weight gradient is
+        // that Conv's weight gradient with dY as the Conv input and X as the Conv's dY.
+        out[1] = Some(weight_grad(b, g, &ys, x, &xs, &win));
     }
     if need_i(2) {
         let axes: Vec<i64> = std::iter::once(0).chain(2..(nsp + 2) as i64).collect();

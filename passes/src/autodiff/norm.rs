@@ -14,6 +14,14 @@
 //! `dX = inv (dY s - mean_N(dY s) - xhat mean_N(dY s xhat))`, `ds = unb(dY xhat)`, `db = unb(dY)`
 //! (Ba et al. 2016; the mean and inverse std-dev are recomputed from `X` rather than read from
 //! the op's optional results, so the rule works for any element type).
+//!
+//! **GroupNormalization** (opset 18 and 21) with `G` groups and **InstanceNormalization**
+//! (`G = C`): `X` `[N, C, D..]` viewed as `Xr` `[N, G, L]` (`L = C/G * prod(D)`), statistics
+//! per row of `Xr` as in LayerNormalization, `Y = s xhat + b` with `s`, `b` per channel
+//! (`[C]`: InstanceNormalization, GroupNormalization-21) or per group (`[G]`:
+//! GroupNormalization-18's function body). With `dxh = dY s` (viewed as `[N, G, L]`):
+//! `dXr = inv (dxh - mean_L(dxh) - xhat mean_L(dxh xhat))`, `ds = sum(dY xhat)`, `db = sum(dY)`
+//! over every axis but the channel (per channel) or over `N` and `L` (per group).
 
 use super::builder::Builder;
 use pipec_compiler::error::Error;
@@ -196,6 +204,94 @@ pub fn layer_norm_grads(
                     .ok_or_else(|| err(d, "autodiff needs the rank of bias"))?;
             out[2] = Some(b.unbroadcast(g, &xd, &bd)?);
         }
+    }
+    Ok(())
+}
+
+/// GroupNormalization / InstanceNormalization (see the module doc).
+pub fn group_norm_grads(
+    b: &mut Builder,
+    d: &OpData,
+    g: Value,
+    need: &[bool],
+    out: &mut [Option<Value>],
+    opset: i64,
+) -> Result<()> {
+    let inp = |i: usize| {
+        d.input(i)
+            .ok_or_else(|| err(d, format!("missing input {i}")))
+    };
+    let (x, s) = (inp(0)?, inp(1)?);
+    let dt = b.dt(g);
+    let r =
+        b.g.ty(x)
+            .rank()
+            .ok_or_else(|| err(d, "autodiff needs the rank of the input"))?;
+    if r < 2 {
+        return Err(err(d, "input of rank < 2"));
+    }
+    let eps = d.float_attr("epsilon").unwrap_or(1e-5) as f64;
+    let instance = d.op_type == "InstanceNormalization";
+    let groups = if instance {
+        0 // Reshape's 0: as many groups as channels
+    } else {
+        d.int_attr("num_groups")
+            .filter(|v| *v > 0)
+            .ok_or_else(|| err(d, "num_groups must be positive"))?
+    };
+    let per_group = !instance && opset < 21;
+    let xr = b.reshape(x, &[0, groups, -1]);
+    let ic = inv_count(b, xr, &[2], dt)?;
+    let sx = b.reduce_sum(xr, &[2], true);
+    let mu = b.mul(sx, ic);
+    let xc = b.sub(xr, mu);
+    let sq = b.mul(xc, xc);
+    let sv = b.reduce_sum(sq, &[2], true);
+    let v = b.mul(sv, ic);
+    let inv = inv_std(b, v, eps, dt)?;
+    let xhat = b.mul(xc, inv);
+    let gr = b.reshape(g, &[0, groups, -1]);
+    // Scale broadcast to X (per channel) or to Xr (per group).
+    let mut cshape = vec![1i64, -1];
+    cshape.extend(std::iter::repeat_n(1, r - 2));
+    let need_i = |i: usize| need.get(i).copied().unwrap_or(false);
+    let chan_axes: Vec<i64> = std::iter::once(0).chain(2..r as i64).collect();
+    if need_i(0) {
+        let dxh = if per_group {
+            let sb = b.reshape(s, &[1, -1, 1]);
+            b.mul(gr, sb)
+        } else {
+            let sb = b.reshape(s, &cshape);
+            let t = b.mul(g, sb);
+            b.reshape(t, &[0, groups, -1])
+        };
+        let s1 = b.reduce_sum(dxh, &[2], true);
+        let m1 = b.mul(s1, ic);
+        let t2 = b.mul(dxh, xhat);
+        let s2 = b.reduce_sum(t2, &[2], true);
+        let m2 = b.mul(s2, ic);
+        let t = b.sub(dxh, m1);
+        let u = b.mul(xhat, m2);
+        let t = b.sub(t, u);
+        let t = b.mul(t, inv);
+        out[0] = Some(b.reshape_like(t, x));
+    }
+    if need_i(1) {
+        out[1] = Some(if per_group {
+            let t = b.mul(gr, xhat);
+            b.reduce_sum(t, &[0, 2], false)
+        } else {
+            let xh = b.reshape_like(xhat, x);
+            let t = b.mul(g, xh);
+            b.reduce_sum(t, &chan_axes, false)
+        });
+    }
+    if need_i(2) {
+        out[2] = Some(if per_group {
+            b.reduce_sum(gr, &[0, 2], false)
+        } else {
+            b.reduce_sum(g, &chan_axes, false)
+        });
     }
     Ok(())
 }

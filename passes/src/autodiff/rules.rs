@@ -19,11 +19,14 @@ pub type Grads = Vec<Option<Value>>;
 pub fn diff_inputs(d: &OpData) -> Vec<bool> {
     let n = d.inputs.len();
     let only = |k: &[usize]| (0..n).map(|i| k.contains(&i)).collect::<Vec<_>>();
+    if let Some(v) = super::extra_diff_inputs(d) {
+        return v;
+    }
     match d.op_type.as_str() {
         "Reshape" | "Squeeze" | "Unsqueeze" | "Expand" | "Slice" | "Split" | "Gather"
         | "GatherElements" | "Dropout" | "MaxPool" | "Pad" | "ReduceSum" | "ReduceMean"
-        | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL2" | "ReduceLogSumExp"
-        | "Clip" | "Tile" | "Cast" | "Flatten" | "ReduceProd" => only(&[0]),
+        | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1" | "ReduceL2"
+        | "ReduceLogSumExp" | "Clip" | "Tile" | "Cast" | "Flatten" | "ReduceProd" => only(&[0]),
         "BatchNormalization" => only(&[0, 1, 2]),
         "Where" => only(&[1, 2]),
         // Zero almost everywhere, or not numeric: no gradient flows.
@@ -364,13 +367,15 @@ pub fn grad(
             // Exact Gelu: d/dx [x Phi(x)] = Phi(x) + x phi(x),
             // Phi(x) = (1 + erf(x/sqrt2))/2, phi(x) = exp(-x^2/2)/sqrt(2 pi).
             let g = dy!();
-            if d.str_attr("approximate").unwrap_or("none") != "none" {
-                return Err(err(
-                    &d,
-                    "autodiff: Gelu with approximate='tanh' has no gradient rule",
-                ));
-            }
             let xv = x(0).ok_or_else(|| err(&d, "missing input"))?;
+            match d.str_attr("approximate").unwrap_or("none") {
+                "none" => {}
+                "tanh" => {
+                    out[0] = Some(super::activations::gelu_tanh(b, xv, g)?);
+                    return Ok(Some(out));
+                }
+                other => return Err(err(&d, format!("unknown Gelu approximate '{other}'"))),
+            }
             let is2 = b.scalar(dt, std::f64::consts::FRAC_1_SQRT_2)?;
             let half = b.scalar(dt, 0.5)?;
             let one = b.scalar(dt, 1.0)?;
@@ -595,24 +600,6 @@ pub fn grad(
             let p = b.ints(&pads);
             out[0] = Some(b.op1("Pad", &[g, p], vec![], dt));
         }
-        "Pad" => {
-            let g = dy!();
-            let mode = d.str_attr("mode").unwrap_or("constant");
-            let pads =
-                const_ints(b, &d, 1).ok_or_else(|| err(&d, "autodiff: Pad needs constant pads"))?;
-            if mode != "constant" || pads.iter().any(|p| *p < 0) || d.input(3).is_some() {
-                return Err(err(&d, "autodiff: only constant-mode Pad with non-negative pads over all axes has a gradient rule"));
-            }
-            let r = pads.len() / 2;
-            let starts: Vec<i64> = pads[..r].to_vec();
-            let ends: Vec<i64> = pads[r..]
-                .iter()
-                .map(|p| if *p == 0 { i64::MAX } else { -p })
-                .collect();
-            let axes: Vec<i64> = (0..r as i64).collect();
-            let (s, e, a) = (b.ints(&starts), b.ints(&ends), b.ints(&axes));
-            out[0] = Some(b.op1("Slice", &[g, s, e, a], vec![], dt));
-        }
         "Gather" => {
             // Along axis 0 (embeddings): dW = ScatterND(zeros, idx[..., None], dY, reduction=add).
             // Along axis k: the same on W with axis k moved to the front (dY's index axes moved
@@ -701,8 +688,8 @@ pub fn grad(
                 dt,
             ));
         }
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL2"
-        | "ReduceLogSumExp" | "ReduceProd" => {
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceSumSquare" | "ReduceL1"
+        | "ReduceL2" | "ReduceLogSumExp" | "ReduceProd" => {
             let g = dy!();
             let xv = x(0).ok_or_else(|| err(&d, "missing input"))?;
             let xd = dims(b, &d, xv)?;
@@ -770,6 +757,10 @@ pub fn grad(
                 }
                 "ReduceL2" => {
                     let t = b.div(xv, yk);
+                    b.mul(ge, t)
+                }
+                "ReduceL1" => {
+                    let t = b.un("Sign", xv);
                     b.mul(ge, t)
                 }
                 "ReduceProd" => {
@@ -866,7 +857,7 @@ pub fn grad(
             let g = dy!();
             super::norm::layer_norm_grads(b, &d, g, need, &mut out)?;
         }
-        _ => return Ok(None),
+        _ => return super::extra_grad(b, op, &d, dys, need, opset),
     }
     Ok(Some(out))
 }

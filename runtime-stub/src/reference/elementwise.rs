@@ -540,6 +540,38 @@ fn hard_sigmoid<T: Fl>(x: T, a: f64, b: f64) -> T {
     (x * T::c(a) + T::c(b)).max(T::zero()).min(T::one())
 }
 
+/// HardSwish: `x max(0, min(1, x/6 + 1/2))` (ONNX HardSwish-14).
+fn hard_swish<T: Fl>(x: T) -> T {
+    x * hard_sigmoid(x, 1.0 / 6.0, 0.5)
+}
+
+/// Selu: `gamma x` for `x > 0`, `gamma alpha (e^x - 1)` otherwise (ONNX Selu-6).
+fn selu<T: Fl>(x: T, a: f64, g: f64) -> T {
+    if x > T::zero() {
+        x * T::c(g)
+    } else {
+        (x.exp() - T::one()) * T::c(a * g)
+    }
+}
+
+/// Celu: `max(0, x) + min(0, alpha (e^(x/alpha) - 1))` (ONNX Celu-12).
+fn celu<T: Fl>(x: T, a: f64) -> T {
+    if x > T::zero() {
+        x
+    } else {
+        ((x / T::c(a)).exp() - T::one()) * T::c(a)
+    }
+}
+
+/// Softplus `ln(1 + e^x)`, exact for large `x`.
+fn softplus<T: Fl>(x: T) -> T {
+    if x > T::c(20.0) {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
 fn sigmoid<T: Fl>(x: T) -> T {
     if x >= T::zero() {
         T::one() / (T::one() + (-x).exp())
@@ -650,11 +682,42 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
             "Floor" => one(un_float!(c.input(0)?, |x| x.floor())),
             "Ceil" => one(un_float!(c.input(0)?, |x| x.ceil())),
             "Round" => one(un_float!(c.input(0)?, |x| x.round_ties_even())),
-            "Softplus" => one(un_float!(c.input(0)?, |x| if x > 20.0 {
-                x
-            } else {
-                x.exp().ln_1p()
-            })),
+            "Softplus" => one(un_float!(c.input(0)?, |x| softplus(x))),
+            "Softsign" => one(un_float!(c.input(0)?, |x| x / (1.0 + x.abs()))),
+            // Mish-18: x tanh(softplus(x)).
+            "Mish" => one(un_float!(c.input(0)?, |x| x * softplus(x).tanh())),
+            "HardSwish" => one(un_float!(c.input(0)?, |x| hard_swish(x))),
+            "ThresholdedRelu" => {
+                let al = c.float("alpha", 1.0) as f64;
+                one(un_float!(c.input(0)?, |x| if x > Fl::c(al) {
+                    x
+                } else {
+                    0.0
+                }))
+            }
+            "Selu" => {
+                let al = c.float("alpha", 1.673_263_2) as f64;
+                let ga = c.float("gamma", 1.050_701) as f64;
+                one(un_float!(c.input(0)?, |x| selu(x, al, ga)))
+            }
+            "Celu" => {
+                let al = c.float("alpha", 1.0) as f64;
+                one(un_float!(c.input(0)?, |x| celu(x, al)))
+            }
+            // PRelu-16: x for x >= 0, slope x otherwise (slope broadcasts to x).
+            "PRelu" => {
+                let (a, s) = (c.input(0)?, c.input(1)?);
+                same_dtype(a, s)?;
+                one(match (a, s) {
+                    (Tensor::F32(a), Tensor::F32(s)) => {
+                        Tensor::F32(zip2(a, s, |x, k| if x < 0.0 { x * k } else { x })?)
+                    }
+                    (Tensor::F64(a), Tensor::F64(s)) => {
+                        Tensor::F64(zip2(a, s, |x, k| if x < 0.0 { x * k } else { x })?)
+                    }
+                    (a, _) => return Err(format!("PRelu of {} is not supported", a.dtype())),
+                })
+            }
             "IsNaN" => one(Tensor::Bool(c.input(0)?.to_f64().mapv(|v| v.is_nan()))),
             "IsInf" => {
                 let (pos, neg) = (
@@ -799,6 +862,13 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         "Ceil",
         "Round",
         "Softplus",
+        "Softsign",
+        "Mish",
+        "HardSwish",
+        "ThresholdedRelu",
+        "Selu",
+        "Celu",
+        "PRelu",
         "IsNaN",
         "IsInf",
         "LeakyRelu",

@@ -990,6 +990,69 @@ fn batch_norm<T: Fl>(
     Ok(vec![arr(x.shape(), out)?])
 }
 
+/// InstanceNormalization-6 and GroupNormalization-18/21: `X` `[N, C, D..]` normalised per
+/// sample over each group of `C / G` channels and all spatial positions (biased variance),
+/// then `scale * xhat + bias`. InstanceNormalization is `G = C`. Scale and bias are per
+/// channel (`[C]`: InstanceNormalization, GroupNormalization from opset 21) or per group
+/// (`[G]`: GroupNormalization-18, as its function body applies them).
+fn group_norm<T: Fl>(
+    c: &Ctx,
+    x: &ArrayD<T>,
+    rest: &[Option<&ArrayD<T>>],
+) -> KResult<Vec<ArrayD<T>>> {
+    let sh = x.shape();
+    if sh.len() < 2 {
+        return Err(format!("input of rank {} (needs N, C, ...)", sh.len()));
+    }
+    let (n, ch) = (sh[0], sh[1]);
+    let sp: usize = sh[2..].iter().product();
+    let instance = c.op.op_type == "InstanceNormalization";
+    let groups = if instance {
+        ch
+    } else {
+        let g = c.int("num_groups", 0);
+        if g <= 0 || ch % g as usize != 0 {
+            return Err(format!("num_groups {g} does not divide {ch} channels"));
+        }
+        g as usize
+    };
+    let per_group = !instance && c.opset < 21;
+    let want = if per_group { groups } else { ch };
+    let eps = T::c(c.float("epsilon", 1e-5) as f64);
+    let vec_of = |i: usize, what: &str| -> KResult<Vec<T>> {
+        let a = req(rest, i)?;
+        if a.len() != want {
+            return Err(format!("{what} has {} values, expected {want}", a.len()));
+        }
+        Ok(a.iter().copied().collect())
+    };
+    let scale = vec_of(1, "scale")?;
+    let bias = vec_of(2, "bias")?;
+    let cg = ch / groups;
+    let blk = cg * sp;
+    let xs = flat(x);
+    let mut y = vec![T::zero(); xs.len()];
+    let nf = T::c(blk as f64);
+    for b in 0..n {
+        for gi in 0..groups {
+            let o = (b * groups + gi) * blk;
+            let row = &xs[o..o + blk];
+            let mean = row.iter().copied().fold(T::zero(), |a, v| a + v) / nf;
+            let var = row
+                .iter()
+                .map(|v| (*v - mean) * (*v - mean))
+                .fold(T::zero(), |a, v| a + v)
+                / nf;
+            let inv = T::one() / (var + eps).sqrt();
+            for (i, v) in row.iter().enumerate() {
+                let k = if per_group { gi } else { gi * cg + i / sp };
+                y[o + i] = (*v - mean) * inv * scale[k] + bias[k];
+            }
+        }
+    }
+    Ok(vec![arr(sh, y)?])
+}
+
 fn layer_norm<T: Fl>(
     c: &Ctx,
     x: &ArrayD<T>,
@@ -1134,6 +1197,7 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
             "GlobalAveragePool" | "GlobalMaxPool" => float_kernel!(c, global_pool),
             "BatchNormalization" => float_kernel!(c, batch_norm),
             "LayerNormalization" => float_kernel!(c, layer_norm),
+            "InstanceNormalization" | "GroupNormalization" => float_kernel!(c, group_norm),
             "Softmax" | "LogSoftmax" => float_kernel!(c, softmax),
             _ => return Err(String::new()),
         })
@@ -1150,6 +1214,8 @@ pub(crate) fn eval(op: &str, c: &Ctx) -> Option<KResult<Vec<Tensor>>> {
         "GlobalMaxPool",
         "BatchNormalization",
         "LayerNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
         "Softmax",
         "LogSoftmax",
     ];

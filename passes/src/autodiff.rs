@@ -3,6 +3,8 @@
 //!
 //! - **Requires**: default-domain opset >= 13 (axes as inputs of `ReduceSum`/`Squeeze`/
 //!   `Unsqueeze`; MaxPool and Gather gradients use `ScatterND` with `reduction = add`, opset >= 16);
+//!   a module of opset 7..12 is first upgraded to 17 (`pipec_compiler::onnx::upgrade`, which the
+//!   CLI's front end applies on import to every opset below 17);
 //!   a topological `order`. Shape inference runs first (ranks of the forward values are needed;
 //!   Conv and pool gradients need static channel and spatial dims; the batch may be symbolic).
 //! - **Guarantees**: a loss op chain ([`crate::loss`], option `loss`) on the first output, then,
@@ -259,6 +261,11 @@ impl Pass for Autodiff {
 
 /// Build the training graph in place (see the module doc).
 pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
+    if (1..13).contains(&m.opset()) {
+        // Older forms (Softmax's 2-D coercion, axes attributes): upgrade as on import.
+        pipec_compiler::shape::infer_shapes(m)?;
+        pipec_compiler::onnx::upgrade::upgrade_opset(m)?;
+    }
     let opset = match m.opset() {
         0 => 17,
         v => v,

@@ -42,6 +42,8 @@ pub struct CompareArgs {
     /// Optimizer for the memory model and the step time: sgd, sgd:momentum=0.9, adam.
     #[arg(long, default_value = "sgd")]
     pub optimizer: String,
+    #[arg(long = "dim", value_name = "NAME=VALUE", help = super::DIM_HELP)]
+    pub dims: Vec<String>,
     /// Print a JSON list of `plan --json` objects.
     #[arg(long)]
     pub json: bool,
@@ -117,7 +119,8 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         .as_deref()
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
-    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    let dims = super::parse_dims(&a.dims)?;
+    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster, &dims)?;
     if let Some(p) = &a.profile {
         apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }
@@ -131,7 +134,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     // The same plans `pipec plan` makes: BaPipe emits its intra-layer splits on an ONNX model
     // costed analytically.
     let module = if a.profile.is_none() && !is_profile_path(model) {
-        Some(super::load_module(model)?)
+        Some(super::load_module_dims(model, &dims)?)
     } else {
         None
     };

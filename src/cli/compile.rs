@@ -70,6 +70,8 @@ pub struct CompileArgs {
     /// Print the plan summary.
     #[arg(long)]
     pub verbose: bool,
+    #[arg(long = "dim", value_name = "NAME=VALUE", help = super::DIM_HELP)]
+    pub dims: Vec<String>,
     /// Plan with a measured profile of MODEL (`pipec profile -o prof.json`) instead of the
     /// analytic cost model.
     #[arg(long, value_name = "prof.json")]
@@ -91,7 +93,8 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     planners::by_name(&a.planner)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let spin = super::progress::spinner(format!("importing {}", a.model.display()));
-    let m = super::load_module(&a.model)?;
+    let dims = super::parse_dims(&a.dims)?;
+    let m = super::load_module_dims(&a.model, &dims)?;
     let name = a.model.display().to_string();
     let mut g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     if let Some(p) = &a.profile {

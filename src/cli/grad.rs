@@ -52,8 +52,10 @@ pub struct GradArgs {
     /// Also write the training graph (forward + loss + backward) as ONNX here.
     #[arg(long, value_name = "FILE.onnx")]
     pub save_training_graph: Option<PathBuf>,
-    /// Keep the model's symbolic input dims (e.g. `batch`) in the training graph instead of
-    /// specialising them to the arrays given.
+    /// Keep the batch dim (the symbolic leading dim of the first input, e.g. `batch`) symbolic
+    /// in the training graph instead of specialising it to the arrays given. Other symbolic
+    /// dims (a sequence length, an image size) are always specialised: convolution and pooling
+    /// gradients need static spatial dims.
     #[arg(long)]
     pub keep_symbolic: bool,
     /// Arithmetic of the run: `f32` as exported, or `f64` (float32 weights, inputs and every
@@ -65,11 +67,14 @@ pub struct GradArgs {
     /// gradient along float32's branches (see the module doc).
     #[arg(long)]
     pub f32_branches: bool,
+    #[arg(long = "dim", value_name = "NAME=VALUE", help = super::DIM_HELP)]
+    pub dims: Vec<String>,
 }
 
 /// Run the command.
 pub fn run(a: GradArgs) -> Result<ExitCode> {
     let loss: LossKind = a.loss.parse().context("--loss")?;
+    let dims = super::parse_dims(&a.dims)?;
     let mut m = super::load_module(&a.model)?;
     if a.f32_branches && a.precision != "f64" {
         bail!("--f32-branches takes the branches of a float32 run for a float64 one: add --precision f64");
@@ -77,6 +82,9 @@ pub fn run(a: GradArgs) -> Result<ExitCode> {
     if a.precision == "f64" {
         refuse_low_precision(&m, &a.model)?;
     }
+    // --dim sizes first (then checked against the arrays like any static dim).
+    super::bind_dims(&mut m, &a.model, &dims, false)?;
+    let batch = super::batch_symbol(&m);
     let arrays = pipec_runtime::npz::read_npz(&a.inputs)?;
     let label = match &loss {
         LossKind::CrossEntropy(l) => Some(l.clone()),
@@ -119,9 +127,21 @@ pub fn run(a: GradArgs) -> Result<ExitCode> {
                 );
             }
         }
-        if !a.keep_symbolic {
-            m.graph.values[v].ty.shape = Some(t.dims.iter().map(|d| Dim::Known(*d)).collect());
-        }
+        let keep = |d: &Dim| {
+            a.keep_symbolic
+                && matches!((d, &batch), (Dim::Sym(s), Some(b)) if s.coeff == 1 && s.syms == [b.clone()])
+        };
+        let old = ty.shape.clone().unwrap_or_default();
+        m.graph.values[v].ty.shape = Some(
+            t.dims
+                .iter()
+                .enumerate()
+                .map(|(i, n)| match old.get(i) {
+                    Some(d) if keep(d) => d.clone(),
+                    _ => Dim::Known(*n),
+                })
+                .collect(),
+        );
         feeds.push((name, t.clone()));
     }
     pipec_compiler::shape::infer_shapes(&mut m).context("shape inference with the given inputs")?;

@@ -174,7 +174,7 @@ fn fmt_port(p: &Port) -> String {
 /// Run the command.
 pub fn run(a: InspectArgs) -> Result<ExitCode> {
     let t0 = Instant::now();
-    let m = super::load_module(&a.model)?;
+    let m = super::load_module_with(&a.model, false)?;
     let elapsed = t0.elapsed();
     if a.timing {
         let size = std::fs::metadata(&a.model).map(|md| md.len()).unwrap_or(0);

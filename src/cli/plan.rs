@@ -16,6 +16,7 @@ use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
 use pipec_passes::plan::{Plan, PlanOptions};
 use pipec_passes::planners::{self, bapipe};
 use pipec_passes::sim::{self, ScheduleKind, StageGraph};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -63,6 +64,8 @@ pub struct PlanArgs {
     /// All-reduce algorithm: ring, hierarchical, auto.
     #[arg(long, default_value = "auto")]
     pub allreduce: String,
+    #[arg(long = "dim", value_name = "NAME=VALUE", help = super::DIM_HELP)]
+    pub dims: Vec<String>,
     /// Print the plan as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -88,6 +91,7 @@ pub fn load_cost_graph(
     model: &Path,
     profile_batch: Option<u64>,
     cluster: &Cluster,
+    dims: &BTreeMap<String, i64>,
 ) -> Result<(CostGraph, u64)> {
     if !model.exists() {
         bail!("{}: no such file", model.display());
@@ -101,7 +105,7 @@ pub fn load_cost_graph(
         let p = load_profile(model, pb as f64)?;
         return Ok((p.graph, pb));
     }
-    load_onnx_cost_graph(model, cluster)
+    load_onnx_cost_graph(model, cluster, dims)
 }
 
 /// A PipeDream `graph.txt` profile (by extension), not a model.
@@ -133,8 +137,12 @@ pub fn plan_model(
 
 /// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
 /// model. The batch symbol (the first input's leading dim) is costed at 1 sample when symbolic.
-fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, u64)> {
-    let m = super::load_module(model)?;
+fn load_onnx_cost_graph(
+    model: &Path,
+    _cluster: &Cluster,
+    dims: &BTreeMap<String, i64>,
+) -> Result<(CostGraph, u64)> {
+    let m = super::load_module_dims(model, dims)?;
     let name = model.display().to_string();
     let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     let batch = g.reference_batch.round().max(1.0) as u64;
@@ -292,7 +300,8 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     planners::by_name(planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let schedule = parse_schedule(a.schedule.as_deref(), planner_name)?;
-    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster)?;
+    let dims = super::parse_dims(&a.dims)?;
+    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster, &dims)?;
     if let Some(p) = &a.profile {
         apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }
@@ -311,7 +320,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     opts.allreduce = parse_allreduce(&a.allreduce)?;
     // BaPipe emits its intra-layer splits on an ONNX model costed analytically.
     let module = if planner_name == "bapipe" && a.profile.is_none() && !is_profile_path(model) {
-        Some(super::load_module(model)?)
+        Some(super::load_module_dims(model, &dims)?)
     } else {
         None
     };

@@ -167,6 +167,46 @@ pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<
     Ok(tys)
 }
 
+/// Bind named symbols to sizes in every value's type (`sequence_length = 128`): a symbolic dim
+/// `c * s1 * s2 ...` becomes the product with the bound symbols replaced, a known size when all
+/// are bound. Run [`infer_shapes`] afterwards to propagate. Returns how many dims changed.
+/// Errors on a size below 1 or a product that overflows.
+pub fn bind_symbols(
+    m: &mut Module,
+    binds: &std::collections::BTreeMap<String, i64>,
+) -> Result<usize> {
+    if let Some((k, v)) = binds.iter().find(|(_, v)| **v < 1) {
+        return Err(Error::msg(format!(
+            "symbol '{k}' bound to {v}: sizes must be >= 1"
+        )));
+    }
+    let mut changed = 0;
+    for (_, vd) in m.graph.values.iter_mut() {
+        let Some(shape) = vd.ty.shape.as_mut() else {
+            continue;
+        };
+        for d in shape.iter_mut() {
+            let Dim::Sym(s) = &*d else { continue };
+            if !s.syms.iter().any(|x| binds.contains_key(x)) {
+                continue;
+            }
+            let s = s.clone();
+            let mut out = Dim::Known(s.coeff);
+            for x in &s.syms {
+                let f = binds
+                    .get(x)
+                    .map_or_else(|| Dim::sym(x.clone()), |v| Dim::Known(*v));
+                out = out.mul(&f).ok_or_else(|| {
+                    Error::named(&vd.name, format!("dim {d} overflows once '{x}' is bound"))
+                })?;
+            }
+            *d = out;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
 /// Infer every op result's type in `m.graph`, in program order. See the module doc.
 pub fn infer_shapes(m: &mut Module) -> Result<InferStats> {
     infer_shapes_with_values(m).map(|(s, _)| s)

@@ -59,7 +59,8 @@ fn spatial(b: &Builder, d: &OpData, v: Value) -> Result<Vec<i64>> {
             err(
                 d,
                 format!(
-                    "autodiff needs static channel and spatial dims of '{}' (it is {})",
+                    "autodiff needs static channel and spatial dims of '{}' (it is {}); give the \
+                     symbolic input dims sizes (`--dim NAME=N`)",
                     b.g.name(v),
                     pipec_compiler::ir::fmt_type(b.g.ty(v))
                 ),

@@ -392,16 +392,36 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
     let mut modules: Vec<(String, Module)> = Vec::new();
     let mut stages: Vec<StageProgram> = Vec::with_capacity(ns);
     let mut holders: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (s, p) in built.iter().enumerate() {
-        let mut held: BTreeSet<String> = BTreeSet::new();
-        for md in std::iter::once(&p.fwd).chain(p.bwd.as_ref()) {
-            for &v in &md.graph.inputs {
-                let n = md.graph.name(v);
-                if param_ty.contains_key(n) {
-                    held.insert(n.to_string());
-                }
-            }
+    // Parameters each stage's pieces read.
+    let mut held_by: Vec<BTreeSet<String>> = built
+        .iter()
+        .map(|p| {
+            std::iter::once(&p.fwd)
+                .chain(p.bwd.as_ref())
+                .flat_map(|md| md.graph.inputs.iter().map(|&v| md.graph.name(v)))
+                .filter(|n| param_ty.contains_key(*n))
+                .map(str::to_string)
+                .collect()
+        })
+        .collect();
+    // A parameter no piece reads (off the path to the loss and to every value a stage sends,
+    // e.g. BERT's pooler when the loss reads only the last hidden state; or read by nothing):
+    // it gets no gradient, so training leaves it unchanged, but the program still holds it —
+    // in the stage of its first reader, else stage 0 — so the run returns every parameter and
+    // `run --check` compares it with the reference like any other.
+    for (v, t) in &g.initializers {
+        let n = g.name(*v);
+        if !t.dtype.is_float() || held_by.iter().any(|h| h.contains(n)) {
+            continue;
         }
+        let s = g
+            .order
+            .iter()
+            .find(|o| g.ops[**o].inputs.contains(&Some(*v)))
+            .map_or(0, |o| stage_of[o]);
+        held_by[s].insert(n.to_string());
+    }
+    for (s, (p, held)) in built.iter().zip(held_by).enumerate() {
         let step_params: Vec<(String, TensorType)> = held
             .iter()
             .filter(|n| trainable.contains(*n))

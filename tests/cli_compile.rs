@@ -683,3 +683,63 @@ fn run_check_per_stage_micro_batches() {
         &["--schedule", "gpp-per-stage"],
     );
 }
+
+/// ViT's `Linear` is `MatMul(x, Transpose(W))`: the transposed weight is batch-independent, and
+/// when the stage computing it has more replicas than the stage reading it (here 4 and 2), the
+/// extra producer replicas get no cotangent for it from anyone. Codegen gives them a zero
+/// cotangent (`zeros`); without it their backward read a buffer nothing produced, which the
+/// verifier's dataflow check refuses and `pipec run` used to hit in step 1.
+#[test]
+fn vit_weight_transpose_read_by_fewer_replicas_gets_zero_cotangents() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let flags = [
+        "--cluster",
+        "cpu",
+        "--devices",
+        "6",
+        "--planner",
+        "gpp",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "4",
+    ];
+    common::compile("vit_tiny.onnx", &out, &flags);
+    let p = load(&out);
+    let zeros: Vec<(usize, String)> = p
+        .devices
+        .iter()
+        .flat_map(|d| {
+            d.instructions.iter().filter_map(move |i| match i {
+                Instr::Zeros { output, .. } => Some((d.device, output.clone())),
+                _ => None,
+            })
+        })
+        .collect();
+    assert!(
+        zeros
+            .iter()
+            .any(|(_, o)| o.starts_with("cot/") && o.contains("Transpose_output_0")),
+        "the plan no longer exercises the zero cotangent: {zeros:?}"
+    );
+    // Without them, the program is refused statically, naming device, instruction and buffer.
+    let mut bad = p.clone();
+    for d in &mut bad.devices {
+        d.instructions.retain(|i| !matches!(i, Instr::Zeros { .. }));
+    }
+    let e = program::verify(&bad).unwrap_err().to_string();
+    let dev = zeros[0].0;
+    assert!(e.contains(&format!("device {dev} instruction")), "{e}");
+    assert!(e.contains("(compute bwd mb 0)"), "{e}");
+    assert!(e.contains("is neither buffer"), "{e}");
+    assert!(
+        zeros
+            .iter()
+            .any(|(d, b)| *d == dev && e.contains(&format!("input '{b}' "))),
+        "{e}"
+    );
+    // With them, it trains like one device.
+    let s = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "2", "--check"]);
+    assert!(s.contains("check ok"), "{s}");
+}

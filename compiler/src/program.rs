@@ -205,6 +205,15 @@ pub enum Instr {
         inputs: Vec<String>,
         output: String,
     },
+    /// `(output, mb)` = zeros of `dtype` and `shape`: the cotangent of a batch-independent
+    /// value for a producer replica that no consumer replica reads it from (its share of the
+    /// gradient through that value is zero; another replica of its stage gets the sum).
+    Zeros {
+        mb: u32,
+        output: String,
+        dtype: String,
+        shape: Vec<i64>,
+    },
     /// Global `grad/P` += buffer `(grad/P, mb)` for every name in `tensors` (created as zeros
     /// on first use); the micro-batch buffers are freed.
     Accumulate { mb: u32, tensors: Vec<String> },
@@ -245,6 +254,7 @@ impl Instr {
             } => format!("recv '{tensor}' mb {mb} from device {peer} (tag {tag})"),
             Instr::Concat { mb, output, .. } => format!("concat '{output}' mb {mb}"),
             Instr::Sum { mb, output, .. } => format!("sum '{output}' mb {mb}"),
+            Instr::Zeros { mb, output, .. } => format!("zeros '{output}' mb {mb}"),
             Instr::Accumulate { mb, tensors } => {
                 format!("accumulate {} gradients mb {mb}", tensors.len())
             }
@@ -467,7 +477,7 @@ pub fn verify(p: &Program) -> Result<()> {
 ///
 /// - Global buffers at the start: the stage's parameters and optimizer state
 ///   ([`StageProgram::params`], [`StageProgram::state_init`]).
-/// - `Load`, `Recv`: define `(name, mb)` (a load must name a data input and stay inside its
+/// - `Load`, `Recv`, `Zeros`: define `(name, mb)` (a load must name a data input and stay inside its
 ///   samples); `Compute`: reads every input `X` of its piece as `(X, mb)` if it exists, else
 ///   as global `X`, and defines `(Y, mb)` for every output; `Concat`/`Sum`: read and free their
 ///   inputs, define the output; `Send`: reads `(tensor, mb)`; `Accumulate`: reads and frees
@@ -572,6 +582,14 @@ pub fn dataflow(p: &Program) -> Result<()> {
                 }
                 Instr::Recv { mb, tensor, .. } => {
                     bufs.insert((tensor.as_str(), *mb));
+                }
+                Instr::Zeros {
+                    mb, output, shape, ..
+                } => {
+                    if shape.iter().any(|&x| x < 0) {
+                        return fail(format!("shape {shape:?} is not concrete"));
+                    }
+                    bufs.insert((output.as_str(), *mb));
                 }
                 Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {
                     if inputs.is_empty() {

@@ -279,6 +279,15 @@ fn program_mlir(p: &Program, compiled: &codegen::Compiled) -> String {
                         q(output)
                     ),
                 ),
+                I::Zeros { mb, output, dtype, shape } => (
+                    "zeros",
+                    format!(
+                        "mb = {mb} : i64, output = {}, dtype = {}, shape = {}",
+                        q(output),
+                        q(dtype),
+                        ints(shape)
+                    ),
+                ),
                 I::Accumulate { mb, tensors } | I::Free { mb, tensors } => (
                     if matches!(ins, I::Accumulate { .. }) { "accumulate" } else { "free" },
                     format!(

@@ -112,7 +112,7 @@ fn random_model(seed: u64, layers: usize) -> Module {
         values.push(e);
     }
     let mut shared: Option<Value> = None;
-    let mut used = vec![false; 64];
+    let mut used = [false; 64];
     for l in 0..layers {
         // One or two earlier values, preferring recent ones (chains with skips and branches).
         let pick = |rng: &mut Rng, n: usize| n - 1 - (rng.below(n.min(3) as u64) as usize);
@@ -126,14 +126,14 @@ fn random_model(seed: u64, layers: usize) -> Module {
                 h = b.op("Add", &[h, values[c]], &[], act());
             }
         }
-        let w = if l > 0 && rng.below(4) == 0 && shared.is_some() {
-            shared.unwrap() // tied: another layer's weight
-        } else {
-            let w = b.param(&format!("w{l}"), vec![H, H], &mut rng);
-            if shared.is_none() {
-                shared = Some(w);
+        let tie = l > 0 && rng.below(4) == 0;
+        let w = match shared {
+            Some(w) if tie => w, // tied: another layer's weight
+            _ => {
+                let w = b.param(&format!("w{l}"), vec![H, H], &mut rng);
+                shared.get_or_insert(w);
+                w
             }
-            w
         };
         let y = match rng.below(3) {
             0 => {

@@ -43,9 +43,11 @@ fn options(micro_batch: u64) -> CompileOptions {
 /// received and the verifier refused the program (the DLRM dense-feature `Slice` under bapipe).
 #[test]
 fn a_parameter_free_activation_gets_no_cotangent() {
-    let mut m = Module::default();
-    m.ir_version = 8;
-    m.opset_imports.insert(String::new(), 17);
+    let mut m = Module {
+        ir_version: 8,
+        opset_imports: [(String::new(), 17)].into(),
+        ..Default::default()
+    };
     let x = m.graph.add_input("x", act(4));
     let w = m
         .graph

@@ -112,6 +112,8 @@ def run_pipeline(outdir, prog, weights, data, steps):
                     elif op == "sum":
                         parts = [mb.pop((i, ins["mb"])) for i in ins["inputs"]]
                         mb[(ins["output"], ins["mb"])] = sum(parts[1:], parts[0])
+                    elif op == "zeros":
+                        mb[(ins["output"], ins["mb"])] = np.zeros(ins["shape"], dtype=DT[ins["dtype"]])
                     elif op == "accumulate":
                         for t in ins["tensors"]:
                             v = mb.pop((t, ins["mb"]))

@@ -102,34 +102,58 @@ fn outdir_has_every_piece_and_a_verified_schedule() {
     assert_eq!(plan["planner"], "straight");
 }
 
+/// Every file under `dir`, relative, sorted.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Two compiles of the same inputs give byte-identical OUTDIRs (every file, `plan.json`
+/// included: it holds no timing), for every planner that searches.
 #[test]
 fn compile_is_deterministic() {
     let t = tempdir();
-    let (a, b) = (t.path().join("a"), t.path().join("b"));
-    compile("gpt2_tiny", "straight", 4, 4, 1, &[], &a);
-    compile("gpt2_tiny", "straight", 4, 4, 1, &[], &b);
-    for f in [
-        "schedule.json",
-        "plan.json",
-        "stages/s0.fwd.onnx",
-        "stages/s3.bwd.onnx",
-        "program.mlir",
+    for (name, planner, devices, batch, mb) in [
+        ("gpt2_tiny", "straight", 4, 4, 1),
+        ("inception_mini", "gpp", 4, 8, 2),
+        ("mlp4", "dapple", 4, 16, 4),
+        ("mlp4", "bapipe", 3, 16, 4),
+        ("gpt2_tiny", "pipedream", 3, 4, 2),
     ] {
-        let (x, y) = (
-            std::fs::read(a.join(f)).unwrap(),
-            std::fs::read(b.join(f)).unwrap(),
-        );
-        if f == "plan.json" {
-            // search_time_s is measured; everything else must agree.
-            let strip = |v: &[u8]| {
-                let mut j: serde_json::Value = serde_json::from_slice(v).unwrap();
-                j["search_time_s"] = 0.into();
-                j
-            };
-            assert_eq!(strip(&x), strip(&y));
-        } else {
-            assert!(x == y, "{f} differs between two compiles");
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        compile(name, planner, devices, batch, mb, &[], &a);
+        compile(name, planner, devices, batch, mb, &[], &b);
+        let (fa, fb) = (files_under(&a), files_under(&b));
+        assert_eq!(fa, fb, "{name} {planner}: different file lists");
+        assert!(fa.len() >= 5, "{fa:?}");
+        for f in &fa {
+            let (x, y) = (
+                std::fs::read(a.join(f)).unwrap(),
+                std::fs::read(b.join(f)).unwrap(),
+            );
+            assert!(
+                x == y,
+                "{name} {planner}: {} differs between two compiles",
+                f.display()
+            );
         }
+        let plan = plan_json(&a);
+        assert!(plan.get("search_time_s").is_none(), "{plan}");
+        assert!(plan.get("iteration_time_s").is_some(), "{plan}");
+        std::fs::remove_dir_all(&a).unwrap();
+        std::fs::remove_dir_all(&b).unwrap();
     }
 }
 
@@ -682,4 +706,64 @@ fn run_check_per_stage_micro_batches() {
         2,
         &["--schedule", "gpp-per-stage"],
     );
+}
+
+/// ViT's `Linear` is `MatMul(x, Transpose(W))`: the transposed weight is batch-independent, and
+/// when the stage computing it has more replicas than the stage reading it (here 4 and 2), the
+/// extra producer replicas get no cotangent for it from anyone. Codegen gives them a zero
+/// cotangent (`zeros`); without it their backward read a buffer nothing produced, which the
+/// verifier's dataflow check refuses and `pipec run` used to hit in step 1.
+#[test]
+fn vit_weight_transpose_read_by_fewer_replicas_gets_zero_cotangents() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let flags = [
+        "--cluster",
+        "cpu",
+        "--devices",
+        "6",
+        "--planner",
+        "gpp",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "4",
+    ];
+    common::compile("vit_tiny.onnx", &out, &flags);
+    let p = load(&out);
+    let zeros: Vec<(usize, String)> = p
+        .devices
+        .iter()
+        .flat_map(|d| {
+            d.instructions.iter().filter_map(move |i| match i {
+                Instr::Zeros { output, .. } => Some((d.device, output.clone())),
+                _ => None,
+            })
+        })
+        .collect();
+    assert!(
+        zeros
+            .iter()
+            .any(|(_, o)| o.starts_with("cot/") && o.contains("Transpose_output_0")),
+        "the plan no longer exercises the zero cotangent: {zeros:?}"
+    );
+    // Without them, the program is refused statically, naming device, instruction and buffer.
+    let mut bad = p.clone();
+    for d in &mut bad.devices {
+        d.instructions.retain(|i| !matches!(i, Instr::Zeros { .. }));
+    }
+    let e = program::verify(&bad).unwrap_err().to_string();
+    let dev = zeros[0].0;
+    assert!(e.contains(&format!("device {dev} instruction")), "{e}");
+    assert!(e.contains("(compute bwd mb 0)"), "{e}");
+    assert!(e.contains("is neither buffer"), "{e}");
+    assert!(
+        zeros
+            .iter()
+            .any(|(d, b)| *d == dev && e.contains(&format!("input '{b}' "))),
+        "{e}"
+    );
+    // With them, it trains like one device.
+    let s = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "2", "--check"]);
+    assert!(s.contains("check ok"), "{s}");
 }

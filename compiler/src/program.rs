@@ -205,6 +205,15 @@ pub enum Instr {
         inputs: Vec<String>,
         output: String,
     },
+    /// `(output, mb)` = zeros of `dtype` and `shape`: the cotangent of a batch-independent
+    /// value for a producer replica that no consumer replica reads it from (its share of the
+    /// gradient through that value is zero; another replica of its stage gets the sum).
+    Zeros {
+        mb: u32,
+        output: String,
+        dtype: String,
+        shape: Vec<i64>,
+    },
     /// Global `grad/P` += buffer `(grad/P, mb)` for every name in `tensors` (created as zeros
     /// on first use); the micro-batch buffers are freed.
     Accumulate { mb: u32, tensors: Vec<String> },
@@ -245,6 +254,7 @@ impl Instr {
             } => format!("recv '{tensor}' mb {mb} from device {peer} (tag {tag})"),
             Instr::Concat { mb, output, .. } => format!("concat '{output}' mb {mb}"),
             Instr::Sum { mb, output, .. } => format!("sum '{output}' mb {mb}"),
+            Instr::Zeros { mb, output, .. } => format!("zeros '{output}' mb {mb}"),
             Instr::Accumulate { mb, tensors } => {
                 format!("accumulate {} gradients mb {mb}", tensors.len())
             }
@@ -292,7 +302,9 @@ impl Program {
 /// 3. on every device, the forward of micro-batch `m` precedes its backward; accumulation of
 ///    `m` follows its backward; all-reduces and the step follow the last accumulation; nothing
 ///    but all-reduce and step comes after the step;
-/// 4. no device can wait forever: a replay with buffered sends, blocking receives and
+/// 4. *dataflow*: on every device, every buffer an instruction reads exists when it runs
+///    ([`dataflow`]: the runtime's buffer rules, replayed statically);
+/// 5. no device can wait forever: a replay with buffered sends, blocking receives and
 ///    collective all-reduces runs every list to its end (else: the cyclic wait is reported).
 pub fn verify(p: &Program) -> Result<()> {
     let n = p.devices.len();
@@ -317,8 +329,9 @@ pub fn verify(p: &Program) -> Result<()> {
         }
     }
     // 2. Matching sends and receives.
-    let mut sends: HashMap<u32, (usize, usize, &Instr)> = HashMap::new();
-    let mut recvs: HashMap<u32, (usize, usize, &Instr)> = HashMap::new();
+    // Ordered by tag, so the error reported is the same every time.
+    let mut sends: BTreeMap<u32, (usize, usize, &Instr)> = BTreeMap::new();
+    let mut recvs: BTreeMap<u32, (usize, usize, &Instr)> = BTreeMap::new();
     for d in &p.devices {
         for (k, ins) in d.instructions.iter().enumerate() {
             let (map, tag, peer) = match ins {
@@ -452,8 +465,191 @@ pub fn verify(p: &Program) -> Result<()> {
             }
         }
     }
-    // 4. Deadlock freedom: replay.
+    // 4. Every read buffer is produced first.
+    dataflow(p)?;
+    // 5. Deadlock freedom: replay.
     replay(p)
+}
+
+/// The dataflow check: replays every device's list over the *names* of its buffers, with
+/// exactly the rules the runtime's interpreter (`pipec_runtime::dist::worker`) applies to the
+/// tensors, and fails on the first read of a buffer that does not exist at that point.
+///
+/// - Global buffers at the start: the stage's parameters and optimizer state
+///   ([`StageProgram::params`], [`StageProgram::state_init`]).
+/// - `Load`, `Recv`, `Zeros`: define `(name, mb)` (a load must name a data input and stay inside its
+///   samples); `Compute`: reads every input `X` of its piece as `(X, mb)` if it exists, else
+///   as global `X`, and defines `(Y, mb)` for every output; `Concat`/`Sum`: read and free their
+///   inputs, define the output; `Send`: reads `(tensor, mb)`; `Accumulate`: reads and frees
+///   `(grad/P, mb)` and defines global `grad/P`; `Free`: frees (missing buffers are fine);
+///   `AllReduce`: reads global `grad/P` (or zeros when the device holds `P`) and defines it;
+///   `Step`: reads its inputs from the globals (the step counter, zeros for a missing `grad/P`
+///   of a held `P`), defines the targets of its updates, frees every `grad/P`.
+/// - A micro-batch buffer is freed by the compute or send that is its *last use* on the device
+///   (the last instruction reading it as a compute input or a send), as the runtime moves it
+///   there.
+///
+/// One pass stands for every step: micro-batch buffers are cleared after a step, and the
+/// globals after a step are a superset of those before it (updates replace parameters and
+/// state, the step frees only gradients it made), so a read that succeeds in the first step
+/// succeeds in every later one.
+pub fn dataflow(p: &Program) -> Result<()> {
+    use std::collections::{BTreeSet, HashSet};
+    for d in &p.devices {
+        let dev = d.device;
+        let Some(st) = p.stages.get(d.stage) else {
+            continue;
+        };
+        let piece_of = |pass: PieceKind| match pass {
+            PieceKind::Fwd => Some(&st.fwd),
+            PieceKind::Bwd => st.bwd.as_ref(),
+        };
+        // Last reading instruction of every (buffer, mb), as the runtime computes it.
+        let mut last_use: HashMap<(&str, u32), usize> = HashMap::new();
+        for (k, ins) in d.instructions.iter().enumerate() {
+            match ins {
+                Instr::Compute { pass, mb } => {
+                    for x in piece_of(*pass).into_iter().flat_map(|pc| &pc.inputs) {
+                        last_use.insert((x.as_str(), *mb), k);
+                    }
+                }
+                Instr::Send { mb, tensor, .. } => {
+                    last_use.insert((tensor.as_str(), *mb), k);
+                }
+                _ => {}
+            }
+        }
+        let mut globals: BTreeSet<&str> = st.params.iter().map(String::as_str).collect();
+        globals.extend(st.state_init.iter().map(|(s, _)| s.as_str()));
+        let mut bufs: HashSet<(&str, u32)> = HashSet::new();
+        for (k, ins) in d.instructions.iter().enumerate() {
+            let fail = |msg: String| {
+                Err(Error::msg(format!(
+                    "schedule: device {dev} instruction {k} ({}): {msg}",
+                    ins.describe()
+                )))
+            };
+            let nothing = |x: &str, mb: u32| {
+                format!("buffer ('{x}', mb {mb}) does not exist (nothing on the device defines it before, or it was consumed)")
+            };
+            // A global read: the buffer, or zeros for the gradient of a held parameter.
+            let global_ok = |globals: &BTreeSet<&str>, x: &str| {
+                globals.contains(x) || x.strip_prefix("grad/").is_some_and(|q| globals.contains(q))
+            };
+            match ins {
+                Instr::Load { mb, input, samples } => {
+                    let Some(di) = p.data_inputs.iter().find(|di| &di.name == input) else {
+                        return fail(format!("'{input}' is not a data input of the program"));
+                    };
+                    if let Some(ax) = di.batch_axis {
+                        let n = di.shape.get(ax).copied().unwrap_or(0).max(0) as u64;
+                        if samples[0] > samples[1] || samples[1] > n {
+                            return fail(format!(
+                                "samples [{}, {}) outside the {n} samples of '{input}'",
+                                samples[0], samples[1]
+                            ));
+                        }
+                    }
+                    bufs.insert((input.as_str(), *mb));
+                }
+                Instr::Compute { pass, mb } => {
+                    let Some(pc) = piece_of(*pass) else {
+                        return fail(format!("stage {} has no backward piece", st.id));
+                    };
+                    for x in &pc.inputs {
+                        let key = (x.as_str(), *mb);
+                        if bufs.contains(&key) {
+                            if last_use.get(&key) == Some(&k) {
+                                bufs.remove(&key);
+                            }
+                        } else if !globals.contains(x.as_str()) {
+                            return fail(format!(
+                                "input '{x}' of {} is neither buffer ('{x}', mb {mb}) nor a global buffer: nothing on the device produces it before",
+                                pc.file
+                            ));
+                        }
+                    }
+                    bufs.extend(pc.outputs.iter().map(|y| (y.as_str(), *mb)));
+                }
+                Instr::Send { mb, tensor, .. } => {
+                    let key = (tensor.as_str(), *mb);
+                    if !bufs.contains(&key) {
+                        return fail(nothing(tensor, *mb));
+                    }
+                    if last_use.get(&key) == Some(&k) {
+                        bufs.remove(&key);
+                    }
+                }
+                Instr::Recv { mb, tensor, .. } => {
+                    bufs.insert((tensor.as_str(), *mb));
+                }
+                Instr::Zeros {
+                    mb, output, shape, ..
+                } => {
+                    if shape.iter().any(|&x| x < 0) {
+                        return fail(format!("shape {shape:?} is not concrete"));
+                    }
+                    bufs.insert((output.as_str(), *mb));
+                }
+                Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {
+                    if inputs.is_empty() {
+                        return fail("no inputs".into());
+                    }
+                    for x in inputs {
+                        if !bufs.remove(&(x.as_str(), *mb)) {
+                            return fail(nothing(x, *mb));
+                        }
+                    }
+                    bufs.insert((output.as_str(), *mb));
+                }
+                Instr::Accumulate { mb, tensors } => {
+                    for x in tensors {
+                        if !bufs.remove(&(x.as_str(), *mb)) {
+                            return fail(nothing(x, *mb));
+                        }
+                        globals.insert(x.as_str());
+                    }
+                }
+                Instr::Free { mb, tensors } => {
+                    for x in tensors {
+                        bufs.remove(&(x.as_str(), *mb));
+                    }
+                }
+                Instr::AllReduce { tensors, .. } => {
+                    for x in tensors {
+                        if !global_ok(&globals, x) {
+                            return fail(format!("no global buffer '{x}' on the device"));
+                        }
+                        globals.insert(x.as_str());
+                    }
+                }
+                Instr::Step => {
+                    let Some(sp) = &st.step else {
+                        return fail(format!("stage {} has no step piece", st.id));
+                    };
+                    for x in &sp.inputs {
+                        if st.step_counter.as_deref() != Some(x.as_str()) && !global_ok(&globals, x)
+                        {
+                            return fail(format!(
+                                "input '{x}' of {} is not a global buffer",
+                                sp.file
+                            ));
+                        }
+                    }
+                    for (out, target) in &st.updates {
+                        if !sp.outputs.contains(out) {
+                            return fail(format!("{} has no output '{out}'", sp.file));
+                        }
+                        globals.insert(target.as_str());
+                    }
+                    for q in &st.params {
+                        globals.remove(format!("grad/{q}").as_str());
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Replay every device list with buffered sends, blocking receives and collective all-reduces;
@@ -582,6 +778,9 @@ mod tests {
             step_counter: None,
             loss: None,
         };
+        let mut stages = vec![stage(0), stage(1)];
+        // Device 0's forward makes 'x' (what the tests send).
+        stages[0].fwd.outputs = vec!["x".into()];
         Program {
             version: PROGRAM_VERSION,
             model: "m".into(),
@@ -594,7 +793,7 @@ mod tests {
             optimizer: "sgd".into(),
             data_inputs: vec![],
             weights: "weights.npz".into(),
-            stages: vec![stage(0), stage(1)],
+            stages,
             devices: vec![
                 DeviceProgram {
                     device: 0,
@@ -637,7 +836,10 @@ mod tests {
 
     #[test]
     fn matched_exchange_verifies_and_round_trips() {
-        let p = two_devices(vec![send(0, 1), recv(1, 1)], vec![recv(0, 0), send(1, 0)]);
+        let p = two_devices(
+            vec![compute_fwd(0), send(0, 1), recv(1, 1)],
+            vec![recv(0, 0), send(1, 0)],
+        );
         verify(&p).unwrap();
         let back = Program::from_json(&p.to_json(), "s.json").unwrap();
         assert_eq!(back, p);
@@ -686,5 +888,134 @@ mod tests {
             e.contains("backward of micro-batch 0 before its forward"),
             "{e}"
         );
+    }
+    fn with_fwd_inputs(mut p: Program, stage: usize, inputs: &[&str]) -> Program {
+        p.stages[stage].fwd.inputs = inputs.iter().map(|x| x.to_string()).collect();
+        p
+    }
+
+    fn compute_fwd(mb: u32) -> Instr {
+        Instr::Compute {
+            pass: PieceKind::Fwd,
+            mb,
+        }
+    }
+
+    #[test]
+    fn a_piece_reading_an_unproduced_buffer_is_refused() {
+        // Device 1 computes its forward without receiving 'x'.
+        let p = with_fwd_inputs(two_devices(vec![], vec![compute_fwd(0)]), 1, &["x"]);
+        let e = verify(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("device 1 instruction 0 (compute fwd mb 0)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("input 'x' of f is neither buffer ('x', mb 0) nor a global buffer"),
+            "{e}"
+        );
+        // Received first, it verifies; received for another micro-batch, it does not.
+        let ok = with_fwd_inputs(
+            two_devices(
+                vec![compute_fwd(0), send(0, 1)],
+                vec![recv(0, 0), compute_fwd(0)],
+            ),
+            1,
+            &["x"],
+        );
+        verify(&ok).unwrap();
+        let wrong_mb = with_fwd_inputs(
+            two_devices(
+                vec![compute_fwd(0), send(0, 1)],
+                vec![recv(0, 0), compute_fwd(1)],
+            ),
+            1,
+            &["x"],
+        );
+        let e = verify(&wrong_mb).unwrap_err().to_string();
+        assert!(e.contains("device 1 instruction 1"), "{e}");
+        assert!(e.contains("('x', mb 1)"), "{e}");
+    }
+
+    #[test]
+    fn dataflow_follows_the_runtime_buffer_rules() {
+        // A parameter is a global buffer: no receive needed.
+        let mut p = with_fwd_inputs(two_devices(vec![], vec![compute_fwd(0)]), 1, &["W"]);
+        p.stages[1].params = vec!["W".into()];
+        verify(&p).unwrap();
+        // A buffer read twice stays until its last use.
+        let twice = with_fwd_inputs(
+            two_devices(
+                vec![compute_fwd(0), send(0, 1)],
+                vec![recv(0, 0), compute_fwd(0), compute_fwd(0)],
+            ),
+            1,
+            &["x"],
+        );
+        verify(&twice).unwrap();
+        // A free drops it.
+        let freed = with_fwd_inputs(
+            two_devices(
+                vec![compute_fwd(0), send(0, 1)],
+                vec![
+                    recv(0, 0),
+                    Instr::Free {
+                        mb: 0,
+                        tensors: vec!["x".into()],
+                    },
+                    compute_fwd(0),
+                ],
+            ),
+            1,
+            &["x"],
+        );
+        let e = verify(&freed).unwrap_err().to_string();
+        assert!(
+            e.contains("device 1 instruction 2 (compute fwd mb 0)"),
+            "{e}"
+        );
+        // A concat consumes its inputs.
+        let concat = with_fwd_inputs(
+            two_devices(
+                vec![compute_fwd(0), send(0, 1)],
+                vec![
+                    recv(0, 0),
+                    Instr::Concat {
+                        mb: 0,
+                        inputs: vec!["x".into()],
+                        output: "y".into(),
+                    },
+                    compute_fwd(0),
+                ],
+            ),
+            1,
+            &["x"],
+        );
+        let e = verify(&concat).unwrap_err().to_string();
+        assert!(e.contains("device 1 instruction 2"), "{e}");
+        // Accumulating a gradient that no backward produced.
+        let acc = two_devices(
+            vec![],
+            vec![Instr::Accumulate {
+                mb: 0,
+                tensors: vec!["grad/W".into()],
+            }],
+        );
+        let e = dataflow(&acc).unwrap_err().to_string();
+        assert!(
+            e.contains("device 1 instruction 0 (accumulate 1 gradients mb 0): buffer ('grad/W', mb 0) does not exist"),
+            "{e}"
+        );
+        // Loading something that is not a data input.
+        let load = two_devices(
+            vec![Instr::Load {
+                mb: 0,
+                input: "ids".into(),
+                samples: [0, 1],
+            }],
+            vec![],
+        );
+        let e = verify(&load).unwrap_err().to_string();
+        assert!(e.contains("'ids' is not a data input"), "{e}");
     }
 }

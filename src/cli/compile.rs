@@ -2,7 +2,8 @@
 //! [--optimizer SPEC] [--dump-ir DIR] -o OUTDIR` (cli.md): plan, build the per-stage pieces,
 //! insert communication, verify the schedule, and write OUTDIR atomically.
 //!
-//! OUTDIR: `plan.json` (as `plan --json`), `schedule.json` (the program, see
+//! OUTDIR (byte-identical for identical inputs): `plan.json` (as `plan --json`, less the measured
+//! `search_time_s`), `schedule.json` (the program, see
 //! `pipec_compiler::program`), `weights.npz` (initial parameters), `stages/s{i}.{fwd,bwd,step}.onnx`,
 //! `reference/{train,step}.onnx` (the unpartitioned program `pipec run --check` compares with),
 //! `program.mlir` (every piece as MLIR, plus the schedule).
@@ -282,6 +283,15 @@ fn program_mlir(p: &Program, compiled: &codegen::Compiled) -> String {
                         q(output)
                     ),
                 ),
+                I::Zeros { mb, output, dtype, shape } => (
+                    "zeros",
+                    format!(
+                        "mb = {mb} : i64, output = {}, dtype = {}, shape = {}",
+                        q(output),
+                        q(dtype),
+                        ints(shape)
+                    ),
+                ),
                 I::Accumulate { mb, tensors } | I::Free { mb, tensors } => (
                     if matches!(ins, I::Accumulate { .. }) { "accumulate" } else { "free" },
                     format!(
@@ -313,6 +323,17 @@ fn program_mlir(p: &Program, compiled: &codegen::Compiled) -> String {
 }
 
 /// Write OUTDIR into a temporary sibling directory and rename it into place.
+/// OUTDIR's `plan.json`: the plan as `plan --json` prints it, less `search_time_s`. OUTDIR
+/// holds only what the inputs determine (two compiles give byte-identical files); the search
+/// time is a measurement, which `pipec plan --json` reports.
+fn plan_artifact(plan: &pipec_passes::plan::Plan) -> Result<String> {
+    let mut v = serde_json::to_value(plan)?;
+    if let Some(o) = v.as_object_mut() {
+        o.remove("search_time_s");
+    }
+    Ok(serde_json::to_string_pretty(&v)?)
+}
+
 fn write_outdir(out: &Path, plan: &pipec_passes::plan::Plan, c: &codegen::Compiled) -> Result<()> {
     let parent = out
         .parent()
@@ -330,7 +351,7 @@ fn write_outdir(out: &Path, plan: &pipec_passes::plan::Plan, c: &codegen::Compil
     let result = (|| -> Result<()> {
         std::fs::create_dir_all(tmp.join("stages"))?;
         std::fs::create_dir_all(tmp.join("reference"))?;
-        std::fs::write(tmp.join("plan.json"), serde_json::to_string_pretty(plan)?)?;
+        std::fs::write(tmp.join("plan.json"), plan_artifact(plan)?)?;
         std::fs::write(tmp.join("schedule.json"), c.program.to_json())?;
         pipec_runtime::npz::write_npz(&tmp.join("weights.npz"), &c.weights)
             .map_err(|e| anyhow!("weights.npz: {e}"))?;

@@ -8,7 +8,9 @@
 //!   uneven replication by even slices); the consumer concatenates the pieces in sample order;
 //! - `v` has no batch axis ([`Layout::Whole`]): consumer replica `j` gets the whole value from
 //!   producer replica `j mod r_p`; its cotangent goes back the same way and the producer sums
-//!   the cotangents it receives (the gradient of a broadcast is a sum);
+//!   the cotangents it receives (the gradient of a broadcast is a sum); a producer replica that
+//!   no consumer replica reads from (`r_p > r_c`, or round-robin consumers) takes a zero
+//!   cotangent ([`Instr::Zeros`]);
 //! - otherwise the replica counts must agree and replica `j` talks to replica `j`.
 //!
 //! With GraphPipe's per-stage micro-batch sizes (`gpp-per-stage`, [`PerStageOrder`]) stage `s`
@@ -582,6 +584,22 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                     tag: tags.get(true, vn, c, h.i, h.j, h.mp, h.mc),
                                     shape: piece_shape(lay, h.at_p, own, ty, cx.batch_sym),
                                 });
+                            }
+                            if pieces.is_empty() {
+                                // No consumer replica reads this value from this replica (a
+                                // batch-independent value, more producer than consumer
+                                // replicas): its cotangent here is zero; the replicas it was
+                                // read from receive the whole sum.
+                                if bwd.inputs.contains(&cot) {
+                                    list.push(Instr::Zeros {
+                                        mb,
+                                        output: cot.clone(),
+                                        dtype: ty.dtype.to_string(),
+                                        shape: piece_shape(lay, None, own, ty, cx.batch_sym),
+                                    });
+                                    keep.push(cot);
+                                }
+                                continue;
                             }
                             // A batch-independent value's cotangent pieces are partial sums.
                             let sum = lay == Layout::Whole;

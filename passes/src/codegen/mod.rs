@@ -328,6 +328,10 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         let fm = pieces::extract(m, &bld.ops, &outs, false, &format!("s{s}"))?;
         fwd_modules.push(fm);
     }
+    // A received value gets a cotangent only if it depends on a trainable parameter: the
+    // gradient of, say, a slice of a data input has no one to go to (its producer stage may
+    // have no backward at all).
+    let needs_grad = depends_on_parameters(m);
     // Pieces, consumers first.
     let mut built: Vec<Option<pieces::Pieces>> = (0..ns).map(|_| None).collect();
     // For a cross value v sent by s: consumer stages that send back a cotangent.
@@ -355,7 +359,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         let wrt: Vec<String> = bld
             .inputs
             .iter()
-            .filter(|v| g.ty(**v).dtype.is_float())
+            .filter(|v| needs_grad.contains(*v))
             .map(|v| g.name(*v).to_string())
             .collect();
         let y0n = g.name(y0).to_string();
@@ -633,6 +637,29 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         weights,
         dumps,
     })
+}
+
+/// Float values that depend on a float initializer (a trainable parameter), in the forward.
+fn depends_on_parameters(m: &Module) -> HashSet<Value> {
+    let g = &m.graph;
+    let mut out: HashSet<Value> = g
+        .initializers
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(v, _)| *v)
+        .collect();
+    for &op in &g.order {
+        let d = &g.ops[op];
+        if d.inputs.iter().flatten().any(|v| out.contains(v)) {
+            out.extend(
+                d.outputs
+                    .iter()
+                    .copied()
+                    .filter(|v| g.ty(*v).dtype.is_float()),
+            );
+        }
+    }
+    out
 }
 
 /// The cotangent input name for value `v` coming back from stage `consumer`.

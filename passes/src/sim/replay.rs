@@ -468,6 +468,19 @@ pub fn replay(
                             });
                         }
                     }
+                    Instr::Zeros {
+                        mb,
+                        output,
+                        dtype,
+                        shape,
+                    } => {
+                        let b = Buf {
+                            bytes: shape_bytes(dtype, shape),
+                            rows: None,
+                        };
+                        clock[d] += b.bytes / bw;
+                        put(&mut bufs[d], &mut live[d], output, *mb, b);
+                    }
                     Instr::Accumulate { mb, tensors } => {
                         let mut bytes = 0.0;
                         for t in tensors {

@@ -393,6 +393,18 @@ impl Worker<'_> {
                 let t = acc.ok_or_else(|| other("nothing to sum"))?;
                 self.bufs.insert((output.clone(), *mb), t);
             }
+            Instr::Zeros {
+                mb,
+                output,
+                dtype,
+                shape,
+            } => {
+                let dt = data::parse_dtype(dtype)
+                    .ok_or_else(|| other(format!("unknown dtype '{dtype}' in the schedule")))?;
+                let dims: Vec<usize> = shape.iter().map(|&x| x.max(0) as usize).collect();
+                let t = Tensor::zeros(dt, &dims).map_err(|e| other(e.to_string()))?;
+                self.bufs.insert((output.clone(), *mb), t);
+            }
             Instr::Accumulate { mb, tensors } => {
                 for x in tensors {
                     let t = self

@@ -126,7 +126,7 @@ pub fn lower(m: &mut Module) -> Result<Lowered> {
     let opset = m.opset();
     removed += rewrite(m, &targets, &mut stats, |b, op, needed| {
         match b.g.ops[op].op_type.as_str() {
-            "LSTM" | "GRU" => rnn::lower_rnn(b, op, needed),
+            "LSTM" | "GRU" => rnn::lower_rnn(b, op, needed, opset),
             _ => Ok(vec![Some(resize::lower_resize(b, op, opset)?)]),
         }
     })?;

@@ -48,7 +48,12 @@ enum Act {
 }
 
 /// Replacements for the op's results `[Y, Y_h, Y_c]` (`None` where not needed or absent).
-pub fn lower_rnn(b: &mut Builder, op: Op, needed: &[bool]) -> Result<Vec<Option<Value>>> {
+pub fn lower_rnn(
+    b: &mut Builder,
+    op: Op,
+    needed: &[bool],
+    opset: i64,
+) -> Result<Vec<Option<Value>>> {
     let d = b.g.ops[op].clone();
     let kind = if d.op_type == "LSTM" {
         Kind::Lstm
@@ -165,6 +170,10 @@ pub fn lower_rnn(b: &mut Builder, op: Op, needed: &[bool]) -> Result<Vec<Option<
         (x, init_h, init_c)
     };
 
+    // Values with a batch dim (possibly symbolic) are cut with Split, whose gradient needs no
+    // static shape; the weights (static) with Slice.
+    let h0s = h0.map(|v| split0(b, v, dirs.len(), opset));
+    let c0s = c0.map(|v| split0(b, v, dirs.len(), opset));
     let mut ys = Vec::new();
     let mut yhs = Vec::new();
     let mut ycs = Vec::new();
@@ -203,8 +212,12 @@ pub fn lower_rnn(b: &mut Builder, op: Op, needed: &[bool]) -> Result<Vec<Option<
             rt.push(b.transpose(rk, &[1, 0]));
         }
         let peeps = pd.map(|p| [gate(b, p, 0), gate(b, p, 1), gate(b, p, 2)]);
-        let mut h = h0.map(|v| pick(b, v));
-        let mut c = c0.map(|v| pick(b, v));
+        let mut h = h0s.as_ref().map(|v| v[di as usize]);
+        let mut c = c0s.as_ref().map(|v| v[di as usize]);
+        let xts: Vec<Vec<Value>> = xw
+            .iter()
+            .map(|&v| split0(b, v, seq as usize, opset))
+            .collect();
         let mut outs: Vec<Option<Value>> = vec![None; seq as usize];
         let steps: Vec<i64> = if reverse {
             (0..seq).rev().collect()
@@ -212,13 +225,7 @@ pub fn lower_rnn(b: &mut Builder, op: Op, needed: &[bool]) -> Result<Vec<Option<
             (0..seq).collect()
         };
         for t in steps {
-            let xt: Vec<Value> = xw
-                .iter()
-                .map(|&v| {
-                    let s = slice(b, v, 0, t, t + 1);
-                    b.squeeze(s, &[0])
-                })
-                .collect();
+            let xt: Vec<Value> = xts.iter().map(|v| v[t as usize]).collect();
             // Xt·Wₖᵀ + Hₜ₋₁·Rₖᵀ (+ peephole) for gate k.
             let pre = |b: &mut Builder, k: usize, h: Option<Value>| -> Value {
                 match h {
@@ -328,6 +335,30 @@ pub fn lower_rnn(b: &mut Builder, op: Op, needed: &[bool]) -> Result<Vec<Option<
         yc = yc.map(|v| b.transpose(v, &[1, 0, 2]));
     }
     Ok(vec![y, yh, yc])
+}
+
+/// `x` cut along axis 0 into `n` pieces of size 1, that axis squeezed away.
+fn split0(b: &mut Builder, x: Value, n: usize, opset: i64) -> Vec<Value> {
+    let dt = b.dt(x);
+    let parts = if n == 1 {
+        vec![x]
+    } else if opset >= 13 || opset == 0 {
+        let sizes = b.ints(&vec![1; n]);
+        b.op(
+            "Split",
+            &[Some(x), Some(sizes)],
+            vec![("axis", Attr::Int(0))],
+            &vec![dt; n],
+        )
+    } else {
+        b.op(
+            "Split",
+            &[Some(x)],
+            vec![("axis", Attr::Int(0)), ("split", Attr::Ints(vec![1; n]))],
+            &vec![dt; n],
+        )
+    };
+    parts.into_iter().map(|p| b.squeeze(p, &[0])).collect()
 }
 
 /// `Concat(parts, axis)`, or the single part.

@@ -131,7 +131,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     // The same plans `pipec plan` makes: BaPipe emits its intra-layer splits on an ONNX model
     // costed analytically.
     let module = if a.profile.is_none() && !is_profile_path(model) {
-        Some(super::load_module(model)?)
+        Some(super::load_lowered(model)?)
     } else {
         None
     };

@@ -91,7 +91,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     planners::by_name(&a.planner)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let spin = super::progress::spinner(format!("importing {}", a.model.display()));
-    let m = super::load_module(&a.model)?;
+    let m = super::load_lowered(&a.model)?;
     let name = a.model.display().to_string();
     let mut g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     if let Some(p) = &a.profile {

@@ -44,6 +44,16 @@ pub fn load_module(path: &Path) -> Result<Module> {
     Ok(m)
 }
 
+/// [`load_module`], then the `lower` pass (LSTM/GRU unrolled, Resize as MatMuls): what the
+/// commands that plan, compile or train a model work on, so the cost graph, the plan and the
+/// stage programs all see the ops the executor runs and autodiff differentiates.
+pub fn load_lowered(path: &Path) -> Result<Module> {
+    let mut m = load_module(path)?;
+    pipec_passes::lower::lower(&mut m)
+        .with_context(|| format!("{}: lowering (pass 'lower') failed", path.display()))?;
+    Ok(m)
+}
+
 /// Write `contents` to `path` atomically: a temporary file next to it, then a rename, so a failed
 /// run never leaves a partial output.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {

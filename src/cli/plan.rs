@@ -134,7 +134,7 @@ pub fn plan_model(
 /// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
 /// model. The batch symbol (the first input's leading dim) is costed at 1 sample when symbolic.
 fn load_onnx_cost_graph(model: &Path, _cluster: &Cluster) -> Result<(CostGraph, u64)> {
-    let m = super::load_module(model)?;
+    let m = super::load_lowered(model)?;
     let name = model.display().to_string();
     let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     let batch = g.reference_batch.round().max(1.0) as u64;
@@ -311,7 +311,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     opts.allreduce = parse_allreduce(&a.allreduce)?;
     // BaPipe emits its intra-layer splits on an ONNX model costed analytically.
     let module = if planner_name == "bapipe" && a.profile.is_none() && !is_profile_path(model) {
-        Some(super::load_module(model)?)
+        Some(super::load_lowered(model)?)
     } else {
         None
     };

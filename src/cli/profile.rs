@@ -132,7 +132,7 @@ pub fn run(a: ProfileArgs) -> Result<ExitCode> {
     if a.repeat == 0 {
         bail!("--repeat 0: must be >= 1");
     }
-    let m = super::load_module(model)?;
+    let m = super::load_lowered(model)?;
     let name = model.display().to_string();
     let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     let prof = match &a.from {

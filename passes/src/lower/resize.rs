@@ -142,10 +142,9 @@ pub fn lower_resize(b: &mut Builder, op: Op, opset: i64) -> Result<Value> {
     };
     let scales: Option<Vec<f64>> = match (const_of(scales_in), d.attr("scales")) {
         (Some(s), _) => Some(s),
-        (None, Some(a)) => match a {
-            pipec_compiler::ir::Attr::Floats(f) => Some(f.iter().map(|v| *v as f64).collect()),
-            _ => None,
-        },
+        (None, Some(pipec_compiler::ir::Attr::Floats(f))) => {
+            Some(f.iter().map(|v| *v as f64).collect())
+        }
         _ => None,
     };
     let has_sizes = d.input(sizes_in).is_some();

@@ -928,13 +928,86 @@ fn bad_external_past_end_of_file() {
     );
 }
 
+/// `If(c)` whose branches read the outer `x` and `w` (ONNX lexical scoping).
+fn if_model() -> ModelProto {
+    let branch = |name: &str, op: &str| GraphProto {
+        name: name.into(),
+        node: vec![node(
+            &format!("{name}_op"),
+            op,
+            &["x", "w"],
+            &[&format!("{name}_out")],
+        )],
+        output: vec![vi(&format!("{name}_out"), 1, &[4])],
+        ..Default::default()
+    };
+    let mut n = node("cond", "If", &["c"], &["y"]);
+    for (attr, g) in [
+        ("then_branch", branch("then", "Add")),
+        ("else_branch", branch("else", "Mul")),
+    ] {
+        n.attribute.push(AttributeProto {
+            name: attr.into(),
+            r#type: attribute_type::GRAPH,
+            g: Some(g),
+            ..Default::default()
+        });
+    }
+    model(
+        vec![n],
+        vec![TensorProto {
+            float_data: vec![1.0, 2.0, 3.0, 4.0],
+            ..tensor("w", 1, &[4])
+        }],
+        vec![vi("c", 9, &[]), vi("x", 1, &[4])],
+        vec![vi("y", 1, &[4])],
+    )
+}
+
+#[test]
+fn subgraphs_capture_outer_values_and_round_trip() {
+    let m = import(&if_model()).unwrap();
+    let g = &m.graph;
+    let op = g.order[0];
+    let d = &g.ops[op];
+    // c, then the captured x and w as explicit operands.
+    let names: Vec<&str> = d.inputs.iter().map(|v| g.name(v.unwrap())).collect();
+    assert_eq!(names, ["c", "x", "w"]);
+    assert_eq!(d.int_attr(pipec_compiler::ir::CAPTURES_ATTR), Some(2));
+    let then = d.attr("then_branch").and_then(Attr::as_graph).unwrap();
+    assert_eq!(then.formal, 0);
+    assert_eq!(then.captured, [0, 1]);
+    let body_inputs: Vec<&str> = then
+        .graph
+        .inputs
+        .iter()
+        .map(|v| then.graph.name(*v))
+        .collect();
+    assert_eq!(body_inputs, ["x", "w"]);
+    // Export writes the ONNX form back: one operand, branches without inputs.
+    let p = onnx::export::to_model_proto(&m).unwrap();
+    let n = &p.graph.as_ref().unwrap().node[0];
+    assert_eq!(n.input, ["c"]);
+    assert!(n.attribute.iter().all(|a| a.name != "pipec.captures"));
+    let tb = n
+        .attribute
+        .iter()
+        .find(|a| a.name == "then_branch")
+        .unwrap();
+    assert!(tb.g.as_ref().unwrap().input.is_empty());
+    // And re-imports to the same structure.
+    let again = onnx::import::from_model_proto(&p, None, "re").unwrap();
+    let d2 = &again.graph.ops[again.graph.order[0]];
+    assert_eq!(d2.inputs.len(), 3);
+}
+
 #[test]
 fn bad_subgraph_attribute() {
     let mut n = node("cond", "If", &["c"], &["y"]);
     n.attribute.push(AttributeProto {
         name: "then_branch".into(),
-        r#type: attribute_type::GRAPH,
-        g: Some(GraphProto::default()),
+        r#type: attribute_type::GRAPHS,
+        graphs: vec![GraphProto::default()],
         ..Default::default()
     });
     let m = model(
@@ -948,9 +1021,14 @@ fn bad_subgraph_attribute() {
         &[
             "node 'cond' (If)",
             "then_branch",
-            "subgraph attributes are not supported yet",
+            "only single-graph subgraph attributes are supported",
         ],
     );
+    // A subgraph reading a name no scope defines names it.
+    let mut m = if_model();
+    let g = m.graph.as_mut().unwrap();
+    g.input.retain(|i| i.name != "x");
+    expect_err(import(&m), &["node 'cond' (If)", "then_branch", "'x'"]);
 }
 
 #[test]

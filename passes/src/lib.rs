@@ -8,6 +8,7 @@ pub mod cost;
 pub mod dce;
 pub mod fold_constants;
 pub mod loss;
+pub mod lower;
 pub mod optimizer;
 pub mod partition_gpp;
 pub mod plan;
@@ -21,6 +22,7 @@ pub mod split_layer;
 pub use autodiff::Autodiff;
 pub use dce::Dce;
 pub use fold_constants::FoldConstants;
+pub use lower::Lower;
 pub use optimizer::Optimizer;
 pub use shape_infer::ShapeInfer;
 
@@ -34,6 +36,8 @@ pub fn registry() -> Vec<Box<dyn Pass>> {
         // Canonicalization.
         Box::new(FoldConstants),
         Box::new(Dce),
+        // Lowering of ops with no kernel / gradient rule.
+        Box::new(Lower),
         // Training.
         Box::new(Autodiff::default()),
         Box::new(Optimizer::default()),

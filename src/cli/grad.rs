@@ -145,6 +145,8 @@ pub fn run(a: GradArgs) -> Result<ExitCode> {
         feeds.push((name, t.clone()));
     }
     pipec_compiler::shape::infer_shapes(&mut m).context("shape inference with the given inputs")?;
+    pipec_passes::lower::lower(&mut m)
+        .with_context(|| format!("{}: lowering (pass 'lower') failed", a.model.display()))?;
     let outputs: Vec<String> = m
         .graph
         .outputs

@@ -166,11 +166,15 @@ pub fn bind_dims(
     Ok(())
 }
 
-/// [`load_module`] then [`bind_dims`] with every non-batch dim required: the front end of the
-/// commands that plan or train a model (`plan`, `compare`, `compile`).
+/// [`load_module`], [`bind_dims`] with every non-batch dim required, then the `lower` pass
+/// (Loop/If unrolled, LSTM/GRU unrolled, Resize as MatMuls): the front end of the commands that
+/// plan or train a model (`plan`, `compare`, `compile`), so the cost graph, the plan and the
+/// stage programs all see the ops the executor runs and autodiff differentiates.
 pub fn load_module_dims(path: &Path, dims: &BTreeMap<String, i64>) -> Result<Module> {
     let mut m = load_module(path)?;
     bind_dims(&mut m, path, dims, true)?;
+    pipec_passes::lower::lower(&mut m)
+        .with_context(|| format!("{}: lowering (pass 'lower') failed", path.display()))?;
     Ok(m)
 }
 

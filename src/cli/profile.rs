@@ -132,7 +132,9 @@ pub fn run(a: ProfileArgs) -> Result<ExitCode> {
     if a.repeat == 0 {
         bail!("--repeat 0: must be >= 1");
     }
-    let m = super::load_module(model)?;
+    let mut m = super::load_module(model)?;
+    pipec_passes::lower::lower(&mut m)
+        .with_context(|| format!("{}: lowering (pass 'lower') failed", model.display()))?;
     let name = model.display().to_string();
     let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
     let prof = match &a.from {

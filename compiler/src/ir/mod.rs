@@ -6,5 +6,5 @@ mod tensor;
 mod types;
 
 pub use graph::{Graph, Module, Op, OpData, Value, ValueData, ValueDef};
-pub use tensor::{numel, Attr, Payload, TensorData};
+pub use tensor::{numel, Attr, Payload, Subgraph, TensorData, CAPTURES_ATTR};
 pub use types::{fmt_type, DType, Dim, SymDim, TensorType};

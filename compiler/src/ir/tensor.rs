@@ -172,7 +172,36 @@ pub enum Attr {
     Floats(Vec<f32>),
     Ints(Vec<i64>),
     Strings(Vec<String>),
+    /// A subgraph (`Loop`'s body, `If`'s branches).
+    Graph(Subgraph),
 }
+
+/// A subgraph attribute. ONNX subgraphs read values of enclosing graphs by name (lexical
+/// scoping); here those reads are explicit: `graph.inputs` are the `formal` ONNX inputs followed
+/// by one input per captured outer value, named like it, and the op carrying the subgraph lists
+/// the captured outer values as extra operands after its ONNX operands (their number in the
+/// `pipec.captures` attribute), so use lists, dead-code elimination and the topological order
+/// see the dependency. The exporter writes the ONNX form back (formal inputs, ONNX operands).
+#[derive(Clone, Debug)]
+pub struct Subgraph {
+    pub graph: std::sync::Arc<super::Graph>,
+    /// Number of ONNX (formal) inputs; the rest of `graph.inputs` are captured values.
+    pub formal: usize,
+    /// For each captured input (`graph.inputs[formal + j]`), the index of the outer operand it
+    /// reads among the op's captured operands (several subgraphs of one op share them).
+    pub captured: Vec<usize>,
+}
+
+impl PartialEq for Subgraph {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.graph, &other.graph)
+            && self.formal == other.formal
+            && self.captured == other.captured
+    }
+}
+
+/// Name of the attribute that counts an op's captured operands (see [`Subgraph`]).
+pub const CAPTURES_ATTR: &str = "pipec.captures";
 
 impl Attr {
     pub fn as_int(&self) -> Option<i64> {
@@ -203,6 +232,12 @@ impl Attr {
     pub fn as_tensor(&self) -> Option<&TensorData> {
         match self {
             Attr::Tensor(t) => Some(t),
+            _ => None,
+        }
+    }
+    pub fn as_graph(&self) -> Option<&Subgraph> {
+        match self {
+            Attr::Graph(g) => Some(g),
             _ => None,
         }
     }

@@ -15,6 +15,7 @@ use super::proto::{
 use crate::error::{Error, Result};
 use crate::ir::{
     Attr, DType, Dim, Graph, Module, Payload, TensorData, TensorType, Value, ValueDef,
+    CAPTURES_ATTR,
 };
 use prost::Message;
 use std::collections::{BTreeMap, HashSet};
@@ -95,14 +96,30 @@ fn graph_proto(g: &Graph, ir_version: i64, opts: &ExportOptions) -> Result<Graph
             if k.starts_with("pipec.") && !opts.keep_annotations {
                 continue;
             }
+            if k == CAPTURES_ATTR {
+                continue; // the captured operands are implicit in ONNX
+            }
+            if let Attr::Graph(sg) = a {
+                // ONNX form: the formal inputs only; captured values are read by name.
+                let mut body = graph_proto(&sg.graph, ir_version, opts)?;
+                body.input.truncate(sg.formal);
+                attribute.push(AttributeProto {
+                    name: k.clone(),
+                    r#type: at::GRAPH,
+                    g: Some(body),
+                    ..Default::default()
+                });
+                continue;
+            }
             let ap = attr_proto(k, a).map_err(|msg| {
                 Error::node(&d.name, &d.op_type, format!("attribute '{k}': {msg}"))
             })?;
             attribute.push(ap);
         }
+        let captures = d.int_attr(CAPTURES_ATTR).unwrap_or(0).max(0) as usize;
+        let n_onnx = d.inputs.len().saturating_sub(captures);
         node.push(NodeProto {
-            input: d
-                .inputs
+            input: d.inputs[..n_onnx]
                 .iter()
                 .map(|i| i.as_ref().map(name).unwrap_or_default())
                 .collect(),
@@ -239,6 +256,7 @@ fn attr_proto(name: &str, a: &Attr) -> std::result::Result<AttributeProto, Strin
             p.r#type = at::STRINGS;
             p.strings = v.iter().map(|s| s.clone().into_bytes().into()).collect();
         }
+        Attr::Graph(_) => return Err("a subgraph is exported with its node".into()),
     }
     Ok(p)
 }

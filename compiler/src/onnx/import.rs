@@ -17,7 +17,8 @@ use super::proto::{
 };
 use crate::error::{Error, Result};
 use crate::ir::{
-    numel, Attr, DType, Dim, Graph, Module, OpData, Payload, TensorData, TensorType, Value,
+    numel, Attr, DType, Dim, Graph, Module, OpData, Payload, Subgraph, TensorData, TensorType,
+    Value, CAPTURES_ATTR,
 };
 use bytes::Bytes;
 use prost::Message;
@@ -245,6 +246,20 @@ fn parse_dim_param(p: &str) -> Dim {
 }
 
 fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
+    import_scoped(gp, ext, None).map(|(g, _)| g)
+}
+
+/// Types of the values of the enclosing graphs a subgraph may read, by name.
+type Outer<'a> = &'a dyn Fn(&str) -> Option<TensorType>;
+
+/// Import a graph; for a subgraph, `outer` resolves names of enclosing graphs. Returns the graph
+/// and the names it captured from enclosing graphs (appended to its inputs, see
+/// [`crate::ir::Subgraph`]).
+fn import_scoped(
+    gp: &GraphProto,
+    ext: &mut ExternalFiles,
+    outer: Option<Outer>,
+) -> Result<(Graph, Vec<String>)> {
     if let Some(s) = gp.sparse_initializer.first() {
         let name = s.values.as_ref().map(|v| v.name.as_str()).unwrap_or("");
         return Err(Error::named(name, "sparse initializers are not supported"));
@@ -312,6 +327,7 @@ fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
 
     // Pass 1: create every op with its results (nodes may be out of order in real files).
     let mut node_names: HashSet<String> = HashSet::new();
+    let mut subgraphs: Vec<(usize, &AttributeProto)> = Vec::new();
     let mut ops = Vec::with_capacity(gp.node.len());
     for (idx, n) in gp.node.iter().enumerate() {
         let name = unique_node_name(n, idx, &mut node_names);
@@ -329,6 +345,11 @@ fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
         };
         if n.op_type.is_empty() {
             return Err(Error::node(&name, "", "node has no op type"));
+        }
+        for a in &n.attribute {
+            if is_graph_attr(a) {
+                subgraphs.push((idx, a));
+            }
         }
         // Trailing omitted outputs are dropped; inner ones get a generated unused name.
         let keep = n
@@ -362,15 +383,80 @@ fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
         }
         ops.push(op);
     }
-    // Pass 2: resolve operands.
-    for (n, &op) in gp.node.iter().zip(&ops) {
+    // Subgraphs (Loop bodies, If branches), once every name of this graph is defined: the names
+    // they read from this graph (or, through it, from enclosing ones) become extra operands.
+    let mut extra: HashMap<usize, Vec<String>> = HashMap::new();
+    for (idx, a) in subgraphs {
+        let op = ops[idx];
+        let n = &gp.node[idx];
+        let node = g.ops[op].name.clone();
+        let sub = match (&a.g, a.graphs.is_empty()) {
+            (Some(sub), true) if a.r#type == at::GRAPH || a.r#type == at::UNDEFINED => sub,
+            _ => {
+                return Err(Error::node(
+                    &node,
+                    &n.op_type,
+                    format!(
+                        "attribute '{}': only single-graph subgraph attributes are supported",
+                        a.name
+                    ),
+                ))
+            }
+        };
+        let (body, captured) = {
+            let resolve = |name: &str| -> Option<TensorType> {
+                match by_name.get(name) {
+                    Some(v) => Some(g.ty(*v).clone()),
+                    None => outer.and_then(|o| o(name)),
+                }
+            };
+            let resolve: Outer = &resolve;
+            import_scoped(sub, ext, Some(resolve)).map_err(|e| {
+                Error::node(&node, &n.op_type, format!("subgraph '{}': {e}", a.name))
+            })?
+        };
+        let formal = body.inputs.len() - captured.len();
+        let list = extra.entry(idx).or_default();
+        let mut pos = Vec::with_capacity(captured.len());
+        for c in captured {
+            match list.iter().position(|x| *x == c) {
+                Some(p) => pos.push(p),
+                None => {
+                    pos.push(list.len());
+                    list.push(c);
+                }
+            }
+        }
+        g.ops[op].attrs.insert(
+            a.name.clone(),
+            Attr::Graph(Subgraph {
+                graph: std::sync::Arc::new(body),
+                formal,
+                captured: pos,
+            }),
+        );
+    }
+    // Pass 2: resolve operands (a name of an enclosing graph is captured: a new graph input).
+    let mut captured: Vec<String> = Vec::new();
+    let mut resolve = |g: &mut Graph, by_name: &mut HashMap<String, Value>, i: &str| {
+        if let Some(v) = by_name.get(i) {
+            return Some(*v);
+        }
+        let ty = outer?(i)?;
+        let v = g.add_input(i.to_string(), ty);
+        by_name.insert(i.to_string(), v);
+        captured.push(i.to_string());
+        Some(v)
+    };
+    for (idx, (n, &op)) in gp.node.iter().zip(&ops).enumerate() {
         let mut inputs = Vec::with_capacity(n.input.len());
-        for i in &n.input {
+        let caps = extra.remove(&idx).unwrap_or_default();
+        for i in n.input.iter().chain(&caps) {
             if i.is_empty() {
                 inputs.push(None);
                 continue;
             }
-            let v = by_name.get(i).copied().ok_or_else(|| {
+            let v = resolve(&mut g, &mut by_name, i).ok_or_else(|| {
                 Error::node(
                     &g.ops[op].name,
                     &n.op_type,
@@ -379,10 +465,15 @@ fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
             })?;
             inputs.push(Some(v));
         }
+        if !caps.is_empty() {
+            g.ops[op]
+                .attrs
+                .insert(CAPTURES_ATTR.into(), Attr::Int(caps.len() as i64));
+        }
         g.ops[op].inputs = inputs;
     }
     for out in &gp.output {
-        let v = by_name.get(&out.name).copied().ok_or_else(|| {
+        let v = resolve(&mut g, &mut by_name, &out.name).ok_or_else(|| {
             Error::named(
                 &out.name,
                 "graph output is not produced by any node, graph input or initializer",
@@ -391,7 +482,11 @@ fn import_graph(gp: &GraphProto, ext: &mut ExternalFiles) -> Result<Graph> {
         g.outputs.push(v);
     }
     g.topo_sort()?;
-    Ok(g)
+    Ok((g, captured))
+}
+
+fn is_graph_attr(a: &AttributeProto) -> bool {
+    a.g.is_some() || !a.graphs.is_empty() || matches!(a.r#type, at::GRAPH | at::GRAPHS)
 }
 
 /// The node's name, or `<op_type>_<index>` if empty; made unique with a numeric suffix.
@@ -419,15 +514,8 @@ fn import_attrs(
     let mut attrs = BTreeMap::new();
     for a in &n.attribute {
         let err = |m: String| Error::node(node, &n.op_type, format!("attribute '{}': {m}", a.name));
-        if a.g.is_some() || !a.graphs.is_empty() || matches!(a.r#type, at::GRAPH | at::GRAPHS) {
-            return Err(Error::node(
-                node,
-                &n.op_type,
-                format!(
-                    "attribute '{}': subgraph attributes are not supported yet",
-                    a.name
-                ),
-            ));
+        if is_graph_attr(a) {
+            continue; // imported by `import_scoped` once the graph's names are known
         }
         if !a.ref_attr_name.is_empty() {
             return Err(err(

@@ -21,6 +21,7 @@
 //! Rules live in one file per op family and are registered by op type in [`registry`]
 //! (tract's `register_all_ops` style). An op type without a rule is [`Error::UnknownOp`].
 
+mod control;
 mod conv;
 mod elementwise;
 mod misc;
@@ -55,6 +56,7 @@ pub fn registry() -> &'static HashMap<&'static str, Rule> {
         shape_ops::register(&mut r);
         misc::register(&mut r);
         rnn::register(&mut r);
+        control::register(&mut r);
         r
     })
 }

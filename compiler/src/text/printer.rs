@@ -460,6 +460,19 @@ impl Printer<'_> {
                 }
                 out.push('>');
             }
+            Attr::Graph(sg) => {
+                // Not parsed back: the text form of a model with control flow is for reading.
+                out.push_str("#pipec.subgraph<");
+                quote(out, &sg.graph.name);
+                let _ = write!(
+                    out,
+                    ", {} inputs, {} captured, {} ops, {} outputs>",
+                    sg.formal,
+                    sg.graph.inputs.len() - sg.formal,
+                    sg.graph.order.len(),
+                    sg.graph.outputs.len()
+                );
+            }
             Attr::Strings(v) => {
                 out.push('[');
                 for (i, s) in v.iter().enumerate() {

@@ -138,6 +138,8 @@ pub struct Pieces {
 /// Build the training module of a stage and cut it into its forward and backward pieces.
 pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
     let mut t = spec.forward.clone();
+    // A no-op on a module the CLI already lowered.
+    crate::lower::lower(&mut t)?;
     let sent: Vec<Value> = t.graph.outputs.clone();
     let fwd_ops: HashSet<Op> = t.graph.order.iter().copied().collect();
     let by_name: HashMap<String, Value> = t

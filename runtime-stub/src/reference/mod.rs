@@ -11,6 +11,8 @@
 //! Ops: see [`SUPPORTED_OPS`]. Not supported: control flow (If/Loop/Scan), sequences, strings,
 //! quantized ops, RNNs (LSTM/GRU/RNN), 3-D convolution and pooling, BatchNormalization in training
 //! mode, Resize, NonZero, TopK, and any non-default domain. `prepare` names the first such node.
+//! (pipec's `lower` pass rewrites Loop with a static trip count, If with a constant condition,
+//! LSTM, GRU and Resize into ops of this list; the CLI runs it before training.)
 
 mod elementwise;
 mod nn;

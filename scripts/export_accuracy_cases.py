@@ -23,8 +23,8 @@ torchvision's (N(0, 0.01), zero bias); the convolutional part is unchanged.
 Writes OUT/NAME.onnx, OUT/NAME.ref.npz (float32: input/input, output/logits, loss, grad/<param>),
 OUT/NAME.ref64.npz (the same model and input in float64: the exact-gradient reference) and
 OUT/NAME.ref64b.npz: float64 again, but with every branch decision taken from the float32 run
-(the ReLU masks of aten.threshold_backward and the argmax indices of
-aten.max_pool2d_with_indices, replayed in call order by a TorchDispatchMode), i.e. the exact
+(ReLU-family backward masks and max-pool argmax indices, replayed in call order by
+export_models.Branches), i.e. the exact
 gradient of the piece PyTorch's float32 run chose. A ReLU input or pooling window within float32
 rounding of a tie can take the other branch in float64; the float32 gradient then differs from
 NAME.ref64.npz by one routed element (~1e-3 of a conv weight gradient) without any inaccuracy in
@@ -41,7 +41,6 @@ import numpy as np
 import onnx
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_models as em  # noqa: E402
@@ -68,41 +67,6 @@ def build(name, hw, gen):
             lin.bias.zero_()
         m.classifier[0] = lin
     return m
-
-
-class Branches(TorchDispatchMode):
-    """Records (mode "record") or replays (mode "replay") the branch decisions of a forward +
-    backward pass, in call order: ReLU backward masks and max-pool argmax indices."""
-
-    def __init__(self, mode, log=None):
-        super().__init__()
-        self.mode, self.log, self.i = mode, [] if log is None else log, 0
-
-    def _next(self, what):
-        kind, val = self.log[self.i]
-        if kind != what:
-            raise RuntimeError(f"branch replay out of step: {kind} recorded, {what} now")
-        self.i += 1
-        return val
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.ops.aten.threshold_backward.default:
-            grad, out, thr = args
-            if self.mode == "record":
-                self.log.append(("mask", out > thr))
-            else:
-                return grad * self._next("mask").to(grad.dtype)
-        res = func(*args, **kwargs)
-        if func is torch.ops.aten.max_pool2d_with_indices.default:
-            if self.mode == "record":
-                self.log.append(("argmax", res[1].clone()))
-            else:
-                idx = self._next("argmax")
-                x = args[0]
-                val = x.flatten(-2).gather(-1, idx.flatten(-2)).view_as(res[0])
-                res = (val, idx)
-        return res
 
 
 def grads(model, x, double, branches=None):
@@ -140,9 +104,9 @@ def export(name, hw, batch, out):
     meta = {"model": name, "hw": hw, "batch": batch, "seed": seed, "input_seed": INPUT_SEED,
             "loss": "mean(logits^2)", "torch": torch.__version__}
     log = []
-    for double, branches, suffix in ((False, Branches("record", log), ".ref.npz"),
+    for double, branches, suffix in ((False, em.Branches.make("record", log), ".ref.npz"),
                                      (True, None, ".ref64.npz"),
-                                     (True, Branches("replay", log), ".ref64b.npz")):
+                                     (True, em.Branches.make("replay", log), ".ref64b.npz")):
         rec = grads(model, x, double, branches)
         if branches is not None and branches.mode == "replay" and branches.i != len(log):
             raise SystemExit(f"{name}: {len(log) - branches.i} recorded branch decisions not replayed")

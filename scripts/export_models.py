@@ -97,6 +97,78 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+class Branches:
+    """Records (mode "record") or replays (mode "replay") the branch decisions of a forward +
+    backward pass, in call order, as a torch dispatch mode: the masks of ReLU, ReLU6 / Hardtanh,
+    LeakyReLU, Hardsigmoid and Hardswish backward, and max-pool argmax indices.  Replaying a
+    float32 run's log in float64 gives the exact gradient of the piece float32 chose (a tie
+    within float32 rounding can take the other branch in float64, which moves one routed element
+    without any error in the arithmetic).  `pipec grad --precision f64 --f32-branches` is pipec's
+    counterpart.  `make()` builds the mode (torch imported lazily: this module is also imported
+    without torch)."""
+
+    @staticmethod
+    def make(mode, log=None):
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        aten = torch.ops.aten
+        masks = {
+            # op -> (mask from the op's saved input, gradient from (grad, x, mask))
+            aten.threshold_backward.default: lambda a: a[1] > a[2],
+            aten.hardtanh_backward.default: lambda a: (a[1] > a[2]) & (a[1] < a[3]),
+            aten.leaky_relu_backward.default: lambda a: a[1] > 0,
+            aten.hardsigmoid_backward.default: lambda a: (a[1] > -3) & (a[1] < 3),
+            # Hardswish: three pieces (x < -3: 0, -3 <= x <= 3: (2x + 3) / 6, x > 3: 1)
+            aten.hardswish_backward.default: lambda a: (a[1] >= -3).to(torch.int8) + (a[1] > 3).to(torch.int8),
+        }
+
+        def replay_grad(func, a, m):
+            g, x = a[0], a[1]
+            if func is aten.hardtanh_backward.default or func is aten.threshold_backward.default:
+                return g * m.to(g.dtype)
+            if func is aten.leaky_relu_backward.default:
+                return g * torch.where(m, torch.ones_like(x), torch.full_like(x, float(a[2])))
+            if func is aten.hardsigmoid_backward.default:
+                return g * m.to(g.dtype) / 6
+            piece = torch.where(m == 1, (2 * x + 3) / 6, torch.zeros_like(x))
+            return g * torch.where(m == 2, torch.ones_like(x), piece)
+
+        class Mode(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.mode, self.log, self.i = mode, [] if log is None else log, 0
+
+            def _next(self, what):
+                if self.i >= len(self.log):
+                    raise RuntimeError(f"branch replay out of step: nothing recorded for {what}")
+                kind, val = self.log[self.i]
+                if kind != what:
+                    raise RuntimeError(f"branch replay out of step: {kind} recorded, {what} now")
+                self.i += 1
+                return val
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                if func in masks:
+                    if self.mode == "record":
+                        self.log.append((str(func), masks[func](args)))
+                    else:
+                        return replay_grad(func, args, self._next(str(func)))
+                res = func(*args, **kwargs)
+                if func is aten.max_pool2d_with_indices.default:
+                    if self.mode == "record":
+                        self.log.append(("argmax", res[1].clone()))
+                    else:
+                        idx = self._next("argmax")
+                        x = args[0]
+                        val = x.flatten(-2).gather(-1, idx.flatten(-2)).view_as(res[0])
+                        res = (val, idx)
+                return res
+
+        return Mode()
+
+
 class Wrap(nn.Module):
     """Positional args in, tuple out (HF models take keywords and return ModelOutput)."""
 

@@ -29,7 +29,12 @@ Per model NAME, into OUT:
                     model cast with .double()) of every parameter that is an ONNX initializer of
                     NAME.onnx, keyed by the initializer name.  The loss is `pipec grad`'s default
                     `mean-square`: L = mean(y0**2) over all elements of the model's FIRST output.
-                    meta_json: model, loss, params not found among the initializers, etc.
+                    grad64b/<init>: float64 again, but with every branch decision (ReLU-family
+                    masks, max-pool argmax) replayed from the float32 run (export_models.Branches):
+                    the exact gradient of the piece float32 chose, the reference for float32's
+                    arithmetic alone (`pipec grad --precision f64 --f32-branches` is pipec's side);
+                    branch_decisions: how many were replayed (branches_note instead if the replay
+                    failed).  meta_json: model, loss, params not found among the initializers, etc.
 Every export is checked with onnx.checker and onnxruntime vs torch (at batch 2 and, for the
 TorchScript file, batch 3).  Models with BatchNorm are exported in eval mode with calibrated
 running statistics (3 train-mode passes on random batches, as export_models.py does).
@@ -37,6 +42,7 @@ OUT/PARTIAL lists the models done so far (updated after each model); OUT/READY i
 end with the full list.  One JSON line per model goes to stdout, progress to stderr.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -719,8 +725,8 @@ def first_line(e):
 
 
 def references(model, feeds, prefix, init_names):
-    """loss and gradients (float32 and float64) of mean(y0^2) w.r.t. every parameter that is an
-    initializer (keyed by initializer name)."""
+    """loss and gradients (float32, float64, and float64 along float32's branch decisions) of
+    mean(y0^2) w.r.t. every parameter that is an initializer (keyed by initializer name)."""
     params = dict(model.named_parameters(remove_duplicate=False))  # tied ones under every name
     by_init, covered = {}, set()
     for k in init_names:
@@ -728,17 +734,30 @@ def references(model, feeds, prefix, init_names):
         if tk in params and id(params[tk]) not in covered:
             by_init[k] = tk
             covered.add(id(params[tk]))
-    rec = {}
-    for dt in (torch.float32, torch.float64):
+    rec, log_ = {}, []
+    for dt, tag, branches in ((torch.float32, "32", em.Branches.make("record", log_)),
+                              (torch.float64, "64", None),
+                              (torch.float64, "64b", em.Branches.make("replay", log_))):
         model.to(dt)
         model.zero_grad(set_to_none=True)
         f = {k: v.to(dt) if v.is_floating_point() else v for k, v in feeds.items()}
-        outs = model(*f.values())
-        outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
-        loss = (outs[0] ** 2).mean()
-        loss.backward()
-        tag = "32" if dt == torch.float32 else "64"
-        rec["loss" + tag] = np.asarray(loss.item(), np.float64)
+        try:
+            with branches or contextlib.nullcontext():
+                outs = model(*f.values())
+                outs = (outs,) if isinstance(outs, torch.Tensor) else tuple(outs)
+                loss = (outs[0] ** 2).mean()
+                loss.backward()
+            if tag == "64b" and branches.i != len(log_):
+                raise RuntimeError(f"{len(log_) - branches.i} recorded branch decisions not replayed")
+        except RuntimeError as e:
+            if tag != "64b":
+                raise
+            rec["branches_note"] = np.frombuffer(first_line(e).encode(), np.uint8)
+            continue
+        if tag == "64b":
+            rec["branch_decisions"] = np.asarray(len(log_), np.int64)
+        else:
+            rec["loss" + tag] = np.asarray(loss.item(), np.float64)
         if dt == torch.float32:
             for i, o in enumerate(outs):
                 rec[f"output{i}"] = o.detach().numpy()
@@ -903,7 +922,7 @@ def main():
                    "torch": torch.__version__, "onnx": onnx.__version__,
                    "reference": {"inputs": "NAME.inputs.npz (seed %d)" % REF_SEED,
                                  "ref": "NAME.ref.npz: loss32, loss64, output/<name>, grad32/<init>, "
-                                        "grad64/<init>, meta_json"},
+                                        "grad64/<init>, grad64b/<init> (float64 along float32's branches), branch_decisions, meta_json"},
                    "models": models}, f, indent=1)
         f.write("\n")
     if not a.only:

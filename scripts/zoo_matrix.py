@@ -3,15 +3,21 @@
 
 Per model found in the zoo folder (scripts/export_zoo.py writes it):
   1. `pipec inspect NAME.onnx --json`
-  2. `pipec grad NAME.onnx --inputs NAME.inputs.npz` (default loss mean-square, as the references),
-     compared per tensor with NAME.ref.npz: err(x) = max|x - g64| / max|g64| for pipec's float32
-     gradient and for PyTorch's float32 gradient (g64 = PyTorch's float64 gradient; a tensor
-     whose largest |g64| is below 1e-6 of the model's largest gradient, e.g. zero analytically, is
-     scaled by that instead).  A tensor
-     passes when  pipec_err <= 2 * torch_err + floor  (floor default 5e-7, ~4 float32 ulps of the
-     tensor's scale).  A gradient the reference has but pipec does not is a failure unless g64 is
-     all zero (the loss does not depend on it).  The worst tensor (largest pipec_err / allowed) is
-     printed.
+  2. `pipec grad NAME.onnx --inputs NAME.inputs.npz` (default loss mean-square, as the references)
+     in float32, and twice more in float64: `--precision f64` (its own branches) and
+     `--precision f64 --f32-branches` (along the float32 run's ReLU masks / pooling indices).
+     Per tensor, relative to s = its largest |PyTorch f64 gradient| (at least 1e-6 of the model's
+     largest gradient: a gradient that is zero analytically is float64 noise):
+       f64_err = |pipec f64 - torch f64| / s      correctness: both exact, <= --f64-tol (1e-6)
+       pipec_b = |pipec f32 - pipec f64 along pipec f32's branches| / s
+       torch_b = |torch f32 - torch f64 along torch f32's branches| / s  (NAME.ref.npz grad64b/)
+     and passes when pipec_b <= 2 * torch_b + floor (floor default 5e-7, ~4 float32 ulps of the
+     tensor's scale).  The branch-matched pair measures float32 arithmetic alone: a value within
+     float32 rounding of a ReLU / max-pool tie takes the other branch in float64 and moves one
+     routed element, in PyTorch's float32 run as in pipec's, by luck of the summation order.
+     Without grad64b in the reference (or with --no-f64) the plain pair is judged instead:
+     |x f32 - torch f64| / s for both.  A gradient the reference has but pipec does not is a
+     failure unless torch f64's is all zero.  The worst tensor (largest pipec / allowed) is printed.
   3. for every planner: `pipec compile NAME.onnx --cluster cpu --devices 4 --planner P --batch B
      --micro-batch b -o OUT`, then `pipec run OUT --steps 2 --check` (float32) and, when that
      fails its check, again with `--accuracy`: `rounding` when the pipeline is no farther from
@@ -83,13 +89,32 @@ def step(status, secs, err="", **kw):
     return d
 
 
-def compare_grads(out_npz, ref_npz, floor):
+def _grads(path, prefix="grad/"):
+    if not path or not os.path.exists(path):
+        return None
+    z = np.load(path)
+    return {k[len(prefix):]: np.asarray(z[k], np.float64) for k in z.files if k.startswith(prefix)}
+
+
+def compare_grads(out_npz, ref_npz, floor, out64_npz=None, out64b_npz=None, f64_tol=1e-6):
+    """Per tensor, with s = the tensor's scale (its largest |torch f64| gradient, at least
+    ZERO_SCALE of the model's largest):
+      plain pair:   pipec_err = |pipec f32 - torch f64| / s,  torch_err = |torch f32 - torch f64| / s
+      branch pair:  pipec_b = |pipec f32 - pipec f64 along pipec f32's branches| / s,
+                    torch_b = |torch f32 - torch f64 along torch f32's branches| / s
+      f64 check:    f64_err = |pipec f64 - torch f64| / s  (both exact: rounding of float64 and
+                    of the graph's float32 constants only)
+    A tensor passes when the judged pair (the branch pair where both sides have it, else the
+    plain pair) has pipec <= 2 torch + floor and f64_err <= f64_tol."""
     o = np.load(out_npz)
     r = np.load(ref_npz)
+    g64o, g64b = _grads(out64_npz), _grads(out64b_npz)
     keys = [k[7:] for k in r.files if k.startswith("grad64/")]
+    branch = g64b is not None and all("grad64b/" + k in r.files for k in keys)
     scale_all = max([float(np.abs(r["grad64/" + k]).max()) if r["grad64/" + k].size else 0.0
                      for k in keys] + [0.0])
-    rows, missing, failed = [], [], []
+    rows, missing, failed, f64_bad = [], [], [], []
+    f64_worst = 0.0
     for k in keys:
         g64 = np.asarray(r["grad64/" + k], np.float64)
         g32 = np.asarray(r["grad32/" + k], np.float64)
@@ -98,30 +123,45 @@ def compare_grads(out_npz, ref_npz, floor):
         # softmax, is float64 noise; it is compared at the model's scale)
         s = float(np.abs(g64).max()) if g64.size else 0.0
         s = max(s, ZERO_SCALE * scale_all) or 1.0
-        t_err = float(np.abs(g32 - g64).max()) / s if g64.size else 0.0
+
+        def e(x, ref):
+            if x is None or x.shape != ref.shape:
+                return float("inf")
+            return float(np.abs(x - ref).max()) / s if ref.size else 0.0
+
+        t_err = e(g32, g64)
         if "grad/" + k not in o.files:
             if np.any(g64 != 0):
                 missing.append(k)
             continue
         gp = np.asarray(o["grad/" + k], np.float64)
-        if gp.shape != g64.shape:
-            rows.append((k, float("inf"), t_err, float("inf")))
+        p_err = e(gp, g64)
+        if branch:
+            pj, tj = e(gp, g64b.get(k)), e(g32, np.asarray(r["grad64b/" + k], np.float64))
+        else:
+            pj, tj = p_err, t_err
+        allowed = 2 * tj + floor
+        bad = not np.isfinite(pj) or pj > allowed
+        if g64o is not None:
+            fe = e(g64o.get(k), g64)
+            f64_worst = max(f64_worst, fe)
+            if not fe <= f64_tol:
+                f64_bad.append(k)
+                bad = True
+        if bad:
             failed.append(k)
-            continue
-        p_err = float(np.abs(gp - g64).max()) / s
-        allowed = 2 * t_err + floor
-        if not np.isfinite(p_err) or p_err > allowed:
-            failed.append(k)
-        rows.append((k, p_err, t_err, p_err / allowed))
+        rows.append((k, p_err, t_err, pj, tj, pj / allowed))
     extra = [k[5:] for k in o.files if k.startswith("grad/") and "grad64/" + k[5:] not in r.files]
     loss_rel = abs(float(o["loss"]) - float(r["loss64"])) / max(abs(float(r["loss64"])), 1e-30)
     t_loss_rel = abs(float(r["loss32"]) - float(r["loss64"])) / max(abs(float(r["loss64"])), 1e-30)
-    worst = max(rows, key=lambda x: x[3]) if rows else None
+    worst = max(rows, key=lambda x: x[5]) if rows else None
     return OrderedDict(
         tensors=len(rows), failed=len(failed) + len(missing), missing=missing[:10],
         n_missing=len(missing), extra_grads=len(extra), loss_rel_err=loss_rel, torch_loss_rel_err=t_loss_rel,
-        worst=(OrderedDict(tensor=worst[0], pipec_err=worst[1], torch_err=worst[2],
-                           err_over_allowed=worst[3]) if worst else None),
+        judged="branch-matched" if branch else "plain",
+        f64_err=(f64_worst if g64o is not None else None), f64_failed=f64_bad[:5], n_f64_failed=len(f64_bad),
+        worst=(OrderedDict(tensor=worst[0], pipec_err=worst[1], torch_err=worst[2], pipec_judged=worst[3],
+                           torch_judged=worst[4], err_over_allowed=worst[5]) if worst else None),
         first_failed=(failed[:5]))
 
 
@@ -148,14 +188,33 @@ def run_model(a, name, model_path, tag):
         if os.path.exists(inputs) and os.path.exists(ref):
             g = os.path.join(tmp, "grad.npz")
             rc, out, err, s = sh([p, "grad", model_path, "--inputs", inputs, "-o", g], a.timeout_grad)
+            g64 = g64b = None
+            if rc == 0 and not a.no_f64:
+                # the exact gradients: float64 on its own branches (vs PyTorch's float64) and
+                # along float32's branch decisions (float32's arithmetic error alone)
+                for extra, path in ((["--precision", "f64"], "grad64.npz"),
+                                    (["--precision", "f64", "--f32-branches"], "grad64b.npz")):
+                    q = os.path.join(tmp, path)
+                    rc2, _, err2, s2 = sh([p, "grad", model_path, "--inputs", inputs, "-o", q] + extra,
+                                          a.timeout_grad)
+                    s += s2
+                    if rc2 != 0:
+                        rc, err = rc2, err2
+                        break
+                    if path == "grad64.npz":
+                        g64 = q
+                    else:
+                        g64b = q
             if rc == 0:
                 try:
-                    c = compare_grads(g, ref, a.floor)
+                    c = compare_grads(g, ref, a.floor, g64, g64b, a.f64_tol)
                     st = "pass" if c["failed"] == 0 and c["tensors"] > 0 else "FAIL"
                     res["grad"] = step(st, s, "" if st == "pass" else
                                        f"{c['failed']} of {c['tensors'] + c['n_missing']} tensors over "
-                                       f"2*torch_err+floor" + (f" ({c['n_missing']} missing)"
-                                                               if c["n_missing"] else ""), **c)
+                                       f"2*torch_err+floor ({c['judged']})"
+                                       + (f" ({c['n_missing']} missing)" if c["n_missing"] else "")
+                                       + (f" ({c['n_f64_failed']} off PyTorch in float64)"
+                                          if c["n_f64_failed"] else ""), **c)
                 except Exception as e:  # noqa: BLE001 (a measurement: record and go on)
                     res["grad"] = step("FAIL", s, f"comparison: {type(e).__name__}: {e}")
             else:
@@ -165,7 +224,8 @@ def run_model(a, name, model_path, tag):
             res["grad"] = step("skipped", 0, "no NAME.inputs.npz / NAME.ref.npz")
         w = res["grad"].get("worst")
         print(f"[{name}{tag}] grad {res['grad']['status']} {res['grad'].get('error', '')}"
-              + (f" worst {w['tensor']}: pipec {w['pipec_err']:.2e} torch {w['torch_err']:.2e}" if w else ""),
+              + (f" worst {w['tensor']}: pipec {w['pipec_judged']:.2e} torch {w['torch_judged']:.2e}"
+               f" ({res['grad'].get('judged')}; f64 vs torch {res['grad'].get('f64_err')})" if w else ""),
               file=sys.stderr, flush=True)
 
         res["planners"] = OrderedDict()
@@ -244,7 +304,10 @@ def grad_cell(g):
     if g["status"] in ("pass", "FAIL") and g.get("worst"):
         w = g["worst"]
         tag = "pass" if g["status"] == "pass" else f"FAIL {g['failed']}/{g['tensors'] + g.get('n_missing', 0)}"
-        return f"{tag}: {w['pipec_err']:.1e} vs {w['torch_err']:.1e}"
+        f64 = g.get("f64_err")
+        return (f"{tag}: {w.get('pipec_judged', w['pipec_err']):.1e} vs {w.get('torch_judged', w['torch_err']):.1e}"
+                + (f"{'' if g.get('judged') == 'branch-matched' else ' (plain)'}; f64 {f64:.0e}"
+                   if f64 is not None else ""))
     return g["status"]
 
 
@@ -275,6 +338,7 @@ def failure_classes(results):
             if kind == "grad" and d.get("worst") is not None:  # ran, but off the reference
                 w = d["worst"]["err_over_allowed"]
                 msg = ("gradients missing (names not among the initializers)" if d.get("n_missing") else
+                       "float64 gradients off PyTorch's float64 ones" if d.get("n_f64_failed") else
                        "gradient error 1-10x over 2*torch_err+floor" if w <= 10 else
                        "gradient error > 10x over 2*torch_err+floor")
             key = (kind, d["status"], normalise(msg))
@@ -289,7 +353,7 @@ def failure_classes(results):
 
 def markdown(results, planners, manifest):
     fam = {m["name"]: m.get("family", "") for m in manifest}
-    head = ["model", "family", "nodes", "params", "inspect", "grad: worst tensor pipec vs torch f32 err"] + planners
+    head = ["model", "family", "nodes", "params", "inspect", "grad: worst tensor pipec vs torch f32 err; pipec f64 vs torch f64"] + planners
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         ins = r["inspect"]
@@ -314,6 +378,10 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--floor", type=float, default=5e-7)
+    ap.add_argument("--f64-tol", type=float, default=1e-6,
+                    help="largest |pipec f64 - torch f64| / scale per tensor (default 1e-6)")
+    ap.add_argument("--no-f64", action="store_true",
+                    help="skip the two float64 grad runs (judge the plain pair, no float64 check)")
     ap.add_argument("--dynamo", action="store_true", help="also NAME.dynamo.onnx (inspect + grad only)")
     ap.add_argument("--skip-compile", action="store_true", help="inspect + grad only")
     ap.add_argument("--skip-run", action="store_true", help="compile but do not run")

@@ -341,6 +341,16 @@ enum Red {
     LogSumExp,
 }
 
+impl Red {
+    /// The reductions that add terms up (whose float32 results accumulate in float64).
+    fn is_sum(self) -> bool {
+        matches!(
+            self,
+            Red::Sum | Red::Mean | Red::SumSquare | Red::L1 | Red::L2 | Red::LogSumExp
+        )
+    }
+}
+
 fn reduce_num<T: Num>(a: &ArrayD<T>, axes: &[usize], keep: bool, r: Red) -> KResult<ArrayD<T>> {
     let mut x = a.clone();
     let mut sorted = axes.to_vec();
@@ -448,6 +458,13 @@ fn reduce(c: &Ctx, r: Red) -> KResult<Tensor> {
     };
     let keep = c.int("keepdims", 1) != 0;
     Ok(match x {
+        // Sums of float32 accumulate in float64 (then round once): a float32 running sum of K
+        // terms is off by up to ~K u (Higham, "Accuracy and Stability of Numerical Algorithms",
+        // 2nd ed., eq. 4.4), and the weight gradients of normalisations are such sums over
+        // N x H x W elements (`ds = sum_R(dY xhat)`, autodiff/norm.rs).
+        Tensor::F32(a) if r.is_sum() => {
+            Tensor::F32(reduce_float(&a.mapv(f64::from), &axes, keep, r)?.mapv(|v| v as f32))
+        }
         Tensor::F32(a) => Tensor::F32(reduce_float(a, &axes, keep, r)?),
         Tensor::F64(a) => Tensor::F64(reduce_float(a, &axes, keep, r)?),
         Tensor::I64(a) => Tensor::I64(reduce_num(a, &axes, keep, r)?),

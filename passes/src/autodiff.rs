@@ -313,6 +313,9 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
             .find(|v| m.graph.name(*v) == n),
         _ => None,
     };
+    // Shape arithmetic the rules read as constants (Slice bounds, Pad pads, Tile repeats) is
+    // often `Shape -> Gather -> ...` of a value with a symbolic batch: known exactly, not folded.
+    let (_, known) = pipec_compiler::shape::infer_shapes_with_values(m)?;
     let order: Vec<Op> = m.graph.order.clone();
     let g = &m.graph;
 
@@ -368,6 +371,7 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
     let active = |v: Value| varied.contains(&v) && useful.contains(&v);
 
     let mut b = Builder::new(&mut m.graph, "bwd");
+    b.known = known;
     let mut contrib: HashMap<Value, Vec<Value>> = HashMap::new();
     let dt = b.dt(loss);
     let seed = b.scalar(dt, 1.0)?;

@@ -722,3 +722,60 @@ fn clip_and_einsum_match_finite_differences() {
         es("implicit_chain", "ij,jk,kl", &[&[2, 3], &[3, 4], &[4, 2]]),
     ]);
 }
+
+/// `x[:, :shape(x)[2] - 1]`-style bounds of real exports: `Slice` ends computed by
+/// `Shape -> Gather -> Sub -> Unsqueeze` are no `Constant` but shape inference knows them.
+#[test]
+fn slice_with_shape_computed_bounds_matches_finite_differences() {
+    let n = |op: &'static str, ins: &[&'static str], out: &'static str, attrs| Node {
+        op,
+        ins: ins.to_vec(),
+        outs: vec![out],
+        attrs,
+    };
+    run_cases(vec![case(
+        "Slice_shape_bounds",
+        vec![
+            n("Shape", &["x"], "s", vec![]),
+            n("Gather", &["s", "two"], "d", vec![("axis", int(0))]),
+            n("Sub", &["d", "one"], "e", vec![]),
+            n("Unsqueeze", &["e", "zero"], "ends", vec![]),
+            n("Slice", &["x", "starts", "ends", "axes"], "y", vec![]),
+        ],
+    )
+    .f("x", &[2, 3, 5])
+    .i("two", &[], &[2])
+    .i("one", &[], &[1])
+    .i("zero", &[1], &[0])
+    .i("starts", &[1], &[1])
+    .i("axes", &[1], &[2])]);
+}
+
+/// Strided slices (Swin's patch merging `x[:, 0::2, 1::2]`, odd sizes, ends past the end).
+#[test]
+fn strided_slice_matches_finite_differences() {
+    let sl = |name: &str, x: &[usize], st: &[i64], en: &[i64], ax: &[i64], sp: &[i64]| {
+        let k = st.len() as i64;
+        case(
+            format!("Slice_step_{name}"),
+            vec![node("Slice", &["x", "s", "e", "a", "p"], vec![])],
+        )
+        .f("x", x)
+        .i("s", &[k], st)
+        .i("e", &[k], en)
+        .i("a", &[k], ax)
+        .i("p", &[k], sp)
+    };
+    run_cases(vec![
+        sl(
+            "patch_merge",
+            &[2, 4, 6, 3],
+            &[0, 1],
+            &[i64::MAX, i64::MAX],
+            &[1, 2],
+            &[2, 2],
+        ),
+        sl("odd", &[2, 7, 5], &[1, 0], &[7, 5], &[1, 2], &[3, 2]),
+        sl("with_step_1", &[3, 8], &[1, 2], &[3, -1], &[0, 1], &[1, 4]),
+    ]);
+}

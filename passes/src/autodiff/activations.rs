@@ -188,8 +188,7 @@ pub fn grad(
                     .ok_or_else(|| err(d, "autodiff: Tile needs the static shape of its input"))?;
             let reps = d
                 .input(1)
-                .and_then(|v| b.g.constant(v))
-                .and_then(|t| t.to_i64_vec())
+                .and_then(|v| b.const_ints(v))
                 .ok_or_else(|| err(d, "autodiff: Tile needs constant repeats"))?;
             if reps.len() != xd.len() {
                 return Err(err(d, "repeats and input rank differ"));

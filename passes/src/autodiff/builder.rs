@@ -7,6 +7,7 @@
 
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, DType, Dim, Graph, Op, OpData, TensorData, TensorType, Value};
+use pipec_compiler::shape::SymbolicValues;
 use pipec_compiler::Result;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -28,6 +29,10 @@ pub struct Builder<'g> {
     pub grad_of: Option<Op>,
     /// `grad_of` at the time each op of [`Builder::made`] was made (parallel to it).
     pub origins: Vec<Option<Op>>,
+    /// Integer values shape inference knows element by element although no `Constant` defines
+    /// them (`Gather(Shape(x), 1)` where dim 1 of `x` is static and dim 0 the batch): the
+    /// `Shape -> Gather -> Unsqueeze -> Concat` bounds of real exports' `Slice`/`Pad`/`Tile`.
+    pub known: SymbolicValues,
 }
 
 impl<'g> Builder<'g> {
@@ -50,7 +55,24 @@ impl<'g> Builder<'g> {
             made: Vec::new(),
             grad_of: None,
             origins: Vec::new(),
+            known: SymbolicValues::new(),
         }
+    }
+
+    /// The integers of `v` if they are static: a constant's data, or values shape inference
+    /// knows exactly ([`Builder::known`]).
+    pub fn const_ints(&self, v: Value) -> Option<Vec<i64>> {
+        if let Some(t) = self.g.constant(v) {
+            return t.to_i64_vec();
+        }
+        let vals: Vec<i64> = self
+            .known
+            .get(v)?
+            .iter()
+            .map(Dim::known)
+            .collect::<Option<_>>()?;
+        let n = pipec_compiler::ir::numel(&self.g.ty(v).static_dims()?)?;
+        (n == vals.len() as u64).then_some(vals)
     }
 
     /// A fresh name `base` (or `base_N`).

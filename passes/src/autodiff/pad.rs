@@ -56,10 +56,7 @@ pub fn pad_grads(
             .clone()
             .ok_or_else(|| err(d, "autodiff needs the rank of the input"))?;
     let r = xd.len();
-    let const_of = |b: &Builder, i: usize| {
-        d.input(i)
-            .map(|v| b.g.constant(v).and_then(|t| t.to_i64_vec()))
-    };
+    let const_of = |b: &Builder, i: usize| d.input(i).map(|v| b.const_ints(v));
     let pads = const_of(b, 1)
         .flatten()
         .ok_or_else(|| err(d, "autodiff: Pad needs constant pads"))?;

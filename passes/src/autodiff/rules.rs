@@ -49,26 +49,9 @@ fn dims(b: &Builder, d: &OpData, v: Value) -> Result<Vec<Dim>> {
     })
 }
 
-/// Static dims of a forward value (error naming `d` otherwise).
-fn sdims(b: &Builder, d: &OpData, v: Value) -> Result<Vec<i64>> {
-    b.g.ty(v).static_dims().ok_or_else(|| {
-        Error::node(
-            &d.name,
-            &d.op_type,
-            format!(
-                "autodiff needs the static shape of '{}' (it is {})",
-                b.g.name(v),
-                pipec_compiler::ir::fmt_type(b.g.ty(v))
-            ),
-        )
-    })
-}
-
 /// Constant int64 values of an optional operand.
 fn const_ints(b: &Builder, d: &OpData, i: usize) -> Option<Vec<i64>> {
-    d.input(i)
-        .and_then(|v| b.g.constant(v))
-        .and_then(|t| t.to_i64_vec())
+    d.input(i).and_then(|v| b.const_ints(v))
 }
 
 fn norm_axis(a: i64, r: usize) -> i64 {
@@ -569,10 +552,15 @@ pub fn grad(
             out[0] = Some(b.op1("Concat", &parts, vec![("axis", Attr::Int(ax))], dt));
         }
         "Slice" => {
-            // Steps of 1 with constant bounds: dX = Pad(dY) with the cut-off sizes.
-            let g = dy!();
+            // Constant bounds: dX = Pad(dY) with the cut-off sizes. A positive step `st` > 1
+            // along an axis first spreads dY's `n` elements to every `st`-th place (Unsqueeze
+            // after the axis, Pad that new axis to `st`, Reshape back: `[.., n, st, ..]` ->
+            // `[.., n st, ..]`), then pads as a step-1 slice of `n st` elements would (the
+            // trailing pad may be negative, a crop).
+            let mut g = dy!();
             let xv = x(0).ok_or_else(|| err(&d, "missing input"))?;
-            let xd = sdims(b, &d, xv)?;
+            // Only the sliced axes need static sizes (a symbolic batch elsewhere is fine).
+            let xd = dims(b, &d, xv)?;
             let r = xd.len();
             let (Some(starts), Some(ends)) = (const_ints(b, &d, 1), const_ints(b, &d, 2)) else {
                 return Err(err(&d, "autodiff: Slice needs constant starts/ends"));
@@ -581,21 +569,60 @@ pub fn grad(
             let steps = const_ints(b, &d, 4).unwrap_or_else(|| vec![1; starts.len()]);
             let mut pads = vec![0i64; 2 * r];
             for k in 0..starts.len() {
-                if steps.get(k).copied().unwrap_or(1) != 1 {
+                let st = steps.get(k).copied().unwrap_or(1);
+                if st < 1 {
                     return Err(err(
                         &d,
-                        "autodiff: Slice with step != 1 has no gradient rule",
+                        format!("autodiff: Slice with step {st} has no gradient rule (steps must be positive)"),
                     ));
                 }
                 let a = norm_axis(*axes.get(k).ok_or_else(|| err(&d, "bad axes"))?, r) as usize;
-                let dim = *xd.get(a).ok_or_else(|| err(&d, "bad axes"))?;
+                let dim = match xd.get(a).ok_or_else(|| err(&d, "bad axes"))? {
+                    Dim::Known(n) => *n,
+                    // The whole of a symbolic axis (`x[0:]`, `x[:INT_MAX]`) cuts nothing off.
+                    _ if st == 1 && starts[k] == 0 && ends[k] >= i64::from(i32::MAX) => continue,
+                    _ => {
+                        return Err(err(
+                            &d,
+                            format!(
+                                "autodiff: Slice along axis {a} needs its size, but '{}' is {}",
+                                b.g.name(xv),
+                                pipec_compiler::ir::fmt_type(b.g.ty(xv))
+                            ),
+                        ))
+                    }
+                };
                 let clamp = |v: i64| {
                     let v = if v < 0 { v + dim } else { v };
                     v.clamp(0, dim)
                 };
                 let (s, e) = (clamp(starts[k]), clamp(ends[k]));
+                let mut e = e.max(s);
+                if st > 1 {
+                    let n = (e - s + st - 1) / st;
+                    let u = b.unsqueeze(g, &[a as i64 + 1]);
+                    let mut up = vec![0i64; 2 * (r + 1)];
+                    up[r + 1 + a + 1] = st - 1;
+                    let up = b.ints(&up);
+                    let spread = b.op1("Pad", &[u, up], vec![], dt);
+                    // Target shape: dY's, with axis a holding n st.
+                    let sh = b.op1("Shape", &[g], vec![], DType::I64);
+                    let mut parts = Vec::new();
+                    if a > 0 {
+                        let (z, hi) = (b.ints(&[0]), b.ints(&[a as i64]));
+                        parts.push(b.op1("Slice", &[sh, z, hi], vec![], DType::I64));
+                    }
+                    parts.push(b.ints(&[n * st]));
+                    if a + 1 < r {
+                        let (lo, hi) = (b.ints(&[a as i64 + 1]), b.ints(&[r as i64]));
+                        parts.push(b.op1("Slice", &[sh, lo, hi], vec![], DType::I64));
+                    }
+                    let shape = b.op1("Concat", &parts, vec![("axis", Attr::Int(0))], DType::I64);
+                    g = b.op1("Reshape", &[spread, shape], vec![], dt);
+                    e = s + n * st;
+                }
                 pads[a] = s;
-                pads[r + a] = dim - e.max(s);
+                pads[r + a] = dim - e;
             }
             let p = b.ints(&pads);
             out[0] = Some(b.op1("Pad", &[g, p], vec![], dt));

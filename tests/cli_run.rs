@@ -112,6 +112,26 @@ fn a_failing_check_exits_1() {
     assert!(s.contains("hint: --accuracy"), "{s}");
 }
 
+#[test]
+fn a_diverging_reference_makes_the_check_inconclusive_not_a_wrong_program() {
+    // A learning rate the model's loss cannot take: the single-device reference itself leaves
+    // the finite numbers, and the check says so instead of blaming the program.
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    let mut flags = MLP4_DAPPLE_4.to_vec();
+    flags.extend_from_slice(&["--optimizer", "sgd:lr=1e30"]);
+    compile("mlp4.onnx", &out, &flags);
+    let r = pipec(&["run", out.to_str().unwrap(), "--steps", "3", "--check"]);
+    let s = String::from_utf8_lossy(&r.stdout);
+    assert_eq!(r.status.code(), Some(1), "{s}");
+    assert!(s.contains("check INCONCLUSIVE"), "{s}");
+    assert!(
+        s.contains("diverged") && s.contains("smaller learning rate"),
+        "{s}"
+    );
+    assert!(!s.contains("check FAILED"), "{s}");
+}
+
 /// `pipec run --check --accuracy`: `(pipeline, reference)` distances from float64 training.
 fn accuracy(s: &str) -> (f64, f64) {
     let line = s

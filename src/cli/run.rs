@@ -296,6 +296,14 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
                 acc.pipeline / acc.reference.max(1e-300)
             );
         }
+        if let Some(why) = &rep.diverged {
+            println!(
+                "check INCONCLUSIVE: the single-device reference training diverged ({why}), so \
+                 the comparison says nothing about the program; compile with a smaller learning \
+                 rate (e.g. --optimizer sgd:lr=0.0001) or run fewer --steps"
+            );
+            return Ok(ExitCode::from(1));
+        }
         if !rep.ok {
             println!(
                 "check FAILED: max_rel_diff {:.3e} > {:.0e}",

@@ -11,7 +11,9 @@
 //! `abs(P) = max|a - b|`, `rel(P) = abs(P) / max(max|b|, 1e-12)` — a norm-style relative error
 //! (the largest difference relative to the largest reference magnitude, so elements near zero
 //! do not blow it up). `max_abs_diff` and `max_rel_diff` are the maxima over parameters; the
-//! check fails if `max_rel_diff > 1e-4` ([`TOLERANCE`]).
+//! check fails if `max_rel_diff > 1e-4` ([`TOLERANCE`]). It also fails, saying so, when the
+//! reference training itself diverged (a non-finite loss or parameter): then the difference
+//! says nothing about the program.
 
 use super::data::{self, Data};
 use super::{DistError, LoadedProgram, Result, RunResult};
@@ -32,8 +34,12 @@ pub struct CheckReport {
     pub params: Vec<(String, f64, f64)>,
     pub max_abs_diff: f64,
     pub max_rel_diff: f64,
-    /// `max_rel_diff <= TOLERANCE`.
+    /// `max_rel_diff <= TOLERANCE` and the reference did not diverge.
     pub ok: bool,
+    /// Why the comparison cannot judge the program: the single-device reference training itself
+    /// left the finite numbers (a loss or a parameter is infinite or NaN), e.g. a learning rate
+    /// too large for the model's loss scale. `None` when the reference stayed finite.
+    pub diverged: Option<String>,
 }
 
 fn err(msg: impl Into<String>) -> DistError {
@@ -253,6 +259,10 @@ pub fn compare(
 ) -> Result<CheckReport> {
     let mut params = Vec::new();
     let (mut max_abs, mut max_rel) = (0f64, 0f64);
+    let mut diverged = ref_losses
+        .iter()
+        .position(|l| !l.is_finite())
+        .map(|i| format!("its loss at step {} is {}", i + 1, ref_losses[i]));
     for name in weights.keys() {
         let a = got
             .get(name)
@@ -260,6 +270,11 @@ pub fn compare(
         let b = reference
             .get(name)
             .ok_or_else(|| err(format!("the reference run holds no parameter '{name}'")))?;
+        if diverged.is_none() && !b.to_f64().iter().all(|x| x.is_finite()) {
+            diverged = Some(format!(
+                "parameter '{name}' is not finite after the last step"
+            ));
+        }
         let (d, m) = max_abs_diff(a, b).map_err(|e| err(format!("parameter '{name}': {e}")))?;
         let rel = d / m.max(1e-12);
         max_abs = max_abs.max(d);
@@ -271,6 +286,7 @@ pub fn compare(
         params,
         max_abs_diff: max_abs,
         max_rel_diff: max_rel,
-        ok: max_rel <= TOLERANCE,
+        ok: max_rel <= TOLERANCE && diverged.is_none(),
+        diverged,
     })
 }

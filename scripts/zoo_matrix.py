@@ -22,6 +22,11 @@ Per model found in the zoo folder (scripts/export_zoo.py writes it):
      --micro-batch b -o OUT`, then `pipec run OUT --steps 2 --check` (float32) and, when that
      fails its check, again with `--accuracy`: `rounding` when the pipeline is no farther from
      float64 training than the float32 single-device reference (ratio <= 1.01), else FAIL.
+     When the check is INCONCLUSIVE (the single-device reference training itself diverged at
+     sgd's default lr 0.01), it runs again for one step (shown as `1 step`; the update is then
+     large next to the weights, so a wrong gradient still shows), and if that diverges too the
+     model is compiled again at lr 1e-4, 1e-6, ... (shown as `lr`; a small lr makes the check
+     weak, since the weights then barely move).
 Every step has a timeout (a timed-out step is `timeout`); one step's failure does not stop the
 next model.  Each step records status, seconds and the first line of its error.
 
@@ -234,9 +239,9 @@ def run_model(a, name, model_path, tag):
         for planner in a.planners:
             od = os.path.join(tmp, planner)
             c = OrderedDict()
-            rc, out, err, s = sh([p, "compile", model_path, "--cluster", "cpu", "--devices", str(a.devices),
-                                  "--planner", planner, "--batch", str(a.batch), "--micro-batch",
-                                  str(a.micro_batch), "-o", od], a.timeout_compile)
+            comp = [p, "compile", model_path, "--cluster", "cpu", "--devices", str(a.devices), "--planner",
+                    planner, "--batch", str(a.batch), "--micro-batch", str(a.micro_batch), "-o", od]
+            rc, out, err, s = sh(comp, a.timeout_compile)
             if rc != 0:
                 c["compile"] = step("timeout" if rc is None else "FAIL", s, first_error_line(err),
                                     causes=error_causes(err))
@@ -250,12 +255,35 @@ def run_model(a, name, model_path, tag):
                 c["compile"] = step("ok", s, replicas_per_stage=shape)
                 if not a.skip_run:
                     rc, out, err, s = sh([p, "run", od, "--steps", str(a.steps), "--check"], a.timeout_run)
+                    # The single-device reference itself diverged (random weights and a
+                    # mean-square loss of unnormalised logits can take sgd's default lr 0.01 to
+                    # inf in two steps): the check cannot judge the program at that lr, so compile
+                    # again with 100x smaller ones (recorded as `lr`).
+                    # First one step at the same lr: the update is then large next to the weights,
+                    # so the check still sees a wrong gradient (a tiny lr would hide it).
+                    steps = a.steps
+                    if rc == 1 and "check INCONCLUSIVE" in out and steps > 1:
+                        steps = 1
+                        rc, out, err, s2 = sh([p, "run", od, "--steps", "1", "--check"], a.timeout_run)
+                        s += s2
+                        c["compile"]["steps"] = 1
+                    lr = 0.01
+                    while rc == 1 and "check INCONCLUSIVE" in out and lr > 1e-7:
+                        lr /= 100
+                        shutil.rmtree(od, ignore_errors=True)
+                        rc, out, err, s2 = sh(comp + ["--optimizer", f"sgd:lr={lr:g}"], a.timeout_compile)
+                        s += s2
+                        if rc == 0:
+                            rc, out, err, s2 = sh([p, "run", od, "--steps", str(steps), "--check"],
+                                                  a.timeout_run)
+                            s += s2
+                            c["compile"]["lr"] = lr
                     m = re.search(r"max_rel_diff[ =:]*([0-9.eE+-]+|inf|NaN)", out + err)
                     rel = float(m.group(1)) if m else None
                     if rc == 0:
                         c["run"] = step("pass", s, max_rel_diff=rel)
                     elif rc == 1 and rel is not None:
-                        rc2, out2, err2, s2 = sh([p, "run", od, "--steps", str(a.steps), "--check",
+                        rc2, out2, err2, s2 = sh([p, "run", od, "--steps", str(steps), "--check",
                                                   "--accuracy"], a.timeout_run)
                         m2 = re.search(r"pipeline ([0-9.eE+-]+), reference ([0-9.eE+-]+) \(ratio "
                                        r"([0-9.eE+-]+|inf|NaN)\)", out2 + err2)
@@ -297,7 +325,9 @@ def planner_cell(c):
     r = c.get("run")
     if not r:
         return "compiled"
-    return f"{r['status']} ({comp.get('replicas_per_stage', '')})"
+    lr = f", lr {comp['lr']:g}" if comp.get("lr") else ""
+    lr += ", 1 step" if comp.get("steps") == 1 else ""
+    return f"{r['status']} ({comp.get('replicas_per_stage', '')}{lr})"
 
 
 def grad_cell(g):

@@ -3,20 +3,23 @@
 # (scripts/setup.sh: LLVM 22's mlir-opt, Python's onnx/onnxruntime/numpy for the oracles).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each stage is announced with the seconds since the start, so a slow run shows where it went.
+stage() { echo "== $* (at ${SECONDS} s)"; }
 bash scripts/setup.sh
 export PATH="/usr/lib/llvm-22/bin:$PATH"
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+stage "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
-echo "== cargo test"
+stage "cargo test"
 cargo test --workspace --quiet
-echo "== MLIR in-process (feature 'mlir': melior on LLVM 22)"
+stage "MLIR in-process (feature 'mlir': melior on LLVM 22)"
 cargo clippy -p pipec-compiler --features mlir --all-targets --quiet -- -D warnings
 cargo test -p pipec-compiler --features mlir --quiet --test mlir_feature
-echo "== MPI backend (feature 'mpi': rsmpi on Open MPI, pipec run --backend mpi under mpirun)"
+stage "MPI backend (feature 'mpi': rsmpi on Open MPI, pipec run --backend mpi under mpirun)"
 export LIBCLANG_PATH="${LIBCLANG_PATH:-/usr/lib/llvm-22/lib}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cargo clippy --workspace --features mpi --all-targets --quiet -- -D warnings
 cargo test --workspace --features mpi --quiet --lib dist::mpi
 cargo test --features mpi --quiet --test cli_mpi
+stage "done"

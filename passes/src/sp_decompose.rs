@@ -664,10 +664,19 @@ pub fn check_tree(g: &CostGraph, t: &SpTree) -> std::result::Result<(), String> 
 
 /// Assign side nodes to stages: `stage_of[n]` is set for skeleton nodes; `stage_topo` is a
 /// topological order of the stages and `reach[a][b]` whether stage `a` reaches `b` (reflexive).
-/// Each side node goes to the deepest stage (latest in `stage_topo`) that reaches all its
-/// consumers' stages, else to the consumer stage earliest in `stage_topo`; side nodes without a
-/// consumer go to the first stage. Every added stage edge then goes forward in `stage_topo`, so
-/// the stage graph stays acyclic.
+///
+/// A side node can read skeleton values (a `Shape` of an activation), so it may not go before
+/// any of its producers: its *earliest* position in `stage_topo` is the latest position of the
+/// stages of its skeleton inputs (through side inputs too). Each side node goes to the deepest
+/// stage (latest in `stage_topo`) at or after its earliest position that reaches all its
+/// consumers' stages, else to the consumer stage earliest in `stage_topo` (when it is not before
+/// the earliest position); a side node without a consumer (dead shape arithmetic, e.g. left
+/// behind by `lower`'s Resize rewrite) goes to the stage at its earliest position. Every added
+/// stage edge then goes forward in `stage_topo`, so the stage graph stays acyclic. (Placing a
+/// consumer-less `Shape` of the last stage's output in the first stage made a cycle: the
+/// simulator deadlocked with no task able to run.) The one case with no forward placement, a
+/// skeleton value reaching an earlier stage's node only through side nodes, keeps the
+/// consumer-side choice.
 pub fn assign_side_nodes(
     g: &CostGraph,
     side: &[NodeId],
@@ -683,22 +692,45 @@ pub fn assign_side_nodes(
     for &u in side {
         is_side[u] = true;
     }
+    // Earliest position of each side node: after the stages of all its skeleton inputs.
+    let mut earliest = vec![0usize; g.len()];
+    for &u in g.topo_order() {
+        if !is_side[u] {
+            continue;
+        }
+        earliest[u] = g
+            .preds(u)
+            .map(|p| {
+                if is_side[p] {
+                    earliest[p]
+                } else if stage_of[p] < pos.len() {
+                    pos[stage_of[p]]
+                } else {
+                    0
+                }
+            })
+            .max()
+            .unwrap_or(0);
+    }
     for &u in g.topo_order().iter().rev() {
         if !is_side[u] {
             continue;
         }
+        let lo = earliest[u];
         let cons: Vec<usize> = g
             .succs(u)
             .map(|v| stage_of[v])
             .filter(|&s| s != usize::MAX)
             .collect();
         let s = if cons.is_empty() {
-            stage_topo.first().copied().unwrap_or(0)
+            stage_topo.get(lo).copied().unwrap_or(0)
         } else {
             stage_topo
                 .iter()
+                .enumerate()
                 .rev()
-                .copied()
+                .take_while(|&(i, _)| i >= lo)
+                .map(|(_, &a)| a)
                 .find(|&a| cons.iter().all(|&c| reach[a][c]))
                 .unwrap_or_else(|| cons.iter().copied().min_by_key(|&c| pos[c]).unwrap_or(0))
         };

@@ -751,3 +751,73 @@ fn per_stage_micro_batches_never_lose() {
         }
     }
 }
+
+/// Side nodes are placed after the stages of their skeleton inputs: a consumer-less `Shape` of
+/// the last stage's output (the dead shape arithmetic `lower` leaves behind when it rewrites a
+/// Resize whose sizes came from `Shape`) went to the first stage, a back edge that made the stage
+/// graph cyclic and deadlocked the schedule (lraspp, fcn, deeplabv3, bart, swin).
+#[test]
+fn side_nodes_follow_their_inputs() {
+    use pipec_passes::sp_decompose::assign_side_nodes;
+    let node = |name: &str, op: &str, w: f64| CostNode {
+        name: name.into(),
+        op: op.into(),
+        work: Work::Measured {
+            fwd_s: w,
+            bwd_s: w,
+        },
+        activation_bytes: 64.0,
+        saved_bytes: 0.0,
+        parameter_bytes: 0.0,
+        is_input: false,
+    };
+    // n0 -> n1 -> n2 -> n3 (one stage each); Shape(n3) -> Gather (dead);
+    // Shape(n1) -> Concat -> n3 (live, consumed by the last stage); Constant -> Concat.
+    let nodes = vec![
+        node("n0", "Conv", 1e-3),
+        node("n1", "Conv", 1e-3),
+        node("n2", "Conv", 1e-3),
+        node("n3", "Conv", 1e-3),
+        node("shape_dead", "Shape", 0.0),
+        node("gather_dead", "Gather", 0.0),
+        node("shape_live", "Shape", 0.0),
+        node("concat", "Concat", 0.0),
+        node("const", "Constant", 0.0),
+    ];
+    let e = |src, dst| CostEdge {
+        src,
+        dst,
+        bytes: 64.0,
+    };
+    let edges = vec![
+        e(0, 1),
+        e(1, 2),
+        e(2, 3),
+        e(3, 4),
+        e(4, 5),
+        e(1, 6),
+        e(6, 7),
+        e(8, 7),
+        e(7, 3),
+    ];
+    let g = CostGraph::new("side", 1.0, nodes, edges, "test").expect("graph");
+    let side = vec![4, 5, 6, 7, 8];
+    let mut stage_of = vec![0, 1, 2, 3, usize::MAX, usize::MAX, usize::MAX, usize::MAX, usize::MAX];
+    let topo = vec![0, 1, 2, 3];
+    let reach: Vec<Vec<bool>> = (0..4).map(|a| (0..4).map(|b| a <= b).collect()).collect();
+    assign_side_nodes(&g, &side, &mut stage_of, &topo, &reach);
+    assert_eq!(stage_of[4], 3, "dead Shape of the last stage's output");
+    assert_eq!(stage_of[5], 3, "dead Gather after it");
+    assert_eq!(stage_of[6], 3);
+    assert_eq!(stage_of[7], 3);
+    assert_eq!(stage_of[8], 3);
+    // every stage edge goes forward: the stage graph is acyclic
+    for ed in &g.edges {
+        assert!(
+            stage_of[ed.src] <= stage_of[ed.dst],
+            "back edge {} -> {}",
+            g.nodes[ed.src].name,
+            g.nodes[ed.dst].name
+        );
+    }
+}

@@ -19,23 +19,34 @@ pub(crate) trait Fl:
     + Sync
     + 'static
 {
+    /// Long dot products of this type accumulate in float64 (the convolutions' GEMMs).
+    const WIDE_ACCUMULATION: bool;
     fn erf(self) -> Self;
     fn c(v: f64) -> Self;
+    fn to64(self) -> f64;
 }
 impl Fl for f32 {
+    const WIDE_ACCUMULATION: bool = true;
     fn erf(self) -> Self {
         libm::erff(self)
     }
     fn c(v: f64) -> Self {
         v as f32
     }
+    fn to64(self) -> f64 {
+        f64::from(self)
+    }
 }
 impl Fl for f64 {
+    const WIDE_ACCUMULATION: bool = false;
     fn erf(self) -> Self {
         libm::erf(self)
     }
     fn c(v: f64) -> Self {
         v
+    }
+    fn to64(self) -> f64 {
+        self
     }
 }
 

@@ -489,6 +489,26 @@ fn as4(shape: &[usize]) -> KResult<([usize; 4], bool)> {
 /// that re-packed the whole kernel each time; merged, it is one well-shaped GEMM per group.
 const COLS_CAP: usize = 1 << 22;
 
+/// Runs a convolution kernel `f(x, w, cols_cap)` in float64 for a float32 `T`
+/// ([`Fl::WIDE_ACCUMULATION`]) and rounds its result once: each output element is a dot product
+/// of `C/group * kh * kw` terms (thousands in late 1x1 convolutions), which a float32 GEMM
+/// accumulates with up to ~K u error (Higham, 2nd ed., eq. 3.5); the forward's rounding is what
+/// the backward carries into every weight gradient. The im2col buffer keeps its byte budget.
+fn widened<T: Fl>(
+    x: &[T],
+    w: &[T],
+    f: impl Fn(&[f64], &[f64], usize) -> KResult<Vec<f64>>,
+) -> KResult<Vec<T>> {
+    let x64: Vec<f64> = x.iter().map(|v| v.to64()).collect();
+    let w64: Vec<f64> = w.iter().map(|v| v.to64()).collect();
+    let cap = if T::WIDE_ACCUMULATION {
+        COLS_CAP / 2
+    } else {
+        COLS_CAP
+    };
+    Ok(f(&x64, &w64, cap)?.into_iter().map(T::c).collect())
+}
+
 /// The output positions `o` in `0..out` whose input position `o*s + off - pb` lies in `0..inp`,
 /// as a half-open range (`off` is the kernel tap's offset `k*d`).
 fn valid_range(out: usize, inp: usize, s: usize, off: usize, pb: usize) -> (usize, usize) {
@@ -616,16 +636,9 @@ fn conv<T: Fl>(c: &Ctx, x: &ArrayD<T>, rest: &[Option<&ArrayD<T>>]) -> KResult<V
     let g = geometry(c, &ws[2..], &x.shape()[2..], lift, false)?;
     let (oh, ow) = (out_size(h, &g, 0, false)?, out_size(wd, &g, 1, false)?);
     let p = oh * ow;
-    let mut out = conv_core(
-        &flat(x),
-        [n, ch, h, wd],
-        &flat(w),
-        m,
-        group,
-        &g,
-        [oh, ow],
-        COLS_CAP,
-    )?;
+    let mut out = widened(&flat(x), &flat(w), |x, w, cap| {
+        conv_core(x, [n, ch, h, wd], w, m, group, &g, [oh, ow], cap)
+    })?;
     add_bias(&mut out, opt(rest, 2), n, m, p)?;
     let shape: Vec<usize> = if lift {
         vec![n, m, ow]
@@ -726,16 +739,9 @@ fn conv_transpose<T: Fl>(
     let ow = full(1, &g)
         .checked_sub(g.pb[1] + g.pe[1])
         .ok_or("pads larger than the output")?;
-    let mut out = conv_transpose_core(
-        &flat(x),
-        [n, ch, h, wd],
-        &flat(w),
-        mg,
-        group,
-        &g,
-        [oh, ow],
-        COLS_CAP,
-    )?;
+    let mut out = widened(&flat(x), &flat(w), |x, w, cap| {
+        conv_transpose_core(x, [n, ch, h, wd], w, mg, group, &g, [oh, ow], cap)
+    })?;
     add_bias(&mut out, opt(rest, 2), n, m, oh * ow)?;
     let shape: Vec<usize> = if lift {
         vec![n, m, ow]

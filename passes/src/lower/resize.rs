@@ -134,7 +134,12 @@ pub fn lower_resize(b: &mut Builder, op: Op, opset: i64) -> Result<Value> {
     // The scale of each axis in `axes`, as given (scales) or out/in (sizes).
     let const_of = |i: usize| -> Option<Vec<f64>> {
         let v = d.input(i)?;
-        let t = b.g.constant(v)?;
+        // A constant (an initializer too: scales are not trained) or a constant expression
+        // (`Concat(Constant [1, 1], Constant [2, 2])`, as torch exports bilinear up-sampling).
+        let t = match b.g.constant(v) {
+            Some(t) => t.clone(),
+            None => crate::fold_constants::constant_value(b.g, v, opset, None, 16)?,
+        };
         if t.numel() == Some(0) {
             return None;
         }

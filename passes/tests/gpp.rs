@@ -762,10 +762,7 @@ fn side_nodes_follow_their_inputs() {
     let node = |name: &str, op: &str, w: f64| CostNode {
         name: name.into(),
         op: op.into(),
-        work: Work::Measured {
-            fwd_s: w,
-            bwd_s: w,
-        },
+        work: Work::Measured { fwd_s: w, bwd_s: w },
         activation_bytes: 64.0,
         saved_bytes: 0.0,
         parameter_bytes: 0.0,
@@ -802,7 +799,17 @@ fn side_nodes_follow_their_inputs() {
     ];
     let g = CostGraph::new("side", 1.0, nodes, edges, "test").expect("graph");
     let side = vec![4, 5, 6, 7, 8];
-    let mut stage_of = vec![0, 1, 2, 3, usize::MAX, usize::MAX, usize::MAX, usize::MAX, usize::MAX];
+    let mut stage_of = vec![
+        0,
+        1,
+        2,
+        3,
+        usize::MAX,
+        usize::MAX,
+        usize::MAX,
+        usize::MAX,
+        usize::MAX,
+    ];
     let topo = vec![0, 1, 2, 3];
     let reach: Vec<Vec<bool>> = (0..4).map(|a| (0..4).map(|b| a <= b).collect()).collect();
     assign_side_nodes(&g, &side, &mut stage_of, &topo, &reach);

@@ -8,7 +8,12 @@ Per model found in the zoo folder (scripts/export_zoo.py writes it):
      `--precision f64 --f32-branches` (along the float32 run's ReLU masks / pooling indices).
      Per tensor, relative to s = its largest |PyTorch f64 gradient| (at least 1e-6 of the model's
      largest gradient: a gradient that is zero analytically is float64 noise):
-       f64_err = |pipec f64 - torch f64| / s      correctness: both exact, <= --f64-tol (1e-6)
+       f64_err = |pipec f64 - torch f64| / s      correctness: both exact, <= --f64-tol (1e-6);
+                 here s is at least 1e-4 of the model's largest gradient (float64 noise of a
+                 gradient that is zero analytically is ~1e-12 of it).  Known limit: the ONNX
+                 file holds some constants in float32 (BatchNormalization epsilon, HardSigmoid
+                 alpha), PyTorch's float64 run the exact ones; on MobileNetV3 that alone is
+                 ~2e-6 (with exact constants pipec matches PyTorch to 2e-13).
        pipec_b = |pipec f32 - pipec f64 along pipec f32's branches| / s
        torch_b = |torch f32 - torch f64 along torch f32's branches| / s  (NAME.ref.npz grad64b/)
      and passes when pipec_b <= 2 * torch_b + floor (floor default 5e-7, ~4 float32 ulps of the
@@ -54,6 +59,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZERO_SCALE = 1e-6
+F64_ZERO_SCALE = 1e-4
 PLANNERS = ["gpp", "dapple", "pipedream", "bapipe", "dp", "straight"]
 
 
@@ -150,7 +156,13 @@ def compare_grads(out_npz, ref_npz, floor, out64_npz=None, out64b_npz=None, f64_
         allowed = 2 * tj + floor
         bad = not np.isfinite(pj) or pj > allowed
         if g64o is not None:
-            fe = e(g64o.get(k), g64)
+            # float64 against float64: a gradient that is zero analytically (attention key
+            # biases) is float64 noise of cancellations, ~1e-12 of the model's largest gradient,
+            # so it is compared at F64_ZERO_SCALE of that instead.
+            s64 = max(s, F64_ZERO_SCALE * scale_all)
+            x64 = g64o.get(k)
+            fe = (float("inf") if x64 is None or x64.shape != g64.shape else
+                  float(np.abs(x64 - g64).max()) / s64 if g64.size else 0.0)
             f64_worst = max(f64_worst, fe)
             if not fe <= f64_tol:
                 f64_bad.append(k)

@@ -8,22 +8,6 @@ mod common;
 use common::*;
 use std::process::Command;
 
-fn py(script: &str, args: &[&std::path::Path]) -> (bool, String) {
-    let out = Command::new("python3")
-        .arg(root().join("scripts").join(script))
-        .args(args)
-        .output()
-        .expect("run python3");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 fn check_model(name: &str) {
     if python_with_onnx().is_none() {
         return;
@@ -40,7 +24,7 @@ fn check_model(name: &str) {
         "-o",
         out.to_str().unwrap(),
     ]);
-    let (ok, log) = py("compare_grads.py", &[&out, &r]);
+    let (ok, log) = run_script("compare_grads.py", &[&out, &r]);
     eprintln!("{name} (specialised): {}", log.lines().last().unwrap_or(""));
     assert!(ok, "{name}: pipec grad differs from the reference:\n{log}");
 
@@ -57,7 +41,7 @@ fn check_model(name: &str) {
         "--save-training-graph",
         train.to_str().unwrap(),
     ]);
-    let (ok, log) = py("ort_check_training.py", &[&train, &r]);
+    let (ok, log) = run_script("ort_check_training.py", &[&train, &r]);
     eprintln!("{name} (symbolic batch, onnxruntime): {log}");
     assert!(
         ok,

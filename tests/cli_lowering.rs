@@ -10,22 +10,6 @@ mod common;
 use common::*;
 use std::process::Command;
 
-fn py(script: &str, args: &[&std::path::Path]) -> (bool, String) {
-    let out = Command::new("python3")
-        .arg(root().join("scripts").join(script))
-        .args(args)
-        .output()
-        .expect("run python3");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 fn check_model(name: &str, symbolic: bool) {
     if python_with_onnx().is_none() {
         return;
@@ -36,7 +20,10 @@ fn check_model(name: &str, symbolic: bool) {
     let out = dir.path().join("out.npz");
     let (m, r) = (m.to_str().unwrap(), r.to_str().unwrap());
     pipec_ok(&["grad", m, "--inputs", r, "-o", out.to_str().unwrap()]);
-    let (ok, log) = py("compare_grads.py", &[&out, std::path::Path::new(r)]);
+    let (ok, log) = run_script(
+        "compare_grads.py",
+        &[out.as_path(), std::path::Path::new(r)],
+    );
     eprintln!("{name}: {}", log.lines().last().unwrap_or(""));
     assert!(ok, "{name}: pipec grad differs from PyTorch:\n{log}");
     if symbolic {
@@ -53,7 +40,10 @@ fn check_model(name: &str, symbolic: bool) {
             "--save-training-graph",
             train.to_str().unwrap(),
         ]);
-        let (ok, log) = py("ort_check_training.py", &[&train, std::path::Path::new(r)]);
+        let (ok, log) = run_script(
+            "ort_check_training.py",
+            &[train.as_path(), std::path::Path::new(r)],
+        );
         assert!(
             ok,
             "{name}: the training graph fails in onnxruntime:\n{log}"

@@ -10,17 +10,8 @@ use std::path::Path;
 use std::process::Command;
 
 fn script(name: &str, args: &[&str]) -> String {
-    let out = Command::new("python3")
-        .arg(root().join("scripts").join(name))
-        .args(args)
-        .output()
-        .expect("run python3");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{name} {args:?} failed:\n{log}");
+    let (ok, log) = run_script(name, args);
+    assert!(ok, "{name} {args:?} failed:\n{log}");
     log
 }
 

@@ -8,7 +8,6 @@
 
 mod common;
 use common::*;
-use std::process::Command;
 
 #[test]
 fn zoo_subset_trains_correctly_with_every_planner() {
@@ -18,20 +17,21 @@ fn zoo_subset_trains_correctly_with_every_planner() {
     let dir = tempdir();
     let json = dir.path().join("zoo.json");
     let zoo = root().join("onnx-models").join("zoo");
-    let out = Command::new("python3")
-        .arg(root().join("scripts").join("zoo_matrix.py"))
-        .args(["--zoo", zoo.to_str().unwrap()])
-        .args(["--manifest", zoo.join("manifest.json").to_str().unwrap()])
-        .args(["--pipec", env!("CARGO_BIN_EXE_pipec")])
-        .args(["--json", json.to_str().unwrap(), "--strict"])
-        .output()
-        .expect("run python3 scripts/zoo_matrix.py");
-    let log = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (ok, log) = run_script(
+        "zoo_matrix.py",
+        &[
+            "--zoo",
+            zoo.to_str().unwrap(),
+            "--manifest",
+            zoo.join("manifest.json").to_str().unwrap(),
+            "--pipec",
+            env!("CARGO_BIN_EXE_pipec"),
+            "--json",
+            json.to_str().unwrap(),
+            "--strict",
+        ],
     );
-    assert!(out.status.success(), "zoo matrix failed:\n{log}");
+    assert!(ok, "zoo matrix failed:\n{log}");
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let results = j["results"].as_array().unwrap();

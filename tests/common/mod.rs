@@ -9,6 +9,23 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Runs `python3 scripts/NAME ARGS...`: whether it exited 0, and its stdout then stderr.
+pub fn run_script<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> (bool, String) {
+    let out = Command::new("python3")
+        .arg(root().join("scripts").join(name))
+        .args(args)
+        .output()
+        .expect("run python3");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// A model bundled in `onnx-models/`.
 pub fn model(name: &str) -> PathBuf {
     root().join("onnx-models").join(name)

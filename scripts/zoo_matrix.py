@@ -137,10 +137,10 @@ def compare_grads(out_npz, ref_npz, floor, out64_npz=None, out64b_npz=None, f64_
         s = float(np.abs(g64).max()) if g64.size else 0.0
         s = max(s, ZERO_SCALE * scale_all) or 1.0
 
-        def e(x, ref):
+        def e(x, ref, scale=s):
             if x is None or x.shape != ref.shape:
                 return float("inf")
-            return float(np.abs(x - ref).max()) / s if ref.size else 0.0
+            return float(np.abs(x - ref).max()) / scale if ref.size else 0.0
 
         t_err = e(g32, g64)
         if "grad/" + k not in o.files:
@@ -159,10 +159,7 @@ def compare_grads(out_npz, ref_npz, floor, out64_npz=None, out64b_npz=None, f64_
             # float64 against float64: a gradient that is zero analytically (attention key
             # biases) is float64 noise of cancellations, ~1e-12 of the model's largest gradient,
             # so it is compared at F64_ZERO_SCALE of that instead.
-            s64 = max(s, F64_ZERO_SCALE * scale_all)
-            x64 = g64o.get(k)
-            fe = (float("inf") if x64 is None or x64.shape != g64.shape else
-                  float(np.abs(x64 - g64).max()) / s64 if g64.size else 0.0)
+            fe = e(g64o.get(k), g64, max(s, F64_ZERO_SCALE * scale_all))
             f64_worst = max(f64_worst, fe)
             if not fe <= f64_tol:
                 f64_bad.append(k)

@@ -103,32 +103,18 @@ impl Pass for FoldConstants {
     }
 }
 
-/// The data of `v` if it is a constant expression: a constant (not a float parameter), an
-/// integer shape inference knows element by element (`known`), or an op whose operands are
-/// such (evaluated on demand, up to `depth` producers deep). The graph is not changed: this is
-/// `fold-constants` for one value, for passes that need an operand's data (a Resize's `scales`
-/// written as `Concat(Constant, Constant)`) without folding the whole graph.
+/// The data of `v` if it is a constant expression: a constant (not a float parameter) or an op
+/// whose operands are such (evaluated on demand, up to `depth` producers deep). The graph is not
+/// changed: this is `fold-constants` for one value, for passes that need an operand's data (a
+/// Resize's `scales` written as `Concat(Constant, Constant)`) without folding the whole graph.
 pub fn constant_value(
     g: &Graph,
     v: pipec_compiler::ir::Value,
     opset: i64,
-    known: Option<&SymbolicValues>,
     depth: usize,
 ) -> Option<TensorData> {
     if let Some(t) = operand_constant(g, v) {
         return Some(t.clone());
-    }
-    if g.initializers.contains_key(&v) {
-        return None;
-    }
-    if let Some(vals) = known.and_then(|k| k.get(v)) {
-        let ty = g.ty(v);
-        let ints: Option<Vec<i64>> = vals.iter().map(Dim::known).collect();
-        if let (Some(ints), Some(dims), DType::I64) = (ints, ty.static_dims(), ty.dtype) {
-            if pipec_compiler::ir::numel(&dims) == Some(ints.len() as u64) {
-                return Some(TensorData::from_i64(dims, &ints));
-            }
-        }
     }
     let ValueDef::Result(op, k) = g.values[v].def else {
         return None;
@@ -141,7 +127,7 @@ pub fn constant_value(
         .inputs
         .iter()
         .map(|i| match i {
-            Some(i) => constant_value(g, *i, opset, known, depth - 1).map(Some),
+            Some(i) => constant_value(g, *i, opset, depth - 1).map(Some),
             None => Some(None),
         })
         .collect::<Option<_>>()?;

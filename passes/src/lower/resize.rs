@@ -138,7 +138,7 @@ pub fn lower_resize(b: &mut Builder, op: Op, opset: i64) -> Result<Value> {
         // (`Concat(Constant [1, 1], Constant [2, 2])`, as torch exports bilinear up-sampling).
         let t = match b.g.constant(v) {
             Some(t) => t.clone(),
-            None => crate::fold_constants::constant_value(b.g, v, opset, None, 16)?,
+            None => crate::fold_constants::constant_value(b.g, v, opset, 16)?,
         };
         if t.numel() == Some(0) {
             return None;

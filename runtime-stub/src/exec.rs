@@ -18,7 +18,9 @@
 //!   from the concrete inputs, optimizes and runs. Faster on big convolutions, but an inference
 //!   engine: see its module doc for the ops it lacks.
 //!
-//! Another backend (CUDA) implements the same two traits.
+//! - [`crate::ort_backend::Ort`] (`"ort"`, `"ort-cuda"`): one ONNX Runtime session per piece, on
+//!   the CPU or the CUDA execution provider; ONNX Runtime is opened at run time (see its module
+//!   doc for where the library comes from).
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -60,11 +62,18 @@ pub fn default_executor() -> Box<dyn Executor> {
     Box::new(crate::reference::Reference)
 }
 
-/// A backend by name: `"reference"` or `"tract"`.
+/// A backend by name: `"reference"`, `"tract"`, `"ort"` (ONNX Runtime, CPU) or `"ort-cuda"`
+/// (ONNX Runtime's CUDA provider; an error at `prepare` unless built with feature `cuda`).
 pub fn executor_by_name(name: &str) -> Option<Box<dyn Executor>> {
     match name {
         "reference" | "ref" => Some(Box::new(crate::reference::Reference)),
         "tract" => Some(Box::new(crate::tract_backend::Tract)),
+        "ort" => Some(Box::new(crate::ort_backend::Ort {
+            device: crate::ort_backend::OrtDevice::Cpu,
+        })),
+        "ort-cuda" => Some(Box::new(crate::ort_backend::Ort {
+            device: crate::ort_backend::OrtDevice::Cuda,
+        })),
         _ => None,
     }
 }

@@ -9,6 +9,7 @@ pub mod dist;
 pub mod error;
 pub mod exec;
 pub mod npz;
+pub mod ort_backend;
 pub mod reference;
 pub mod tensor;
 pub mod tract_backend;

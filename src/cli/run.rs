@@ -59,9 +59,17 @@ pub struct RunArgs {
     /// Write every parameter after the last step here (npz keyed by parameter name).
     #[arg(short = 'o', long = "output", value_name = "PARAMS.npz")]
     pub output: Option<PathBuf>,
-    /// Executor of the stage pieces: `reference` (default) or `tract`.
+    /// Executor of the stage pieces: `reference` (default, pipec's own interpreter), `tract`, or
+    /// `ort` (ONNX Runtime: one session per piece; the library is found through ORT_DYLIB_PATH or
+    /// the `onnxruntime` Python package; PIPEC_ORT_THREADS intra-op threads per session, default 1).
+    /// `--check`'s single-device reference always runs on the reference interpreter.
     #[arg(long, default_value = "reference")]
     pub executor: String,
+    /// Where the pieces compute: `cpu`, or `cuda` (ONNX Runtime's CUDA provider on GPU
+    /// PIPEC_CUDA_DEVICE, default 0; implies `--executor ort`; needs a build with `--features cuda`
+    /// and onnxruntime-gpu with its CUDA libraries: see README, "GPU").
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
     /// Arithmetic of the run (pipeline and `--check` reference alike): `f32` as compiled, or
     /// `f64` (every piece, weight, data input and message widened), which separates real
     /// mismatches from float32 rounding amplified by ill-conditioned training (e.g. Adam on
@@ -83,8 +91,22 @@ pub struct RunArgs {
     pub no_pin: bool,
 }
 
+/// The executor of `--check`'s single-device reference run: the reference interpreter, whatever
+/// runs the pipeline, so that `--executor ort --check` compares ONNX Runtime with pipec's own
+/// kernels and not with itself.
+const CHECK_EXECUTOR: &str = "reference";
+
 /// Run the command.
-pub fn run(a: RunArgs) -> Result<ExitCode> {
+pub fn run(mut a: RunArgs) -> Result<ExitCode> {
+    if a.device == "cuda" {
+        a.executor = match a.executor.as_str() {
+            "reference" | "ort" | "ort-cuda" => "ort-cuda".into(),
+            other => bail!(
+                "--device cuda runs the pieces with ONNX Runtime's CUDA provider: drop \
+                 --executor {other} (or use --executor ort)"
+            ),
+        };
+    }
     match a.backend.as_str() {
         "inproc" => {}
         "mpi" => return run_mpi(a),
@@ -138,7 +160,7 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
     }
     if pipec_runtime::exec::executor_by_name(&a.executor).is_none() {
         bail!(
-            "--executor {}: unknown executor (executors: reference, tract)",
+            "--executor {}: unknown executor (executors: reference, tract, ort)",
             a.executor
         );
     }
@@ -275,10 +297,11 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
     }
     if a.check {
         let (rep, acc) = if a.accuracy {
-            let (rep, acc) = dist::check::check_accuracy(lp, r, &a.executor).context("--check")?;
+            let (rep, acc) =
+                dist::check::check_accuracy(lp, r, CHECK_EXECUTOR).context("--check")?;
             (rep, Some(acc))
         } else {
-            (dist::check(lp, r, &a.executor).context("--check")?, None)
+            (dist::check(lp, r, CHECK_EXECUTOR).context("--check")?, None)
         };
         for (i, l) in rep.ref_losses.iter().enumerate() {
             println!("reference step {}: loss {l:.6e}", i + 1);

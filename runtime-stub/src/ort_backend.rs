@@ -1,0 +1,302 @@
+//! The ONNX Runtime backend (`"ort"`, and `"ort-cuda"` for `--device cuda`).
+//!
+//! `prepare` exports the module with `pipec_compiler::onnx::export::to_bytes` and creates one ONNX
+//! Runtime session from it (graph optimizations on, so ONNX Runtime's own fusions run once per
+//! piece); `run` wraps the input tensors as ONNX Runtime values, runs the session and copies the
+//! outputs back into [`Tensor`]s. The pieces are plain ONNX, so ONNX Runtime's kernels (CPU, or
+//! CUDA with the `cuda` feature) run every op the training graphs use: this keeps the runtime
+//! thin (a schedule interpreter, sessions, buffers, a transport).
+//!
+//! # The library
+//!
+//! The `ort` crate is built with `load-dynamic`: pipec builds without ONNX Runtime and opens
+//! `libonnxruntime.so` the first time an `ort` executor prepares a module, from
+//!
+//! 1. `ORT_DYLIB_PATH` (a path to the library file), else
+//! 2. the `onnxruntime` Python package of `$PIPEC_PYTHON` (default `python3`): its
+//!    `onnxruntime/capi/libonnxruntime.so*` (the PyPI wheels `onnxruntime` and, for CUDA,
+//!    `onnxruntime-gpu` ship it; `scripts/setup.sh` installs the CPU one).
+//!
+//! A missing library is an [`Error::Backend`] that names both ways to fix it.
+//!
+//! # Threads
+//!
+//! `pipec run` runs one worker thread per device, each with its own sessions, so every session
+//! gets `PIPEC_ORT_THREADS` intra-op threads (default 1: the workers already occupy the cores;
+//! raise it when devices are fewer than cores).
+//!
+//! # CUDA (`--device cuda`, cargo feature `cuda`)
+//!
+//! The CUDA execution provider on GPU `PIPEC_CUDA_DEVICE`, else (under OpenMPI's `mpirun`) the
+//! process's local rank `OMPI_COMM_WORLD_LOCAL_RANK`, else 0, with CPU fallback disabled so that an op without a CUDA kernel is an
+//! error naming it rather than a silent slowdown (`PIPEC_ORT_CPU_FALLBACK=1` allows it). Inputs
+//! and outputs are host tensors copied to and from the GPU on every run: parameters do not stay
+//! on the GPU between pieces yet (see the module's limits in ARCHITECTURE.md).
+
+use crate::error::{Error, Result};
+use crate::exec::{bind_inputs, Executor, Prepared};
+use crate::tensor::Tensor;
+use ndarray::{ArrayD, IxDyn};
+use ort::environment::Environment;
+use ort::session::{builder::GraphOptimizationLevel, Session};
+use ort::value::{DynValue, TensorElementType, ValueType};
+use pipec_compiler::ir::{Graph, Module};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// Where ONNX Runtime's computation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrtDevice {
+    /// The CPU execution provider.
+    Cpu,
+    /// The CUDA execution provider (feature `cuda`).
+    Cuda,
+}
+
+/// The ONNX Runtime backend.
+#[derive(Clone, Copy, Debug)]
+pub struct Ort {
+    pub device: OrtDevice,
+}
+
+fn oerr(e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "ort",
+        msg: e.to_string().replace('\n', " "),
+    }
+}
+
+/// The library path: `ORT_DYLIB_PATH`, else the `onnxruntime` Python package's.
+fn find_library() -> std::result::Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "ORT_DYLIB_PATH={}: no such file (point it at libonnxruntime.so)",
+                p.display()
+            ))
+        };
+    }
+    let python = std::env::var("PIPEC_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .args([
+            "-c",
+            "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output();
+    let dir = match out {
+        Ok(o) if o.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("capi")
+        }
+        _ => {
+            return Err(format!(
+                "ONNX Runtime not found: `{python} -c 'import onnxruntime'` failed and \
+                 ORT_DYLIB_PATH is not set. Install it (`{python} -m pip install \
+                 onnxruntime==1.31.1`, as scripts/setup.sh does; `onnxruntime-gpu` for \
+                 --device cuda) or set ORT_DYLIB_PATH=/path/to/libonnxruntime.so"
+            ))
+        }
+    };
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so"))
+        })
+        .collect();
+    libs.sort();
+    libs.pop().ok_or_else(|| {
+        format!(
+            "{}: no libonnxruntime.so* in the onnxruntime package (set ORT_DYLIB_PATH)",
+            dir.display()
+        )
+    })
+}
+
+/// The process's ONNX Runtime environment, created on first use (ONNX Runtime allows one).
+fn environment() -> Result<&'static Environment> {
+    static ENV: OnceLock<std::result::Result<Environment, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let lib = find_library()?;
+        ort::init_from(&lib)
+            .map_err(|e| format!("{}: {e}", lib.display()))?
+            .with_name("pipec")
+            .build()
+            .map_err(|e| format!("{}: {e}", lib.display()))
+    })
+    .as_ref()
+    .map_err(|e| Error::Backend {
+        backend: "ort",
+        msg: e.clone(),
+    })
+}
+
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+impl Executor for Ort {
+    fn name(&self) -> &'static str {
+        match self.device {
+            OrtDevice::Cpu => "ort",
+            OrtDevice::Cuda => "ort-cuda",
+        }
+    }
+
+    fn prepare(&self, module: &Module) -> Result<Box<dyn Prepared>> {
+        let env = environment()?;
+        let bytes = pipec_compiler::onnx::export::to_bytes(module)?;
+        let threads = std::env::var("PIPEC_ORT_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(1)
+            .max(1);
+        let mut b = Session::builder(env)
+            .map_err(oerr)?
+            .with_optimization_level(GraphOptimizationLevel::All)
+            .map_err(oerr)?
+            .with_intra_threads(threads)
+            .map_err(oerr)?
+            .with_inter_threads(1)
+            .map_err(oerr)?;
+        if self.device == OrtDevice::Cuda {
+            b = cuda_provider(b)?;
+        }
+        let session = b.commit_from_memory(&bytes).map_err(oerr)?;
+        Ok(Box::new(OrtProgram {
+            graph: module.graph.clone(),
+            session,
+        }))
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_provider(
+    b: ort::session::builder::SessionBuilder,
+) -> Result<ort::session::builder::SessionBuilder> {
+    let device: i32 = ["PIPEC_CUDA_DEVICE", "OMPI_COMM_WORLD_LOCAL_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
+        .unwrap_or(0);
+    let b = b
+        .with_execution_providers([ort::ep::CUDA::default()
+            .with_device_id(device)
+            .build()
+            .error_on_failure()])
+        .map_err(|e| Error::Backend {
+            backend: "ort-cuda",
+            msg: format!(
+                "the CUDA execution provider failed to load on device {device}: {e} (it needs \
+                 onnxruntime-gpu's libonnxruntime_providers_cuda.so next to \
+                 libonnxruntime.so, and cuBLAS, cuDNN 9, cuRAND and the CUDA runtime on the \
+                 library path; scripts/gpu_check.sh sets these up)"
+            ),
+        })?;
+    if env_flag("PIPEC_ORT_CPU_FALLBACK") {
+        Ok(b)
+    } else {
+        b.with_disable_cpu_fallback().map_err(oerr)
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_provider(
+    _b: ort::session::builder::SessionBuilder,
+) -> Result<ort::session::builder::SessionBuilder> {
+    let _ = env_flag;
+    Err(Error::Backend {
+        backend: "ort-cuda",
+        msg: "this pipec was built without CUDA support: rebuild with \
+              `cargo build --release --features cuda`"
+            .into(),
+    })
+}
+
+struct OrtProgram {
+    graph: Graph,
+    session: Session,
+}
+
+fn to_ort(name: &str, t: &Tensor) -> Result<DynValue> {
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    macro_rules! val {
+        ($a:expr) => {
+            ort::value::Tensor::from_array((shape, $a.iter().cloned().collect::<Vec<_>>()))
+                .map(|v| v.into_dyn())
+        };
+    }
+    match t {
+        Tensor::F32(a) => val!(a),
+        Tensor::F64(a) => val!(a),
+        Tensor::I64(a) => val!(a),
+        Tensor::I32(a) => val!(a),
+        Tensor::U8(a) => val!(a),
+        Tensor::Bool(a) => val!(a),
+    }
+    .map_err(|e| Error::input(name, format!("to ONNX Runtime: {e}")))
+}
+
+fn from_ort(name: &str, v: &DynValue) -> Result<Tensor> {
+    let bad = |e: ort::Error| Error::input(name, format!("ONNX Runtime output: {e}"));
+    macro_rules! arr {
+        ($ty:ty, $variant:ident) => {{
+            let (shape, data) = v.try_extract_tensor::<$ty>().map_err(bad)?;
+            let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+            Tensor::$variant(
+                ArrayD::from_shape_vec(IxDyn(&dims), data.to_vec())
+                    .map_err(|e| Error::input(name, format!("ONNX Runtime output: {e}")))?,
+            )
+        }};
+    }
+    let ty = match v.dtype() {
+        ValueType::Tensor { ty, .. } => *ty,
+        other => {
+            return Err(Error::input(
+                name,
+                format!("ONNX Runtime produced a {other}, not a tensor"),
+            ))
+        }
+    };
+    Ok(match ty {
+        TensorElementType::Float32 => arr!(f32, F32),
+        TensorElementType::Float64 => arr!(f64, F64),
+        TensorElementType::Int64 => arr!(i64, I64),
+        TensorElementType::Int32 => arr!(i32, I32),
+        TensorElementType::Uint8 => arr!(u8, U8),
+        TensorElementType::Bool => arr!(bool, Bool),
+        other => {
+            return Err(Error::input(
+                name,
+                format!("ONNX Runtime produced an unsupported dtype {other}"),
+            ))
+        }
+    })
+}
+
+impl Prepared for OrtProgram {
+    fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>> {
+        let (ins, _) = bind_inputs(&self.graph, inputs)?;
+        let mut feed: Vec<(String, DynValue)> = Vec::with_capacity(ins.len());
+        for (v, t) in self.graph.inputs.iter().zip(ins) {
+            let name = self.graph.values[*v].name.clone();
+            let val = to_ort(&name, t)?;
+            feed.push((name, val));
+        }
+        let outs = self.session.run(feed).map_err(oerr)?;
+        let mut res = Vec::with_capacity(self.graph.outputs.len());
+        for v in &self.graph.outputs {
+            let name = self.graph.values[*v].name.clone();
+            let val = outs.get(&name).ok_or_else(|| {
+                Error::input(&name, "ONNX Runtime did not return this graph output")
+            })?;
+            let t = from_ort(&name, val)?;
+            res.push((name, t));
+        }
+        Ok(res)
+    }
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The GPU path end to end, on a machine with an NVIDIA GPU: `pipec run --device cuda --check` on
+# two bundled models compiled for 2 devices (both on this one GPU), step times next to the CPU
+# executors and PyTorch training the same model on the same GPU.
+#
+# Usage: scripts/gpu_check.sh [--wheels DIR] [--pipec BIN] [--steps N] [--models "M1 M2"]
+#
+#   --wheels DIR  install from files that scripts/gpu_wheels.sh downloaded (for a machine without
+#                 network): an onnxruntime-gpu wheel or onnxruntime-gpu-libs.tar.xz, whole or in
+#                 parts NAME.part-000, NAME.part-001, ... (joined here and checked against
+#                 SHA256SUMS), and optionally nvidia-* wheels. Without it: an `onnxruntime` with
+#                 the CUDA provider already importable by python3 is used, else
+#                 `pip install onnxruntime-gpu==1.31.1` (needs network).
+#   --pipec BIN   a pipec built with `cargo build --release --features cuda` (default
+#                 target/release/pipec, built here if missing).
+#   --steps N     training steps per run (default 20; step times are the steady state).
+#   --models      bundled models (default "gpt2_tiny inception_mini").
+#
+# cuBLAS, cuDNN 9, cuRAND and the CUDA runtime (CUDA 13) come from python3's nvidia-* packages
+# (PyTorch for CUDA 13 installs them) or from --wheels; their folders go on LD_LIBRARY_PATH.
+# Env: PYTHON (default python3), GPU_CHECK_DIR (scratch, default /tmp/pipec-gpu),
+# GPU_CHECK_OUT (also write the summary and every log there).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WORK=${GPU_CHECK_DIR:-/tmp/pipec-gpu}
+WHEELS=
+PIPEC=target/release/pipec
+STEPS=20
+MODELS="gpt2_tiny inception_mini"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheels) WHEELS=$2; shift 2 ;;
+    --pipec) PIPEC=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --models) MODELS=$2; shift 2 ;;
+    *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$WORK/logs"
+OUTDIR=${GPU_CHECK_OUT:-}
+say() { echo "== $* (at $SECONDS s)"; }
+die() { echo "gpu_check.sh: $*" >&2; exit 2; }
+
+say "GPU"
+nvidia-smi -L || die "no NVIDIA GPU here (nvidia-smi failed)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+say "pipec"
+if [ ! -x "$PIPEC" ]; then
+  cargo build --release --features cuda || die "cargo build --release --features cuda failed"
+fi
+"$PIPEC" --version || die "$PIPEC does not run"
+
+say "ONNX Runtime with the CUDA provider"
+LIBDIR=
+if [ -n "$WHEELS" ]; then
+  [ -d "$WHEELS" ] || die "--wheels $WHEELS: no such folder"
+  (
+    cd "$WHEELS" || exit 2
+    for first in *.part-000; do
+      [ -e "$first" ] || continue
+      base=${first%.part-000}
+      cat "$base".part-* > "$base.tmp" && mv "$base.tmp" "$base" || exit 2
+      echo "joined $(ls "$base".part-* | wc -l) parts into $base"
+    done
+    if [ -f SHA256SUMS ]; then
+      sha256sum -c SHA256SUMS || { echo "checksum mismatch: a part is missing or damaged" >&2; exit 2; }
+    fi
+  ) || die "--wheels $WHEELS: could not put the files back together"
+  mkdir -p "$WORK/ort"
+  if ls "$WHEELS"/onnxruntime-gpu-libs.tar.xz >/dev/null 2>&1; then
+    xz -dc "$WHEELS"/onnxruntime-gpu-libs.tar.xz | tar -C "$WORK/ort" -xf - || die "cannot unpack the libraries"
+  elif ls "$WHEELS"/onnxruntime_gpu-*.whl >/dev/null 2>&1; then
+    "$PY" - "$WHEELS" "$WORK/ort" <<'EOF' || die "cannot unpack the onnxruntime-gpu wheel"
+import glob, sys, zipfile
+src, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(sorted(glob.glob(f"{src}/onnxruntime_gpu-*.whl"))[-1]) as z:
+    for n in z.namelist():
+        if n.startswith("onnxruntime/capi/lib") and ".so" in n:
+            with z.open(n) as s, open(f"{out}/{n.rsplit('/', 1)[-1]}", "wb") as d:
+                d.write(s.read())
+EOF
+  else
+    die "--wheels $WHEELS: no onnxruntime_gpu-*.whl or onnxruntime-gpu-libs.tar.xz in it"
+  fi
+  LIBDIR=$WORK/ort
+  if ls "$WHEELS"/nvidia_*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --target "$WORK/site" "$WHEELS"/nvidia_*.whl \
+      || die "pip could not install the nvidia-* wheels of $WHEELS"
+  fi
+elif "$PY" -c "import onnxruntime as o, sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" 2>/dev/null; then
+  LIBDIR=$("$PY" -c "import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'))")
+else
+  "$PY" -m pip install -q --target "$WORK/site" onnxruntime-gpu==1.31.1 \
+    || die "pip install onnxruntime-gpu==1.31.1 failed (no network? use scripts/gpu_wheels.sh and --wheels)"
+  LIBDIR=$WORK/site/onnxruntime/capi
+fi
+ORT_DYLIB_PATH=$(ls "$LIBDIR"/libonnxruntime.so* 2>/dev/null | sort | tail -1)
+[ -n "$ORT_DYLIB_PATH" ] || die "no libonnxruntime.so in $LIBDIR"
+[ -f "$LIBDIR/libonnxruntime_providers_cuda.so" ] || die "no libonnxruntime_providers_cuda.so in $LIBDIR"
+export ORT_DYLIB_PATH
+echo "ORT_DYLIB_PATH=$ORT_DYLIB_PATH"
+
+# The CUDA libraries: every folder of lib*.so* under the nvidia packages (python3's, --wheels').
+sites=$("$PY" -c "import site, sys; print(' '.join(site.getsitepackages() + [site.getusersitepackages()]))")
+libpath=
+for s in "$WORK/site" $sites; do
+  [ -d "$s/nvidia" ] || continue
+  for d in $(find "$s/nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u); do libpath=$libpath:$d; done
+done
+export LD_LIBRARY_PATH=${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for l in libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13 libcudnn.so.9; do
+  found=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | while read -r d; do [ -e "$d/$l" ] && echo "$d/$l" && break; done)
+  echo "$l: ${found:-NOT FOUND}"
+done
+
+run_log() { # name cmd... : run, keep the log, print its tail on failure
+  local name=$1; shift
+  if "$@" > "$WORK/logs/$name.log" 2>&1; then return 0; fi
+  echo "FAILED: $*"; tail -5 "$WORK/logs/$name.log"; return 1
+}
+steady() { sed -n 's/^steady state: \([0-9.e-]*\) s\/step.*/\1/p' "$WORK/logs/$1.log" | tail -1; }
+rel() { sed -n 's/^max_rel_diff \(.*\)/\1/p' "$WORK/logs/$1.log" | tail -1; }
+
+SUMMARY=$WORK/summary.md
+{
+  echo "| model | pipec reference (CPU) s/step | pipec ort CPU s/step | pipec ort CUDA s/step | --check max_rel_diff (CUDA) | PyTorch CUDA s/step | PyTorch CPU s/step |"
+  echo "|---|---|---|---|---|---|---|"
+} > "$SUMMARY"
+status=0
+for m in $MODELS; do
+  say "$m: compile for 2 devices"
+  out=$WORK/$m.out
+  rm -rf "$out"
+  run_log "$m.compile" "$PIPEC" compile "onnx-models/$m.onnx" --cluster 2@1e10 --device-kind cpu-core \
+    --planner straight --batch 8 --micro-batch 2 --optimizer sgd:lr=0.01,momentum=0.9 -o "$out" || { status=1; continue; }
+  say "$m: run --device cuda --check ($STEPS steps)"
+  cuda=$m.cuda
+  run_log "$cuda" "$PIPEC" run "$out" --device cuda --steps "$STEPS" --check --no-pin || status=1
+  if ! grep -q "check ok" "$WORK/logs/$cuda.log"; then
+    status=1
+    if grep -qi "fallback\|Could not find an implementation" "$WORK/logs/$cuda.log"; then
+      say "$m: again with PIPEC_ORT_CPU_FALLBACK=1 (ONNX Runtime put some nodes on the CPU)"
+      cuda=$m.cuda-fallback
+      PIPEC_ORT_CPU_FALLBACK=1 run_log "$cuda" "$PIPEC" run "$out" --device cuda --steps "$STEPS" --check --no-pin
+    fi
+  fi
+  grep -E "^(step 1:|step $STEPS:|steady|max_rel|check)" "$WORK/logs/$cuda.log"
+  say "$m: CPU executors"
+  run_log "$m.ortcpu" "$PIPEC" run "$out" --executor ort --steps "$STEPS"
+  run_log "$m.ref" "$PIPEC" run "$out" --steps 5
+  say "$m: PyTorch"
+  run_log "$m.torch-cuda" "$PY" scripts/torch_step.py "$m" --batch 8 --steps "$STEPS" --device cuda
+  run_log "$m.torch-cpu" "$PY" scripts/torch_step.py "$m" --batch 8 --steps "$STEPS" --device cpu
+  tj() { "$PY" -c "import json,sys; print('%.6f' % json.loads(open(sys.argv[1]).read().splitlines()[-1])['median_step_s'])" "$WORK/logs/$1.log" 2>/dev/null; }
+  echo "| $m | $(steady "$m.ref") | $(steady "$m.ortcpu") | $(steady "$cuda")$([ "$cuda" = "$m.cuda" ] || echo " (CPU fallback on)") | $(rel "$cuda") | $(tj "$m.torch-cuda") | $(tj "$m.torch-cpu") |" >> "$SUMMARY"
+done
+say "NCCL"
+echo "the NCCL transport (--transport nccl) is not implemented yet: collectives run in-process"
+say "summary (batch 8 = 4 micro-batches of 2, 2 devices on one GPU, SGD momentum; s/step = steady state)"
+cat "$SUMMARY"
+if [ -n "$OUTDIR" ]; then
+  mkdir -p "$OUTDIR"
+  cp "$SUMMARY" "$OUTDIR/"
+  tar -C "$WORK" -czf "$OUTDIR/gpu_check_logs.tgz" logs
+fi
+exit $status

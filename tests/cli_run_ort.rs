@@ -1,0 +1,179 @@
+//! `pipec run --executor ort --check`: the bundled models' programs, every planner, executed
+//! piece by piece with ONNX Runtime (CPU provider) and compared with single-device training on
+//! pipec's reference interpreter.
+//!
+//! ONNX Runtime is opened at run time from the `onnxruntime` Python package that
+//! `scripts/setup.sh` installs; the tests skip (saying so) where `python3` has none, as the other
+//! onnxruntime oracles do. SGD with momentum at lr 0.01: large steps let a float32 rounding
+//! difference between the two engines flip a ReLU or max-pool decision (inception_mini at lr 0.1
+//! jumps from 1e-7 to 8e-4 at step 2), and Adam amplifies rounding on near-zero gradients
+//! (`run --accuracy` tells both apart); neither is what this test is about.
+
+mod common;
+
+use common::{model, pipec, pipec_ok, python_with_onnx, tempdir};
+
+const PLANNERS: [&str; 7] = [
+    "gpp",
+    "dapple",
+    "pipedream",
+    "bapipe",
+    "dp",
+    "straight",
+    "gpp-seq",
+];
+
+/// Compile MODEL for 4 CPU-core devices with PLANNER, run 2 steps on ONNX Runtime with
+/// `--check`; a failure message, or None.
+fn ort_case(name: &str, planner: &str) -> Option<String> {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let m = model(&format!("{name}.onnx"));
+    let o = out.to_str().unwrap();
+    let c = pipec(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "8@1e10",
+        "--device-kind",
+        "cpu-core",
+        "--devices",
+        "4",
+        "--planner",
+        planner,
+        "--batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--optimizer",
+        "sgd:lr=0.01,momentum=0.9",
+        "-o",
+        o,
+    ]);
+    if !c.status.success() {
+        return Some(format!(
+            "{name}/{planner}: compile failed: {}",
+            String::from_utf8_lossy(&c.stderr)
+        ));
+    }
+    let r = pipec(&["run", o, "--steps", "2", "--check", "--executor", "ort"]);
+    let so = String::from_utf8_lossy(&r.stdout);
+    if !r.status.success() || !so.contains("check ok") {
+        return Some(format!(
+            "{name}/{planner}: {so}\n{}",
+            String::from_utf8_lossy(&r.stderr)
+        ));
+    }
+    None
+}
+
+/// Models × planners, each model with two planners in turn so that every planner meets several
+/// models.
+fn matrix(models: &[&str], first: usize) {
+    if python_with_onnx().is_none() {
+        eprintln!("skipped: python3 has no onnxruntime (scripts/setup.sh installs it)");
+        return;
+    }
+    let mut failures = Vec::new();
+    for (i, name) in models.iter().enumerate() {
+        for k in 0..2 {
+            let planner = PLANNERS[(first + 2 * i + k) % PLANNERS.len()];
+            failures.extend(ort_case(name, planner));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn dev_models_on_onnx_runtime_train_like_one_device() {
+    matrix(&["mlp4", "gpt2_tiny", "inception_mini"], 0);
+}
+
+#[test]
+fn more_bundled_models_on_onnx_runtime_train_like_one_device() {
+    matrix(
+        &[
+            "dlrm_tiny",
+            "mmt_tiny",
+            "vit_tiny",
+            "lstm_tiny",
+            "interp_tiny",
+        ],
+        6,
+    );
+}
+
+#[test]
+fn a_missing_onnx_runtime_library_is_a_clear_error() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let r = std::process::Command::new(env!("CARGO_BIN_EXE_pipec"))
+        .args(["run", out.to_str().unwrap(), "--executor", "ort"])
+        .env("ORT_DYLIB_PATH", t.path().join("no-such-libonnxruntime.so"))
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("ORT_DYLIB_PATH") && e.contains("no-such-libonnxruntime.so"),
+        "{e}"
+    );
+}
+
+#[test]
+fn device_cuda_with_another_executor_is_refused() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let r = pipec(&[
+        "run",
+        out.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "--executor",
+        "tract",
+    ]);
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("--device cuda") && e.contains("--executor tract"),
+        "{e}"
+    );
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn device_cuda_without_the_feature_names_the_rebuild() {
+    if python_with_onnx().is_none() {
+        return;
+    }
+    let t = tempdir();
+    let out = t.path().join("o");
+    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let r = pipec(&["run", out.to_str().unwrap(), "--device", "cuda"]);
+    let e = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(2), "{e}");
+    assert!(e.contains("--features cuda"), "{e}");
+}
+
+#[test]
+fn ort_runs_are_deterministic() {
+    if python_with_onnx().is_none() {
+        return;
+    }
+    let t = tempdir();
+    let out = t.path().join("o");
+    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let o = out.to_str().unwrap();
+    let losses = |s: String| -> Vec<String> {
+        s.lines()
+            .filter(|l| l.starts_with("step "))
+            .map(String::from)
+            .collect()
+    };
+    let a = losses(pipec_ok(&["run", o, "--steps", "2", "--executor", "ort"]));
+    let b = losses(pipec_ok(&["run", o, "--steps", "2", "--executor", "ort"]));
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+}

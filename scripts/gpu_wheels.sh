@@ -10,8 +10,9 @@
 #                     transfer; gpu_check.sh puts them back together and checks SHA256SUMS.
 #   --slim            keep only the three libraries ONNX Runtime's CUDA path loads
 #                     (libonnxruntime.so.*, libonnxruntime_providers_cuda.so,
-#                     libonnxruntime_providers_shared.so) as onnxruntime-gpu-libs.tar.xz: 45 MB
-#                     instead of the 256 MB wheel (the CUDA provider library is most of it).
+#                     libonnxruntime_providers_shared.so) as onnxruntime-gpu-libs.tar.xz: 195 MB
+#                     instead of the 256 MB wheel (its CUDA kernels are compressed already, so
+#                     the provider library, 284 MB unpacked, is most of it).
 #   --with-cuda-libs  also download cuBLAS, cuDNN 9, cuRAND and the CUDA runtime wheels
 #                     (CUDA 13); a machine with PyTorch for CUDA 13 already has them.
 #

@@ -16,10 +16,12 @@ cargo test --workspace --quiet
 stage "MLIR in-process (feature 'mlir': melior on LLVM 22)"
 cargo clippy -p pipec-compiler --features mlir --all-targets --quiet -- -D warnings
 cargo test -p pipec-compiler --features mlir --quiet --test mlir_feature
-stage "MPI backend (feature 'mpi': rsmpi on Open MPI, pipec run --backend mpi under mpirun)"
+# One build for both optional runtime features: 'cuda' (ONNX Runtime's CUDA provider, loaded at
+# run time, so it builds and is checked here without a GPU) rides along with 'mpi'.
+stage "MPI backend + CUDA feature build (features 'mpi,cuda': rsmpi on Open MPI, pipec run --backend mpi under mpirun)"
 export LIBCLANG_PATH="${LIBCLANG_PATH:-/usr/lib/llvm-22/lib}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cargo clippy --workspace --features mpi --all-targets --quiet -- -D warnings
-cargo test --workspace --features mpi --quiet --lib dist::mpi
-cargo test --features mpi --quiet --test cli_mpi
+cargo clippy --workspace --features mpi,cuda --all-targets --quiet -- -D warnings
+cargo test --workspace --features mpi,cuda --quiet --lib dist::mpi
+cargo test --features mpi,cuda --quiet --test cli_mpi --test cli_run_ort
 stage "done"

@@ -239,21 +239,126 @@ pub fn node_work(g: &CostGraph, kind: &DeviceKind) -> Vec<f64> {
 }
 
 /// Which nodes are side nodes (see the module doc, step 1).
+///
+/// A `Shape`/`Size` of a skeleton value `X` stays in the skeleton when some skeleton node `R`
+/// depends on `X` only through it (BART's position ids read `Shape(embeddings)`; Swin's window
+/// reshapes read `Shape` of an earlier block): as a side node it would leave no skeleton edge
+/// from `X` to `R`, the decomposition could put `R` in a stage before `X`'s, and the `Shape`,
+/// which must run where `X` is, would then send its value backwards (a cyclic stage graph; the
+/// schedule deadlocks). Kept in the skeleton, it carries the edge `X -> R`.
 pub fn side_nodes(g: &CostGraph, w: &[f64]) -> Vec<bool> {
     let total: f64 = w.iter().sum();
     let eps = 1e-4 * total;
+    let mut keep = vec![false; g.len()];
+    loop {
+        let side = mark_side(g, w, eps, &keep);
+        if side.iter().all(|s| *s) {
+            // Nothing but side computations: keep them all as the skeleton.
+            return vec![false; g.len()];
+        }
+        let more = shapes_carrying_order(g, &side);
+        if more.is_empty() {
+            return side;
+        }
+        for s in more {
+            keep[s] = true;
+        }
+    }
+}
+
+/// One marking pass: `Shape`/`Size` ops (unless `keep`) and cheap parameter-free nodes whose
+/// inputs are all side nodes.
+fn mark_side(g: &CostGraph, w: &[f64], eps: f64, keep: &[bool]) -> Vec<bool> {
     let mut side = vec![false; g.len()];
     for &n in g.topo_order() {
         let node = &g.nodes[n];
-        let shape_op = matches!(node.op.as_str(), "Shape" | "Size");
+        let shape_op = matches!(node.op.as_str(), "Shape" | "Size") && !keep[n];
         let cheap = node.parameter_bytes == 0.0 && w[n] <= eps && !node.is_input;
         side[n] = shape_op || (cheap && g.preds(n).all(|p| side[p]));
     }
-    if side.iter().all(|s| *s) {
-        // Nothing but side computations: keep them all as the skeleton.
-        return vec![false; g.len()];
-    }
     side
+}
+
+/// The side `Shape`/`Size` ops of a skeleton value `X` through which a skeleton node `R` reads
+/// `X` while no path of skeleton edges leads from `X` to `R` (see [`side_nodes`]).
+fn shapes_carrying_order(g: &CostGraph, side: &[bool]) -> Vec<NodeId> {
+    const MAX_ROOTS: usize = 64;
+    let n = g.len();
+    let mut topo_pos = vec![0usize; n];
+    for (i, &u) in g.topo_order().iter().enumerate() {
+        topo_pos[u] = i;
+    }
+    // roots[u] for a side node: (X, the Shape op reading X) for every skeleton X it reads
+    // through shape ops.
+    let mut roots: Vec<Vec<(NodeId, NodeId)>> = vec![Vec::new(); n];
+    for &u in g.topo_order() {
+        if !side[u] {
+            continue;
+        }
+        let mut r: Vec<(NodeId, NodeId)> = Vec::new();
+        let shape_op = matches!(g.nodes[u].op.as_str(), "Shape" | "Size");
+        for p in g.preds(u) {
+            if side[p] {
+                r.extend(roots[p].iter().copied());
+            } else if shape_op && !g.nodes[p].is_input {
+                // (a graph input is loaded wherever it is read: no order to carry)
+                r.push((p, u));
+            }
+        }
+        r.sort_unstable();
+        r.dedup();
+        r.truncate(MAX_ROOTS);
+        roots[u] = r;
+    }
+    let mut out = Vec::new();
+    let mut seen = vec![usize::MAX; n];
+    let mut stack = Vec::new();
+    let mut checked = std::collections::HashSet::new();
+    for (query, &r) in g.topo_order().iter().enumerate() {
+        if side[r] {
+            continue;
+        }
+        let mut pairs: Vec<(NodeId, NodeId)> = g
+            .preds(r)
+            .filter(|&p| side[p])
+            .flat_map(|p| roots[p].iter().copied())
+            .collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        for (x, sh) in pairs {
+            if x == r || !checked.insert((x, r)) {
+                continue;
+            }
+            // Does a skeleton path lead from x to r? Backwards from r, never before x.
+            let mut found = false;
+            stack.clear();
+            stack.push(r);
+            let stamp = query * n + x; // unique per (r, x) query
+            seen[r] = stamp;
+            while let Some(v) = stack.pop() {
+                for p in g.preds(v) {
+                    if side[p] || seen[p] == stamp || topo_pos[p] < topo_pos[x] {
+                        continue;
+                    }
+                    if p == x {
+                        found = true;
+                        break;
+                    }
+                    seen[p] = stamp;
+                    stack.push(p);
+                }
+                if found {
+                    break;
+                }
+            }
+            if !found {
+                out.push(sh);
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
 /// Decompose `g` (see the module doc). `kind` is the device kind the node work is timed on.

@@ -828,3 +828,61 @@ fn side_nodes_follow_their_inputs() {
         );
     }
 }
+
+/// A `Shape` through which a skeleton node reads an activation it has no other path from stays
+/// in the skeleton (BART's position ids from `Shape(embeddings)`; gpp deadlocked on bart, swin):
+/// as a side node it left the position embedding free to go to a stage before the embeddings'.
+/// A `Shape` whose consumer also reads the activation directly (a reshape) stays a side node.
+#[test]
+fn a_shape_that_carries_the_only_dependency_stays_in_the_skeleton() {
+    use pipec_passes::sp_decompose::side_nodes;
+    let node = |name: &str, op: &str, w: f64, params: f64| CostNode {
+        name: name.into(),
+        op: op.into(),
+        work: Work::Measured { fwd_s: w, bwd_s: w },
+        activation_bytes: 64.0,
+        saved_bytes: 0.0,
+        parameter_bytes: params,
+        is_input: false,
+    };
+    // emb -> n1 -> n2 -> add; Shape(emb) -> Gather(const) -> pos (parameters) -> add;
+    // Shape(n1) -> reshape(n1) (also reads n1 directly) -> n2.
+    let nodes = vec![
+        node("emb", "Gather", 1e-3, 4096.0),
+        node("n1", "MatMul", 1e-3, 4096.0),
+        node("n2", "MatMul", 1e-3, 4096.0),
+        node("add", "Add", 1e-3, 0.0),
+        node("shape_emb", "Shape", 0.0, 0.0),
+        node("idx", "Constant", 0.0, 0.0),
+        node("seq_len", "Gather", 0.0, 0.0),
+        node("pos", "Gather", 1e-3, 4096.0),
+        node("shape_n1", "Shape", 0.0, 0.0),
+        node("reshape", "Reshape", 1e-3, 0.0),
+    ];
+    let e = |src, dst| CostEdge {
+        src,
+        dst,
+        bytes: 64.0,
+    };
+    let edges = vec![
+        e(0, 1),
+        e(1, 9),
+        e(8, 9),
+        e(1, 8),
+        e(9, 2),
+        e(2, 3),
+        e(0, 4),
+        e(4, 6),
+        e(5, 6),
+        e(6, 7),
+        e(7, 3),
+    ];
+    let g = CostGraph::new("shape-order", 1.0, nodes, edges, "test").expect("graph");
+    let w = vec![1e-3, 1e-3, 1e-3, 1e-3, 0.0, 0.0, 0.0, 1e-3, 0.0, 1e-3];
+    let side = side_nodes(&g, &w);
+    assert!(!side[4], "Shape(emb) carries pos's only dependency on emb");
+    assert!(!side[6], "the Gather after it follows it into the skeleton");
+    assert!(side[5], "the constant index stays a side node");
+    assert!(side[8], "Shape(n1) feeds a reshape that reads n1 itself");
+    assert!(!side[7] && !side[0] && !side[9]);
+}

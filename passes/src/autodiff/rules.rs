@@ -383,11 +383,12 @@ pub fn grad(
             let three = b.scalar(dt, 3.0)?;
             let m3 = b.scalar(dt, -3.0)?;
             let z = b.scalar(dt, 0.0)?;
-            let sixth = b.scalar(dt, 1.0 / 6.0)?;
+            // Divide by 6 (exact in every float type) rather than multiply by a rounded 1/6.
+            let six = b.scalar(dt, 6.0)?;
             let two = b.scalar(dt, 2.0)?;
             let t = b.mul(xv, two);
             let t = b.add(t, three);
-            let t = b.mul(t, sixth);
+            let t = b.div(t, six);
             let mid = b.mul(g, t);
             let hi = b.op1("Greater", &[xv, three], vec![], DType::Bool);
             let lo = b.op1("Less", &[xv, m3], vec![], DType::Bool);

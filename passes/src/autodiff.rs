@@ -143,6 +143,7 @@ pub const GRAD_OPS: &[&str] = &[
     "ReduceSumSquare",
     "Relu",
     "Reshape",
+    "ScatterND",
     "Selu",
     "Sigmoid",
     "Sin",

@@ -276,7 +276,8 @@ fn check(c: &Case) -> Result<String, String> {
             }
             let fd = (lf[0] - lf[1]) / (2.0 * h);
             let e = (fd - an[k][i]).abs() / scale;
-            if e > 1e-6 {
+            // A NaN gradient fails too (NaN compares false with everything).
+            if e.is_nan() || e > 1e-6 {
                 return Err(format!(
                     "d loss / d {name}[{i}]: analytic {} vs finite difference {fd} (error {e:.1e} of {scale:.2e})",
                     an[k][i]
@@ -293,7 +294,7 @@ fn check(c: &Case) -> Result<String, String> {
         let scale = an[k].iter().fold(1e-3f64, |a, v| a.max(v.abs()));
         for (i, (a, b)) in an[k].iter().zip(&an32[k]).enumerate() {
             let e = (a - b).abs() / scale;
-            if e > 1e-3 {
+            if e.is_nan() || e > 1e-3 {
                 return Err(format!(
                     "f32 gradient of {name}[{i}] is {b}, f64 gives {a} (error {e:.1e})"
                 ));
@@ -778,4 +779,53 @@ fn strided_slice_matches_finite_differences() {
         sl("odd", &[2, 7, 5], &[1, 0], &[7, 5], &[1, 2], &[3, 2]),
         sl("with_step_1", &[3, 8], &[1, 2], &[3, -1], &[0, 1], &[1, 4]),
     ]);
+}
+
+/// `ScatterND` (Swin V2 zeroes the key bias with it): the data gets dY except at the written
+/// slices, the updates get dY gathered there; `reduction = add` passes dY to the data whole.
+#[test]
+fn scatter_nd_matches_finite_differences() {
+    let sc = |name: &str,
+              attrs: Vec<(&'static str, Attr)>,
+              idx_dims: &[i64],
+              idx: &[i64],
+              upd: &[usize]| {
+        case(
+            format!("ScatterND_{name}"),
+            vec![node("ScatterND", &["x", "idx", "u"], attrs)],
+        )
+        .f("x", &[4, 3])
+        .i("idx", idx_dims, idx)
+        .f("u", upd)
+    };
+    run_cases(vec![
+        // rows 1 and 3 replaced
+        sc("rows", vec![], &[2, 1], &[1, 3], &[2, 3]),
+        // single elements
+        sc("elements", vec![], &[3, 2], &[0, 0, 2, 1, 3, 2], &[3]),
+        sc(
+            "rows_add",
+            vec![("reduction", s("add"))],
+            &[2, 1],
+            &[1, 3],
+            &[2, 3],
+        ),
+    ]);
+}
+
+/// `ReduceL2` of an all-zero row (Swin V2's padded keys): the gradient there is 0, as PyTorch's
+/// and the central difference (|h| - |-h|) / 2h say, not 0/0.
+#[test]
+fn reduce_l2_of_a_zero_row_has_a_zero_gradient() {
+    let x = vec![
+        0.5, -1.0, 2.0, 0.25, //
+        0.0, 0.0, 0.0, 0.0, //
+        -0.75, 1.5, 0.3, -2.0,
+    ];
+    run_cases(vec![case(
+        "ReduceL2_zero_row",
+        vec![node("ReduceL2", &["x", "axes"], vec![("keepdims", int(1))])],
+    )
+    .fg("x", &[3, 4], Gen::Values(x))
+    .i("axes", &[1], &[1])]);
 }

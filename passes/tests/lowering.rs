@@ -67,8 +67,15 @@ fn forward_matches(p: &Path, refs: &[(String, TensorData)], tol: f64) -> Result<
             .iter()
             .zip(&w)
             .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-            .fold(0.0, f64::max);
-        if err > tol {
+            // NaN-propagating max: f64::max would drop a NaN output.
+            .fold(0.0, |m: f64, e| {
+                if m.is_nan() || e.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(e)
+                }
+            });
+        if err.is_nan() || err > tol {
             return Err(format!("{name}: error {err:.2e} > {tol:.0e}"));
         }
     }

@@ -29,6 +29,7 @@ pub fn diff_inputs(d: &OpData) -> Vec<bool> {
         | "ReduceLogSumExp" | "Clip" | "Tile" | "Cast" | "Flatten" | "ReduceProd" => only(&[0]),
         "BatchNormalization" => only(&[0, 1, 2]),
         "Where" => only(&[1, 2]),
+        "ScatterND" => only(&[0, 2]),
         // Zero almost everywhere, or not numeric: no gradient flows.
         "Shape" | "Size" | "Sign" | "Floor" | "Ceil" | "Round" | "Equal" | "Less" | "Greater"
         | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And" | "Or" | "Xor" | "ArgMax" | "ArgMin"
@@ -697,6 +698,39 @@ pub fn grad(
                 out[0] = Some(b.transpose(sc, &inv));
             }
         }
+        "ScatterND" => {
+            // Y = X with Y[indices[j]] = updates[j] (reduction none; indices distinct, as ONNX
+            // requires): dX = dY with the written slices zeroed, dUpdates = GatherND(dY, indices).
+            // With reduction `add` every X element also reaches Y: dX = dY.
+            let g = dy!();
+            let idx = x(1).ok_or_else(|| err(&d, "missing input"))?;
+            let upd = x(2).ok_or_else(|| err(&d, "missing input"))?;
+            let reduction = d.str_attr("reduction").unwrap_or("none");
+            if need_i(0) {
+                out[0] = Some(match reduction {
+                    "none" => {
+                        let z = b.zeros_like(upd)?;
+                        b.op1("ScatterND", &[g, idx, z], vec![], dt)
+                    }
+                    "add" => g,
+                    other => {
+                        return Err(err(
+                            &d,
+                            format!("autodiff: no gradient for ScatterND reduction '{other}'"),
+                        ))
+                    }
+                });
+            }
+            if need_i(2) {
+                if !matches!(reduction, "none" | "add") {
+                    return Err(err(
+                        &d,
+                        format!("autodiff: no gradient for ScatterND reduction '{reduction}'"),
+                    ));
+                }
+                out[2] = Some(b.op1("GatherND", &[g, idx], vec![], dt));
+            }
+        }
         "GatherElements" => {
             let g = dy!();
             let w = x(0).ok_or_else(|| err(&d, "missing input"))?;
@@ -784,7 +818,13 @@ pub fn grad(
                     b.mul(ge, t)
                 }
                 "ReduceL2" => {
+                    // dX = dY X / Y, and 0 where Y = 0 (PyTorch's subgradient of the norm at 0:
+                    // Swin V2's cosine attention normalizes all-zero keys of padded tokens, and
+                    // 0/0 made every parameter NaN after one step).
+                    let z = b.scalar(dt, 0.0)?;
                     let t = b.div(xv, yk);
+                    let at0 = b.op1("Equal", &[yk, z], vec![], DType::Bool);
+                    let t = b.op1("Where", &[at0, z, t], vec![], dt);
                     b.mul(ge, t)
                 }
                 "ReduceL1" => {

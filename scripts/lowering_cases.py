@@ -181,6 +181,16 @@ def main():
            dict(mode="linear", coordinate_transformation_mode="half_pixel_symmetric"),
            scales=[1, 1, 1.7, 2.3], opset=19)
 
+    # Scales as a constant expression (torch's bilinear up-sampling, UNet decoders): shape
+    # inference may not know the output, so the lowering takes floor(in * scale).
+    case("resize_linear_scales_concat",
+         [N("Constant", [], ["s01"], value=nh.from_array(np.array([1, 1], np.float32))),
+          N("Constant", [], ["s23"], value=nh.from_array(np.array([2, 2], np.float32))),
+          N("Concat", ["s01", "s23"], ["s"], axis=0),
+          N("Resize", ["x", "", "s"], ["y"], mode="linear",
+            coordinate_transformation_mode="align_corners")],
+         {"x": x4})
+
     # Control flow. A loop of 3 iterations: carried accumulator, scan output, the iteration
     # number used as an index into an outer tensor, captured outer parameters.
     F = T.FLOAT

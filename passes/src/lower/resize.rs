@@ -205,10 +205,17 @@ pub fn lower_resize(b: &mut Builder, op: Op, opset: i64) -> Result<Value> {
     let scale_list = scales.or(sizes_scale).unwrap_or_default();
     for (pos, &k) in axes.iter().enumerate() {
         let s = scale_list[pos];
-        let (Some(n_in), Some(n_out)) = (xs[k].known(), ys[k].known()) else {
-            if s == 1.0 && xs[k] == ys[k] {
-                continue; // an untouched (possibly symbolic) axis, e.g. the batch
-            }
+        if s == 1.0 && (xs[k] == ys[k] || ys[k].known().is_none()) {
+            // An untouched (possibly symbolic) axis, e.g. the batch: output size = floor(in * 1)
+            // = in, also where shape inference could not tell (scales from a constant
+            // expression, as torch exports bilinear up-sampling).
+            continue;
+        }
+        // The output size: as inferred, else floor(in * scale) (ONNX Resize with scales).
+        let n_out = ys[k]
+            .known()
+            .or_else(|| xs[k].known().map(|i| (i as f64 * s).floor() as i64));
+        let (Some(n_in), Some(n_out)) = (xs[k].known(), n_out) else {
             return Err(err(format!(
                 "axis {k}: the input or output size is not static"
             )));

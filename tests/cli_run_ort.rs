@@ -13,15 +13,8 @@ mod common;
 
 use common::{model, pipec, pipec_ok, python_with_onnx, tempdir};
 
-const PLANNERS: [&str; 7] = [
-    "gpp",
-    "dapple",
-    "pipedream",
-    "bapipe",
-    "dp",
-    "straight",
-    "gpp-seq",
-];
+/// Every planner the CLI accepts.
+const PLANNERS: &[&str] = pipec_passes::planners::PLANNER_NAMES;
 
 /// Compile MODEL for 4 CPU-core devices with PLANNER, run 2 steps on ONNX Runtime with
 /// `--check`; a failure message, or None.

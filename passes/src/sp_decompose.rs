@@ -25,7 +25,8 @@
 //! 1. **Duplicate cheap side computations.** A node is *side* when it has no parameters, its work
 //!    is negligible (≤ 10⁻⁴ of the model's), and each of its inputs is a graph input, a constant or
 //!    another side node — or it is a `Shape`/`Size` op (its value depends only on shapes, which
-//!    every stage knows for its micro-batch). Side nodes (constants, shape arithmetic, attention
+//!    every stage knows for its micro-batch), except one through which a skeleton node reads an
+//!    activation it has no skeleton path from (see [`side_nodes`]). Side nodes (constants, shape arithmetic, attention
 //!    masks, position ids) are taken out of the skeleton; conceptually each consumer gets its own
 //!    copy hung off the consumer's source, which adds no edge to the SP structure. In a plan, a
 //!    side node goes to the stage that is the nearest common ancestor of its consumers' stages (or

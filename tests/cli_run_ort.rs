@@ -96,11 +96,18 @@ fn more_bundled_models_on_onnx_runtime_train_like_one_device() {
     );
 }
 
-#[test]
-fn a_missing_onnx_runtime_library_is_a_clear_error() {
+/// mlp4 compiled with the runtime tests' flags (`common::MLP4_DAPPLE_4`): its temp folder (keep
+/// it alive) and OUTDIR.
+fn compiled_mlp4() -> (tempfile::TempDir, std::path::PathBuf) {
     let t = tempdir();
     let out = t.path().join("o");
     common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    (t, out)
+}
+
+#[test]
+fn a_missing_onnx_runtime_library_is_a_clear_error() {
+    let (t, out) = compiled_mlp4();
     let r = std::process::Command::new(env!("CARGO_BIN_EXE_pipec"))
         .args(["run", out.to_str().unwrap(), "--executor", "ort"])
         .env("ORT_DYLIB_PATH", t.path().join("no-such-libonnxruntime.so"))
@@ -116,9 +123,7 @@ fn a_missing_onnx_runtime_library_is_a_clear_error() {
 
 #[test]
 fn device_cuda_with_another_executor_is_refused() {
-    let t = tempdir();
-    let out = t.path().join("o");
-    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let (_t, out) = compiled_mlp4();
     let r = pipec(&[
         "run",
         out.to_str().unwrap(),
@@ -141,9 +146,7 @@ fn device_cuda_without_the_feature_names_the_rebuild() {
     if python_with_onnx().is_none() {
         return;
     }
-    let t = tempdir();
-    let out = t.path().join("o");
-    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let (_t, out) = compiled_mlp4();
     let r = pipec(&["run", out.to_str().unwrap(), "--device", "cuda"]);
     let e = String::from_utf8_lossy(&r.stderr);
     assert_eq!(r.status.code(), Some(2), "{e}");
@@ -155,9 +158,7 @@ fn ort_runs_are_deterministic() {
     if python_with_onnx().is_none() {
         return;
     }
-    let t = tempdir();
-    let out = t.path().join("o");
-    common::compile("mlp4.onnx", &out, common::MLP4_DAPPLE_4);
+    let (_t, out) = compiled_mlp4();
     let o = out.to_str().unwrap();
     let losses = |s: String| -> Vec<String> {
         s.lines()

@@ -390,13 +390,7 @@ impl Plan {
         // The figures the simulator ran on (re-computation adds the forward to the backward).
         let sg = sg.for_schedule(schedule);
         let mut stages = Vec::with_capacity(specs.len());
-        let topo_pos: Vec<usize> = {
-            let mut p = vec![0; g.len()];
-            for (i, &n) in g.topo_order().iter().enumerate() {
-                p[n] = i;
-            }
-            p
-        };
+        let topo_pos = g.topo_positions();
         for (s, spec) in specs.iter().enumerate() {
             let mut nodes = spec.nodes.clone();
             nodes.sort_by_key(|&n| topo_pos[n]);

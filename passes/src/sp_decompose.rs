@@ -285,10 +285,7 @@ fn mark_side(g: &CostGraph, w: &[f64], eps: f64, keep: &[bool]) -> Vec<bool> {
 fn shapes_carrying_order(g: &CostGraph, side: &[bool]) -> Vec<NodeId> {
     const MAX_ROOTS: usize = 64;
     let n = g.len();
-    let mut topo_pos = vec![0usize; n];
-    for (i, &u) in g.topo_order().iter().enumerate() {
-        topo_pos[u] = i;
-    }
+    let topo_pos = g.topo_positions();
     // roots[u] for a side node: (X, the Shape op reading X) for every skeleton X it reads
     // through shape ops.
     let mut roots: Vec<Vec<(NodeId, NodeId)>> = vec![Vec::new(); n];
@@ -312,10 +309,31 @@ fn shapes_carrying_order(g: &CostGraph, side: &[bool]) -> Vec<NodeId> {
         roots[u] = r;
     }
     let mut out = Vec::new();
+    // `seen[v] == query`: v visited by the current path search.
     let mut seen = vec![usize::MAX; n];
     let mut stack = Vec::new();
-    let mut checked = std::collections::HashSet::new();
-    for (query, &r) in g.topo_order().iter().enumerate() {
+    let mut query = 0;
+    // Is there a path of skeleton edges from x to r? Backwards from r, never before x.
+    let mut skeleton_path = |x: NodeId, r: NodeId| -> bool {
+        query += 1;
+        stack.clear();
+        stack.push(r);
+        seen[r] = query;
+        while let Some(v) = stack.pop() {
+            for p in g.preds(v) {
+                if p == x {
+                    return true;
+                }
+                if side[p] || seen[p] == query || topo_pos[p] < topo_pos[x] {
+                    continue;
+                }
+                seen[p] = query;
+                stack.push(p);
+            }
+        }
+        false
+    };
+    for &r in g.topo_order() {
         if side[r] {
             continue;
         }
@@ -326,33 +344,15 @@ fn shapes_carrying_order(g: &CostGraph, side: &[bool]) -> Vec<NodeId> {
             .collect();
         pairs.sort_unstable();
         pairs.dedup();
+        // One search per X: the pairs are sorted by X, and one kept Shape of X carries the
+        // order (the next round sees the path through it).
+        let mut last_x = None;
         for (x, sh) in pairs {
-            if x == r || !checked.insert((x, r)) {
+            if x == r || last_x == Some(x) {
                 continue;
             }
-            // Does a skeleton path lead from x to r? Backwards from r, never before x.
-            let mut found = false;
-            stack.clear();
-            stack.push(r);
-            let stamp = query * n + x; // unique per (r, x) query
-            seen[r] = stamp;
-            while let Some(v) = stack.pop() {
-                for p in g.preds(v) {
-                    if side[p] || seen[p] == stamp || topo_pos[p] < topo_pos[x] {
-                        continue;
-                    }
-                    if p == x {
-                        found = true;
-                        break;
-                    }
-                    seen[p] = stamp;
-                    stack.push(p);
-                }
-                if found {
-                    break;
-                }
-            }
-            if !found {
+            last_x = Some(x);
+            if !skeleton_path(x, r) {
                 out.push(sh);
             }
         }
@@ -435,10 +435,7 @@ pub fn decompose_with(g: &CostGraph, w: &[f64], side: &[bool]) -> SpTree {
             }
         }
     }
-    let mut topo_pos = vec![0usize; n];
-    for (i, &u) in g.topo_order().iter().enumerate() {
-        topo_pos[u] = i;
-    }
+    let topo_pos = g.topo_positions();
     let mut skel: Vec<NodeId> = (0..n).filter(|&u| !side[u]).collect();
     skel.sort_by(|&a, &b| {
         start[a]

@@ -144,6 +144,8 @@ fn environment() -> Result<&'static Environment> {
     })
 }
 
+/// Whether the variable is set to something other than empty or `0`.
+#[cfg(feature = "cuda")]
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
 }
@@ -229,7 +231,6 @@ fn cuda_provider(
 fn cuda_provider(
     _b: ort::session::builder::SessionBuilder,
 ) -> Result<ort::session::builder::SessionBuilder> {
-    let _ = env_flag;
     Err(Error::Backend {
         backend: "ort-cuda",
         msg: "this pipec was built without CUDA support: rebuild with \

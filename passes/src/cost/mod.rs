@@ -310,6 +310,15 @@ impl CostGraph {
         &self.topo
     }
 
+    /// Each node's position in [`CostGraph::topo_order`].
+    pub fn topo_positions(&self) -> Vec<usize> {
+        let mut pos = vec![0; self.len()];
+        for (i, &n) in self.topo.iter().enumerate() {
+            pos[n] = i;
+        }
+        pos
+    }
+
     /// Node by name.
     pub fn node_by_name(&self, name: &str) -> Option<NodeId> {
         self.by_name.get(name).copied()

@@ -72,7 +72,7 @@ fn check_agrees_with_the_reference_over_several_steps() {
     .unwrap();
     let lp = dist::load(dir.path()).unwrap();
     let r = dist::run(&lp, &opts(3)).unwrap();
-    let rep = dist::check(&lp, &r, "reference").unwrap();
+    let rep = dist::check(&lp, &r).unwrap();
     assert!(rep.ok, "{rep:?}");
     assert!(rep.max_rel_diff < 1e-5, "{rep:?}");
     for (a, b) in r.losses.iter().zip(&rep.ref_losses) {
@@ -100,7 +100,7 @@ fn replicated_stage_with_slices_concat_and_all_reduce() {
         let lp = dist::load(dir.path()).unwrap();
         assert_eq!(lp.program.devices.len(), replicas0 + 1);
         let r = dist::run(&lp, &opts(2)).unwrap();
-        let rep = dist::check(&lp, &r, "reference").unwrap();
+        let rep = dist::check(&lp, &r).unwrap();
         assert!(
             rep.ok && rep.max_rel_diff < 1e-5,
             "{replicas0} replicas: {rep:?}"

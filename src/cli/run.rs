@@ -91,11 +91,6 @@ pub struct RunArgs {
     pub no_pin: bool,
 }
 
-/// The executor of `--check`'s single-device reference run: the reference interpreter, whatever
-/// runs the pipeline, so that `--executor ort --check` compares ONNX Runtime with pipec's own
-/// kernels and not with itself.
-const CHECK_EXECUTOR: &str = "reference";
-
 /// Run the command.
 pub fn run(mut a: RunArgs) -> Result<ExitCode> {
     if a.device == "cuda" {
@@ -297,11 +292,10 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
     }
     if a.check {
         let (rep, acc) = if a.accuracy {
-            let (rep, acc) =
-                dist::check::check_accuracy(lp, r, CHECK_EXECUTOR).context("--check")?;
+            let (rep, acc) = dist::check::check_accuracy(lp, r).context("--check")?;
             (rep, Some(acc))
         } else {
-            (dist::check(lp, r, CHECK_EXECUTOR).context("--check")?, None)
+            (dist::check(lp, r).context("--check")?, None)
         };
         for (i, l) in rep.ref_losses.iter().enumerate() {
             println!("reference step {}: loss {l:.6e}", i + 1);

@@ -17,6 +17,7 @@
 
 use super::data::{self, Data};
 use super::{DistError, LoadedProgram, Result, RunResult};
+use crate::exec::Executor;
 use crate::tensor::{max_abs_diff, Tensor};
 use pipec_compiler::ir::DType;
 use pipec_compiler::program::ReferenceProgram;
@@ -51,12 +52,13 @@ fn err(msg: impl Into<String>) -> DistError {
 }
 
 /// Run the reference program for `steps` steps on `data`; returns the losses and every global
-/// buffer at the end (parameters and optimizer state).
+/// buffer at the end (parameters and optimizer state). It runs on the reference interpreter,
+/// whatever executor ran the pipeline, so that a check of another engine (tract, ONNX Runtime)
+/// compares it with pipec's own kernels and not with itself.
 pub fn reference_run(
     lp: &LoadedProgram,
     data: &Data,
     steps: usize,
-    executor: &str,
 ) -> Result<(Vec<f64>, HashMap<String, Tensor>)> {
     let p = &lp.program;
     let r: &ReferenceProgram = p.reference.as_ref().ok_or_else(|| {
@@ -65,8 +67,7 @@ pub fn reference_run(
             lp.outdir.join("schedule.json").display()
         ))
     })?;
-    let ex = crate::exec::executor_by_name(executor)
-        .ok_or_else(|| DistError::Input(format!("unknown executor '{executor}'")))?;
+    let ex = crate::reference::Reference;
     let mut train_m = super::import_piece(&lp.outdir, &r.train)?;
     let mut step_m = super::import_piece(&lp.outdir, &r.step)?;
     if lp.f64 {
@@ -198,9 +199,9 @@ pub fn reference_run(
 }
 
 /// Compare a distributed run's parameters with the reference run on the same data and steps.
-pub fn check(lp: &LoadedProgram, run: &RunResult, executor: &str) -> Result<CheckReport> {
+pub fn check(lp: &LoadedProgram, run: &RunResult) -> Result<CheckReport> {
     let steps = run.losses.len();
-    let (ref_losses, globals) = reference_run(lp, &run.data, steps, executor)?;
+    let (ref_losses, globals) = reference_run(lp, &run.data, steps)?;
     compare(&run.params, &globals, &lp.weights, ref_losses)
 }
 
@@ -220,24 +221,20 @@ pub struct Accuracy {
 /// rounding from a wrong program: both equally far from exact training (the float32 difference
 /// is rounding that the training amplifies, e.g. Adam on a near-zero gradient), or the pipeline
 /// farther than the reference (a program error).
-pub fn check_accuracy(
-    lp: &LoadedProgram,
-    run: &RunResult,
-    executor: &str,
-) -> Result<(CheckReport, Accuracy)> {
+pub fn check_accuracy(lp: &LoadedProgram, run: &RunResult) -> Result<(CheckReport, Accuracy)> {
     if lp.f64 {
         return Err(DistError::Input(
             "--accuracy compares a float32 run with float64 training: drop --precision f64".into(),
         ));
     }
     let steps = run.losses.len();
-    let (ref_losses, ref32) = reference_run(lp, &run.data, steps, executor)?;
+    let (ref_losses, ref32) = reference_run(lp, &run.data, steps)?;
     let rep = compare(&run.params, &ref32, &lp.weights, ref_losses)?;
     let mut wide = lp.clone();
     wide.widen_to_f64()?;
     let mut data = run.data.clone();
     data::widen_f32(&mut data).map_err(err)?;
-    let (losses64, exact) = reference_run(&wide, &data, steps, executor)?;
+    let (losses64, exact) = reference_run(&wide, &data, steps)?;
     let pipeline = compare(&run.params, &exact, &lp.weights, losses64.clone())?.max_rel_diff;
     let ref32: BTreeMap<String, Tensor> = ref32.into_iter().collect();
     let reference = compare(&ref32, &exact, &lp.weights, losses64)?.max_rel_diff;

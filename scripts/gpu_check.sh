@@ -122,6 +122,8 @@ run_log() { # name cmd... : run, keep the log, print its tail on failure
 }
 steady() { sed -n 's/^steady state: \([0-9.e-]*\) s\/step.*/\1/p' "$WORK/logs/$1.log" | tail -1; }
 rel() { sed -n 's/^max_rel_diff \(.*\)/\1/p' "$WORK/logs/$1.log" | tail -1; }
+# torch_step.py's median step (its last line is JSON).
+tj() { "$PY" -c "import json,sys; print('%.6f' % json.loads(open(sys.argv[1]).read().splitlines()[-1])['median_step_s'])" "$WORK/logs/$1.log" 2>/dev/null; }
 
 SUMMARY=$WORK/summary.md
 {
@@ -152,7 +154,6 @@ for m in $MODELS; do
   say "$m: PyTorch"
   run_log "$m.torch-cuda" "$PY" scripts/torch_step.py "$m" --batch 8 --steps "$STEPS" --device cuda
   run_log "$m.torch-cpu" "$PY" scripts/torch_step.py "$m" --batch 8 --steps "$STEPS" --device cpu
-  tj() { "$PY" -c "import json,sys; print('%.6f' % json.loads(open(sys.argv[1]).read().splitlines()[-1])['median_step_s'])" "$WORK/logs/$1.log" 2>/dev/null; }
   echo "| $m | $(steady "$m.ref") | $(steady "$m.ortcpu") | $(steady "$cuda") | $(rel "$cuda") | $(tj "$m.torch-cuda") | $(tj "$m.torch-cpu") |" >> "$SUMMARY"
 done
 say "NCCL"

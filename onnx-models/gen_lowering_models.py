@@ -8,6 +8,8 @@ meta_json):
 - lstm_tiny:   2-layer bidirectional nn.LSTM (batch_first) + Linear          -> LSTM
 - gru_tiny:    nn.GRU + Linear                                               -> GRU
 - embbag_tiny: nn.EmbeddingBag(mode="sum") with offsets + Linear (opset 17)  -> Loop over bags
+- embbag2d_tiny: nn.EmbeddingBag sum and mean on a 2-D input [batch, 3] + Linear, batch symbolic
+                 -> Loops over equal bags whose trip count is the batch (not unrollable)
 - interp_tiny: Conv, F.interpolate bilinear x2, Conv, F.interpolate nearest to a size -> Resize
 Exported with the TorchScript exporter (dynamo=False), opset 17, batch dim symbolic where the
 model allows it. Fixed seeds; every file is well under 100 KB.
@@ -55,6 +57,17 @@ class EmbBag(nn.Module):
 
     def forward(self, idx, off):
         return self.fc(torch.relu(self.emb(idx, off)))
+
+
+class EmbBag2d(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sum = nn.EmbeddingBag(20, 6, mode="sum")
+        self.mean = nn.EmbeddingBag(15, 6, mode="mean")
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, a, b):
+        return self.fc(torch.relu(self.sum(a) * self.mean(b)))
 
 
 class Interp(nn.Module):
@@ -130,6 +143,11 @@ def main():
     idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 19, 0, 7], dtype=torch.int64)
     off = torch.tensor([0, 4, 6], dtype=torch.int64)
     make("embbag_tiny", EmbBag().eval(), {"idx": idx, "off": off}, {})
+    torch.manual_seed(5)
+    a = torch.randint(0, 20, (4, 3))
+    b = torch.randint(0, 15, (4, 3))
+    make("embbag2d_tiny", EmbBag2d().eval(), {"a": a, "b": b},
+         {"a": {0: "batch"}, "b": {0: "batch"}, "y": {0: "batch"}})
     torch.manual_seed(4)
     make("interp_tiny", Interp().eval(), {"x": torch.randn(2, 3, 5, 6)}, {"x": {0: "batch"}, "y": {0: "batch"}})
 

@@ -1,6 +1,7 @@
 //! `pipec grad` on PyTorch exports that need the `lower` pass (`onnx-models/gen_lowering_models.py`):
 //! nn.LSTM (2 layers, bidirectional, batch first), nn.GRU, nn.EmbeddingBag (a `Loop` over the
-//! bags, trip count from the offsets' shape) and F.interpolate (bilinear and nearest `Resize`).
+//! bags, trip count from the offsets' shape; on a 2-D input, `batch` trips, rewritten without the
+//! loop) and F.interpolate (bilinear and nearest `Resize`).
 //! Loss, output and every parameter gradient are compared with PyTorch's
 //! (`scripts/compare_grads.py`, max relative error 1e-4); with the batch kept symbolic the
 //! exported training graph is also checked by onnxruntime (`scripts/ort_check_training.py`).
@@ -123,4 +124,12 @@ fn loop_with_a_dynamic_trip_count_is_refused_naming_the_node() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+#[test]
+fn grad_embbag2d_tiny() {
+    // EmbeddingBag (sum and mean) on a 2-D input: the loops over the bags run `batch` times, so
+    // they are rewritten to a Gather and a reduction instead of unrolled; with the batch kept
+    // symbolic the training graph must still run in onnxruntime.
+    check_model("embbag2d_tiny", true);
 }

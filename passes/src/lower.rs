@@ -4,7 +4,8 @@
 //! - **Requires**: a topological `order`; shape inference runs first. The rewrites need static
 //!   dims where they unroll or build constants (the sequence length of an RNN, the resized axes of
 //!   a `Resize`); the batch may stay symbolic.
-//! - **Guarantees**: every `Loop` with a static trip count is unrolled and every `If` with a
+//! - **Guarantees**: every `Loop` with a static trip count is unrolled, a `Loop` over the
+//!   equal-sized bags of an `EmbeddingBag` becomes one `Gather` and a reduction ([`bag`]), and every `If` with a
 //!   constant condition inlined ([`control`]; repeatedly, for nested control flow); every `LSTM` and `GRU` ([`rnn`]) becomes MatMul/Add/Mul/Sub/Sigmoid/Tanh/
 //!   Relu/Slice/Squeeze/Unsqueeze/Concat/Transpose ops unrolled over the sequence; every
 //!   `Resize` / `Upsample` ([`resize`]) becomes one `MatMul` per resized axis with a constant
@@ -18,6 +19,7 @@
 //! - **Invalidates**: everything keyed by op; the rewritten ops are dropped from the order.
 //! - **Statistics**: `lowered-control`, `lowered-rnn`, `lowered-resize`, `ops-added`.
 
+pub mod bag;
 pub mod control;
 pub mod resize;
 pub mod rnn;

@@ -88,15 +88,7 @@ pub fn lower_control(b: &mut Builder, op: Op, vals: &SymbolicValues) -> Result<V
                 .into(),
         )
     })?;
-    let trips = const_int(b.g, m_val, vals).ok_or_else(|| {
-        err(format!(
-            "the trip count M '{}' is not known before the run (give static input shapes, or it depends on data)",
-            b.g.name(m_val)
-        ))
-    })?;
-    if trips < 0 {
-        return Err(err(format!("trip count {trips}")));
-    }
+    let trips = const_int(b.g, m_val, vals);
     if let Some(c) = d.input(1) {
         match const_bool(b.g, c, vals, &|_| None) {
             Some(true) => {}
@@ -131,6 +123,19 @@ pub fn lower_control(b: &mut Builder, op: Op, vals: &SymbolicValues) -> Result<V
             "the body's condition output '{}' is computed from data (a loop that may exit early is not supported)",
             bg.name(cond_out)
         )));
+    }
+    let Some(trips) = trips else {
+        // A loop over the bags of an EmbeddingBag needs no trip count: it is one Gather.
+        if let Some(r) = super::bag::lower_bag_loop(b, &d, &body, &caps_in, vals) {
+            return Ok(r);
+        }
+        return Err(err(format!(
+            "the trip count M '{}' is not known before the run (give static input shapes, or it depends on data)",
+            b.g.name(m_val)
+        )));
+    };
+    if trips < 0 {
+        return Err(err(format!("trip count {trips}")));
     }
     let scans = bg.outputs.len() - 1 - carried;
     if trips == 0 && scans > 0 {

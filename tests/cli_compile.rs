@@ -24,7 +24,11 @@ fn compile(
     let m = model(&format!("{name}.onnx"));
     let (d, b, mbs) = (devices.to_string(), batch.to_string(), mb.to_string());
     let mut args = vec!["compile", m.to_str().unwrap()];
-    args.extend_from_slice(CPU8);
+    if extra.contains(&"--cluster") {
+        args.extend_from_slice(&CPU8[2..]);
+    } else {
+        args.extend_from_slice(CPU8);
+    }
     args.extend_from_slice(&[
         "--devices",
         &d,
@@ -557,7 +561,7 @@ fn run_check_kfkb_dag_and_chain() {
         "gpp",
         4,
         16,
-        2,
+        4,
         &["--schedule", "kfkb-2", "--optimizer", "adam:lr=0.001"],
         &out,
     );
@@ -648,6 +652,9 @@ fn run_check_per_stage_micro_batches() {
             "gpp-per-stage",
             "--optimizer",
             "sgd:lr=0.1,momentum=0.9",
+            // A slow network: on fast links data parallelism wins and there is one stage.
+            "--cluster",
+            "8@1e8",
         ],
         &out,
     );
@@ -717,13 +724,17 @@ fn run_check_per_stage_micro_batches() {
 fn vit_weight_transpose_read_by_fewer_replicas_gets_zero_cotangents() {
     let t = tempdir();
     let out = t.path().join("o");
+    // Stage 0 (2 replicas) ends with the transposed weight of the first MLP's second Linear;
+    // stage 1 (1 replica) reads it.
+    let t_ = "/encoder/layers/encoder_layer_0/mlp/mlp.3";
+    let stages = format!("..={t_}/Transpose@2;{t_}/MatMul..");
     let flags = [
         "--cluster",
         "cpu",
         "--devices",
         "6",
-        "--planner",
-        "gpp",
+        "--stages",
+        &stages,
         "--batch",
         "8",
         "--micro-batch",
@@ -766,4 +777,69 @@ fn vit_weight_transpose_read_by_fewer_replicas_gets_zero_cotangents() {
     // With them, it trains like one device.
     let s = pipec_ok(&["run", out.to_str().unwrap(), "--steps", "2", "--check"]);
     assert!(s.contains("check ok"), "{s}");
+}
+
+/// `--stages SPEC` (a plan the user writes) and `compile` without `--micro-batch`: the stages are
+/// the ones written, every node in one of them; the micro-batch is the planner's (here the
+/// fastest one every stage's replica count divides); bad specs are refused naming the problem.
+#[test]
+fn user_stages_and_the_planners_micro_batch() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let m = model("gpt2_tiny.onnx");
+    let m = m.to_str().unwrap();
+    let base = [
+        "--cluster",
+        "8@1e10",
+        "--device-kind",
+        "cpu-core",
+        "--batch",
+        "16",
+    ];
+    let mut args = vec!["compile", m, "--stages", "..100@2;100..", "-o"];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(&base);
+    pipec_ok(&args);
+    let plan = plan_json(&out);
+    assert_eq!(plan["planner"], "stages");
+    let stages = plan["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    assert_eq!(stages[0]["devices"], serde_json::json!([0, 1]));
+    assert_eq!(stages[1]["devices"], serde_json::json!([2]));
+    let mb = plan["micro_batch"].as_u64().unwrap();
+    assert!(mb.is_multiple_of(2) && 16 % mb == 0, "micro-batch {mb}");
+    let so = run_3_steps_checked(&out);
+    assert!(so.contains("check ok"), "{so}");
+    // `pipec plan --stages` gives the same plan.
+    let mut pargs = vec!["plan", m, "--stages", "..100@2;100..", "--json"];
+    pargs.extend_from_slice(&base);
+    let pj: serde_json::Value = serde_json::from_str(&pipec_ok(&pargs)).unwrap();
+    assert_eq!(pj["micro_batch"], plan["micro_batch"]);
+    assert_eq!(pj["iteration_time_s"], plan["iteration_time_s"]);
+    // A planner without --micro-batch: the plan's own.
+    let out2 = t.path().join("o2");
+    let mut args = vec!["compile", m, "--planner", "dapple", "-o"];
+    args.push(out2.to_str().unwrap());
+    args.extend_from_slice(&base);
+    pipec_ok(&args);
+    let mut pargs = vec!["plan", m, "--planner", "dapple", "--json"];
+    pargs.extend_from_slice(&base);
+    let pj: serde_json::Value = serde_json::from_str(&pipec_ok(&pargs)).unwrap();
+    assert_eq!(plan_json(&out2)["micro_batch"], pj["micro_batch"]);
+    // Bad specs.
+    for (spec, want) in [
+        ("..100;90..", "is in stage 0 and in stage 1"),
+        ("..100", "node(s) in no stage, the first at position 100"),
+        ("..100@8;100..", "devices or more; 8 are available"),
+        ("..100@0;100..", "0 replicas"),
+        ("..nope;100..", "no node named 'nope'"),
+        ("..100@x;100..", "replicas 'x' is not a number"),
+    ] {
+        let mut pargs = vec!["plan", m, "--stages", spec];
+        pargs.extend_from_slice(&base);
+        let o = pipec(&pargs);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{spec}: {e}");
+        assert!(e.contains(want), "{spec}: {e}");
+    }
 }

@@ -92,8 +92,11 @@ fn gpp_passes_with_schedule_options() {
         let path = model("dlrm_tiny.onnx");
         let mut m = pipec_compiler::onnx::import::load(&path).unwrap();
         pipec_compiler::shape::infer_shapes(&mut m).unwrap();
+        // Sizes at which the plans have several stages (smaller micro-batches make one
+        // data-parallel stage the fastest plan).
+        let (batch, mb) = if sched == "kfkb-2" { (32, 4) } else { (64, 8) };
         let spec = format!(
-            "partition-gpp{{cluster=cpu devices=4 batch=32 micro-batch=2 schedule={sched}}}"
+            "partition-gpp{{cluster=cpu devices=4 batch={batch} micro-batch={mb} schedule={sched}}}"
         );
         let passes = [
             "shape-infer",

@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             saved_bytes: 146e6,
             parameter_bytes: 640e6 * 4.0 / n as f64,
             is_input: false,
+            side: false,
         })
         .collect();
     let edges = (1..n)

@@ -23,6 +23,7 @@ fn graph(n: usize) -> CostGraph {
             saved_bytes: 1e6,
             parameter_bytes: 4e6,
             is_input: i == 0,
+            side: false,
         })
         .collect();
     let mut edges: Vec<CostEdge> = (1..n)

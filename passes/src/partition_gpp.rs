@@ -751,7 +751,13 @@ impl<'a> Search<'a> {
     fn eval(&mut self, lo: usize, hi: usize, r: usize) -> StageEval {
         let b = self.p.micro_batch as f64;
         let slice = b / r as f64;
-        let compute = {
+        // When the micro-batch does not divide over the replicas, codegen gives each replica
+        // whole micro-batches in turn: one replica's time per micro-batch is then the whole
+        // micro-batch's, shared by `r` replicas.
+        let compute = if slice.fract() != 0.0 {
+            let t = self.times(1);
+            (t[hi] - t[lo]) / r as f64
+        } else {
             let t = self.times(r);
             t[hi] - t[lo]
         };

@@ -174,26 +174,44 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
             used[d]
         )));
     }
-    // C4: per replica program order.
+    // C4: per replica program order: every micro-batch of the stage in order, or, for a
+    // replica taking whole micro-batches in turn (1F1B-RR, or a micro-batch that does not divide
+    // over the stage's replicas), its own ones `j, j + r, ...`.
     let m = schedule.micro_batches;
+    let mine = |d: usize, s: usize| -> Vec<usize> {
+        let ms = schedule.stage_micro_batches.get(s).copied().unwrap_or(m);
+        let devs = &specs[s].devices;
+        let r = devs.len().max(1);
+        // The stage's own micro-batch size (per-stage schedules run `batch / b_s` of them).
+        let own = plan.batch / ms.max(1) as u64;
+        let whole = r > 1 && (schedule.kind.round_robin() || !own.is_multiple_of(r as u64));
+        match devs.iter().position(|&x| x == d) {
+            Some(j) if whole => crate::sim::schedule::round_robin_micro_batches(j, r, ms),
+            _ => (0..ms).collect(),
+        }
+    };
     for (d, prog) in schedule.programs.iter().enumerate() {
         let mut next_f: std::collections::HashMap<usize, usize> = Default::default();
         let mut next_b: std::collections::HashMap<usize, usize> = Default::default();
+        let mut want: std::collections::HashMap<usize, Vec<usize>> = Default::default();
         for ins in prog {
             match ins {
                 Instr::Forward { stage, mb } => {
+                    let w = want.entry(*stage).or_insert_with(|| mine(d, *stage));
                     let f = next_f.entry(*stage).or_insert(0);
-                    if *mb != *f {
+                    if w.get(*f) != Some(mb) {
                         return Err(Error::msg(format!(
-                            "C4: device {d} stage {stage}: forward {mb} out of order (expected {f})"
+                            "C4: device {d} stage {stage}: forward {mb} out of order (expected {:?})",
+                            w.get(*f)
                         )));
                     }
                     *f += 1;
                 }
                 Instr::Backward { stage, mb } => {
+                    let w = want.entry(*stage).or_insert_with(|| mine(d, *stage));
                     let f = next_f.get(stage).copied().unwrap_or(0);
                     let b = next_b.entry(*stage).or_insert(0);
-                    if *mb != *b || *mb >= f {
+                    if w.get(*b) != Some(mb) || *b >= f {
                         return Err(Error::msg(format!(
                             "C4: device {d} stage {stage}: backward {mb} before its forward or out of order"
                         )));
@@ -204,7 +222,7 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
             }
         }
         for (s, f) in &next_f {
-            let m = schedule.stage_micro_batches.get(*s).copied().unwrap_or(m);
+            let m = want.get(s).map_or(0, Vec::len);
             if *f != m || next_b.get(s).copied().unwrap_or(0) != m {
                 return Err(Error::msg(format!(
                     "C4: device {d} stage {s}: {f} forwards / {} backwards, expected {m}",
@@ -213,7 +231,6 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
             }
         }
     }
-    let _ = ScheduleKind::Gpp;
     Ok(())
 }
 

@@ -31,11 +31,13 @@ fn counted_chain(n: usize, gflops: f64, act: f64, params: f64) -> CostGraph {
                 fwd_fixed_bytes: 0.0,
                 bwd_fixed_bytes: 0.0,
                 precision: Precision::F32,
+                bwd_kernels: Vec::new(),
             },
             activation_bytes: act,
             saved_bytes: act,
             parameter_bytes: params,
             is_input: false,
+            side: false,
         })
         .collect();
     let edges = (1..n)

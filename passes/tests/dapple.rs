@@ -36,6 +36,7 @@ fn chain(layers: &[(f64, f64, f64, f64)]) -> CostGraph {
             saved_bytes: a,
             parameter_bytes: p,
             is_input: false,
+            side: false,
         })
         .collect();
     let edges = (1..layers.len())

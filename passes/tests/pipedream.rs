@@ -334,6 +334,7 @@ fn wide_graphs_fall_back_to_a_coarsened_chain() {
         saved_bytes: 1e6,
         parameter_bytes: 1e5 * (i % 3) as f64,
         is_input: false,
+        side: false,
     };
     nodes.push(node(0));
     let mut join = 0;

@@ -150,26 +150,10 @@ fn graphpipe_dag_depth() {
     let (f, b, m) = (1.0, 2.0, 6);
     let mut sg = StageGraph::uniform_chain(4, f, b, 0.0);
     let edges = vec![
-        StageEdge {
-            src: 0,
-            dst: 1,
-            bytes: 0.0,
-        },
-        StageEdge {
-            src: 0,
-            dst: 2,
-            bytes: 0.0,
-        },
-        StageEdge {
-            src: 1,
-            dst: 3,
-            bytes: 0.0,
-        },
-        StageEdge {
-            src: 2,
-            dst: 3,
-            bytes: 0.0,
-        },
+        StageEdge::new(0, 1, 0.0),
+        StageEdge::new(0, 2, 0.0),
+        StageEdge::new(1, 3, 0.0),
+        StageEdge::new(2, 3, 0.0),
     ];
     sg = StageGraph::new(sg.stages, edges);
     assert_eq!(sg.depth(), 3);
@@ -308,11 +292,7 @@ fn pipedream_round_robin_throughput() {
     // T_0 = 3 on one device; T_1 = 6 per whole micro-batch on each of 2 replicas.
     let sg = StageGraph::new(
         vec![stage(vec![0], 1.0, 2.0), stage(vec![1, 2], 2.0, 4.0)],
-        vec![StageEdge {
-            src: 0,
-            dst: 1,
-            bytes: 0.0,
-        }],
+        vec![StageEdge::new(0, 1, 0.0)],
     );
     let c = flat(3, 1e9);
     let predicted_period = f64::max(3.0 / 1.0, 6.0 / 2.0);
@@ -478,18 +458,10 @@ fn random_dag(
     let mut edges = Vec::new();
     for s in 0..n - 1 {
         let t = s + 1 + rnd((n - s - 1) as u64) as usize;
-        edges.push(StageEdge {
-            src: s,
-            dst: t,
-            bytes,
-        });
+        edges.push(StageEdge::new(s, t, bytes));
         let u = s + 1 + rnd((n - s - 1) as u64) as usize;
         if u != t && rnd(2) == 0 {
-            edges.push(StageEdge {
-                src: s,
-                dst: u,
-                bytes,
-            });
+            edges.push(StageEdge::new(s, u, bytes));
         }
     }
     let succ = (0..n)

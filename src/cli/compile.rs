@@ -39,15 +39,22 @@ pub struct CompileArgs {
     #[arg(long)]
     pub devices: Option<usize>,
     /// Planner: gpp, dapple, pipedream, bapipe, dp, straight, gpp-seq.
-    #[arg(long)]
-    pub planner: String,
+    #[arg(long, required_unless_present = "stages", conflicts_with = "stages")]
+    pub planner: Option<String>,
+    /// Compile stages you write instead of a planner's: stages separated by `;`, each
+    /// `ITEMS[@R]` (R replicas on the next R devices, default 1), ITEMS comma-separated node
+    /// ranges `A..B` (positions in the model's node order, half-open; `A..` to the end), node
+    /// names, or `FIRST..=LAST` names. Example: `--stages '0..40@2;40..'`.
+    #[arg(long, value_name = "SPEC")]
+    pub stages: Option<String>,
     /// Global mini-batch (samples per step).
     #[arg(long)]
     pub batch: u64,
     /// Micro-batch size (divides --batch into at most 4096 micro-batches; each stage's replicas
-    /// split it evenly).
+    /// split it evenly, or take whole micro-batches in turn when it does not divide over them)
+    /// (default: the planner's choice).
     #[arg(long = "micro-batch")]
-    pub micro_batch: u64,
+    pub micro_batch: Option<u64>,
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
     /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up)
     /// (default: the planner's own).
@@ -89,20 +96,30 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if a.batch == 0 {
         bail!("--batch 0: must be >= 1");
     }
-    pipec_passes::plan::check_micro_batch(a.batch, a.micro_batch)?;
-    let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &a.planner)?;
-    planners::by_name(&a.planner)?; // an unknown name fails before any work
+    if let Some(mb) = a.micro_batch {
+        pipec_passes::plan::check_micro_batch(a.batch, mb)?;
+    }
+    let planner_name = match (&a.planner, &a.stages) {
+        (_, Some(spec)) => format!("{}{spec}", planners::STAGES_PREFIX),
+        (Some(p), None) => p.clone(),
+        (None, None) => bail!("--planner or --stages: one is needed"),
+    };
+    let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &planner_name)?;
+    planners::by_name(&planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let spin = super::progress::spinner(format!("importing {}", a.model.display()));
     let dims = super::parse_dims(&a.dims)?;
     let m = super::load_module_dims(&a.model, &dims)?;
     let name = a.model.display().to_string();
-    let mut g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let (mut g, note) = analytic::planning_graph(&m, &AnalyticOptions::default(), &name)?;
+    if let Some(note) = note {
+        eprintln!("warning: {note}");
+    }
     if let Some(p) = &a.profile {
         super::plan::apply_measured_profile(&mut g, &mut cluster, &a.model, p)?;
     }
     let mut opts = PlanOptions::new(a.batch);
-    opts.micro_batch = Some(a.micro_batch);
+    opts.micro_batch = a.micro_batch;
     opts.schedule = schedule;
     opts.optimizer = match &optimizer {
         OptimizerKind::Adam { .. } => MemOptimizer::Adam,
@@ -114,15 +131,19 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let with_module = a.profile.is_none().then_some(&m);
     spin.set_message(format!(
         "planning with {} on {} devices",
-        a.planner,
+        planner_name,
         cluster.len()
     ));
-    let (plan, g, rewritten) = plan_model(&a.planner, with_module, g, &cluster, &opts)
-        .with_context(|| format!("{name}: planner '{}' failed", a.planner))?;
+    let (plan, g, rewritten) = plan_model(&planner_name, with_module, g, &cluster, &opts)
+        .with_context(|| format!("{name}: planner '{}' failed", plan_label(&planner_name)))?;
     let imported = &m;
     let m = rewritten.as_ref().unwrap_or(&m);
-    plan.verify(&g, &cluster)
-        .with_context(|| format!("planner '{}' produced an invalid plan", a.planner))?;
+    plan.verify(&g, &cluster).with_context(|| {
+        format!(
+            "planner '{}' produced an invalid plan",
+            plan_label(&planner_name)
+        )
+    })?;
     let specs = plan.specs(&g)?;
     let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
     let copts = CompileOptions {
@@ -131,7 +152,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
-        planner: a.planner.clone(),
+        planner: plan.planner.clone(),
         batch: a.batch,
         micro_batch: plan.micro_batch,
         schedule: kind,
@@ -381,4 +402,13 @@ fn write_outdir(out: &Path, plan: &pipec_passes::plan::Plan, c: &codegen::Compil
         )
     })?;
     Ok(())
+}
+
+/// The planner's name as messages show it (`stages` for `--stages SPEC`).
+fn plan_label(name: &str) -> &str {
+    if name.starts_with(planners::STAGES_PREFIX) {
+        "stages"
+    } else {
+        name
+    }
 }

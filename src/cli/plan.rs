@@ -37,8 +37,16 @@ pub struct PlanArgs {
     #[arg(long)]
     pub devices: Option<usize>,
     /// Planner: gpp, dapple, pipedream, bapipe, dp, straight.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "stages")]
     pub planner: Option<String>,
+    /// Evaluate stages you write instead of running a planner: stages separated by `;`, each
+    /// `ITEMS[@R]` (R replicas on the next R devices, default 1), ITEMS comma-separated node
+    /// ranges `A..B` (positions in the model's node order, half-open; `A..` to the end), node
+    /// names, or `FIRST..=LAST` names. Costed and simulated like a planner's plan (the
+    /// micro-batch, unless given, is the fastest one every stage's replicas divide). Example:
+    /// `--stages '0..40@2;40..'`.
+    #[arg(long, value_name = "SPEC")]
+    pub stages: Option<String>,
     /// Global mini-batch size (default: the profile batch, else the model's batch dim, else 1).
     #[arg(long)]
     pub batch: Option<u64>,
@@ -144,7 +152,10 @@ fn load_onnx_cost_graph(
 ) -> Result<(CostGraph, u64)> {
     let m = super::load_module_dims(model, dims)?;
     let name = model.display().to_string();
-    let g = analytic::from_module(&m, &AnalyticOptions::default(), &name)?;
+    let (g, note) = analytic::planning_graph(&m, &AnalyticOptions::default(), &name)?;
+    if let Some(note) = note {
+        eprintln!("warning: {note}");
+    }
     let batch = g.reference_batch.round().max(1.0) as u64;
     Ok((g, batch))
 }
@@ -291,12 +302,18 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         .cluster
         .as_deref()
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
-    let planner_name = a.planner.as_deref().ok_or_else(|| {
-        anyhow!(
-            "--planner: missing (one of {})",
+    let stages_name = a
+        .stages
+        .as_ref()
+        .map(|s| format!("{}{s}", planners::STAGES_PREFIX));
+    let planner_name = match (&stages_name, a.planner.as_deref()) {
+        (Some(s), _) => s.as_str(),
+        (None, Some(p)) => p,
+        (None, None) => bail!(
+            "--planner: missing (one of {}; or --stages SPEC)",
             planners::PLANNER_NAMES.join(", ")
-        )
-    })?;
+        ),
+    };
     planners::by_name(planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let schedule = parse_schedule(a.schedule.as_deref(), planner_name)?;

@@ -25,7 +25,7 @@
 //! deterministic order, so the same plan always gives byte-identical schedules.
 
 use super::{concrete_dims, layout, Layout};
-use crate::sim::schedule::fb_order_grouped;
+use crate::sim::schedule::{fb_order_grouped, round_robin_micro_batches};
 use crate::sim::ScheduleKind;
 use pipec_compiler::ir::{Module, Value};
 use pipec_compiler::program::{DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram};
@@ -351,6 +351,35 @@ fn recv_joined(
 }
 
 /// Longest path (in stages) from each stage to a sink, ≥ 1.
+/// Per stage, the most workers (replicas summed over the stages) on a path from it to a sink,
+/// itself included: PipeDream's "number of machines" that 1F1B-RR's warm-up divides
+/// ([`crate::sim::StageGraph::workers_to_sink`] on the same stage DAG).
+fn workers_to_sink(preds: &[BTreeSet<usize>], devices: &[Vec<usize>]) -> Vec<usize> {
+    let n = preds.len();
+    let mut succ = vec![Vec::new(); n];
+    for (c, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            succ[p].push(c);
+        }
+    }
+    let mut w: Vec<usize> = devices.iter().map(Vec::len).collect();
+    // Relax until stable (at most n rounds: the stage DAG is acyclic).
+    for _ in 0..n {
+        let mut changed = false;
+        for s in 0..n {
+            let best = succ[s].iter().map(|&t| w[t]).max().unwrap_or(0) + devices[s].len();
+            if best > w[s] {
+                w[s] = best;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    w
+}
+
 fn depth_to_sink(preds: &[BTreeSet<usize>]) -> Vec<usize> {
     let n = preds.len();
     let mut succ = vec![Vec::new(); n];
@@ -418,6 +447,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     let ndev = cx.stage_devices.iter().map(Vec::len).sum::<usize>();
     let mut programs: Vec<Option<DeviceProgram>> = (0..ndev).map(|_| None).collect();
     let depth = depth_to_sink(cx.preds);
+    let workers = workers_to_sink(cx.preds, cx.stage_devices);
     let batch = cx.micro_batch * cx.micro_batches;
     let mut tags = Tags::default();
     // The stage that sends `v` (usize::MAX if none does).
@@ -480,8 +510,22 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             let mut list: Vec<Instr> = Vec::new();
             let mut live: HashMap<u32, Vec<String>> = HashMap::new();
             // The stage's order over all micro-batches; a round-robin replica keeps the events
-            // of its own micro-batches (so its order is consistent with its neighbours').
-            for (fwd, m) in fb_order_grouped(k, group, nmb) {
+            // of its own micro-batches (so its order is consistent with its neighbours'). Under
+            // PipeDream's 1F1B-RR a replica runs 1F1B over its own micro-batches after
+            // NOAM = ⌈W(s)/r⌉ warm-up forwards (W: workers on the longest path to a sink), as
+            // the simulator's 1F1B-RR generator does.
+            let events: Vec<(bool, usize)> = if cx.schedule.round_robin() && cx.per_stage.is_none()
+            {
+                let mine = round_robin_micro_batches(j, r, nmb);
+                let noam = workers[s].div_ceil(r.max(1)).max(1);
+                fb_order_grouped(noam, 1, mine.len())
+                    .into_iter()
+                    .map(|(f, l)| (f, mine[l]))
+                    .collect()
+            } else {
+                fb_order_grouped(k, group, nmb)
+            };
+            for (fwd, m) in events {
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
                 };

@@ -136,38 +136,6 @@ pub fn layout(ty: &TensorType, batch: &str) -> Layout {
     }
 }
 
-/// Side computations: ops that need no float parameter and no float activation (computed from
-/// constants, integer data and shapes), plus `Shape`, `Size` and constants.
-fn side_ops(m: &Module) -> HashSet<Op> {
-    let g = &m.graph;
-    let mut heavy: HashSet<Value> = HashSet::new();
-    for (v, t) in &g.initializers {
-        if t.dtype.is_float() {
-            heavy.insert(*v);
-        }
-    }
-    for &v in &g.inputs {
-        if g.ty(v).dtype.is_float() && !g.initializers.contains_key(&v) {
-            heavy.insert(v);
-        }
-    }
-    let mut side = HashSet::new();
-    for &op in &g.order {
-        let d = &g.ops[op];
-        let always = matches!(
-            d.op_type.as_str(),
-            "Shape" | "Size" | "Constant" | "ConstantOfShape"
-        );
-        let reads_heavy = d.inputs.iter().flatten().any(|v| heavy.contains(v));
-        if always || !reads_heavy {
-            side.insert(op);
-        } else {
-            heavy.extend(d.outputs.iter().copied());
-        }
-    }
-    side
-}
-
 /// One stage after extraction.
 struct StageBuild {
     ops: Vec<Op>,
@@ -231,7 +199,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             "codegen: op is in no stage",
         ));
     }
-    let side = side_ops(m);
+    let side = crate::cost::analytic::side_ops(m);
     let pos: HashMap<Op, usize> = g.order.iter().enumerate().map(|(i, o)| (*o, i)).collect();
     let y0 = *g
         .outputs

@@ -21,7 +21,11 @@
 //! | data movement (`Gather`, `Transpose`, `Concat`, `Slice`, `Split`, `Pad`, ...) | 0 |
 //! | views and shape arithmetic (`Reshape`, `Flatten`, `Squeeze`, `Shape`, `Constant`, ...) | 0, and 0 bytes |
 //!
-//! # Backward factors (documented approximations)
+//! # Backward factors (documented approximations; planners use the exact kernels)
+//! [`from_module`] alone uses the factors below. The cost graph the planners get
+//! ([`planning_graph`]) replaces every node's backward by the kernels autodiff emits for it
+//! ([`with_autodiff_backward`]), each costed like a forward op, which is how the replay of a
+//! compiled program costs a backward piece; the factors remain for models autodiff refuses.
 //! - matmul-like ops (`Conv`, `ConvTranspose`, `Gemm`, `MatMul`, `Einsum`): **2×** forward FLOPs
 //!   (one product for the input gradient, one for the weight gradient);
 //! - every other op: **1×** forward FLOPs (the local derivative costs about what the op does);
@@ -43,7 +47,7 @@
 //! A floating-point initializer belongs to the first live op (in program order) that reads it.
 
 use super::{CostEdge, CostGraph, CostNode, Precision, Work};
-use pipec_compiler::ir::{DType, Dim, Module, OpData, TensorType, Value, ValueDef};
+use pipec_compiler::ir::{DType, Dim, Module, Op, OpData, TensorType, Value, ValueDef};
 use pipec_compiler::Result;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -287,18 +291,56 @@ fn op_precision(op: &OpData, ty: &dyn Fn(Value) -> TensorType) -> Precision {
         .map_or(Precision::of(DType::F32), Precision::of)
 }
 
+/// Side computations: ops that need no float parameter and no float activation (computed from
+/// constants, integer data and shapes), plus `Shape`, `Size` and constants. Codegen duplicates
+/// them into every stage that reads them instead of sending their values; the cost graph marks
+/// them [`CostNode::side`].
+pub fn side_ops(m: &Module) -> HashSet<Op> {
+    let g = &m.graph;
+    let mut heavy: HashSet<Value> = HashSet::new();
+    for (v, t) in &g.initializers {
+        if t.dtype.is_float() {
+            heavy.insert(*v);
+        }
+    }
+    for &v in &g.inputs {
+        if g.ty(v).dtype.is_float() && !g.initializers.contains_key(&v) {
+            heavy.insert(v);
+        }
+    }
+    let mut side = HashSet::new();
+    for &op in &g.order {
+        let d = &g.ops[op];
+        let always = matches!(
+            d.op_type.as_str(),
+            "Shape" | "Size" | "Constant" | "ConstantOfShape"
+        );
+        let reads_heavy = d.inputs.iter().flatten().any(|v| heavy.contains(v));
+        if always || !reads_heavy {
+            side.insert(op);
+        } else {
+            heavy.extend(d.outputs.iter().copied());
+        }
+    }
+    side
+}
+
+/// The floating-point initializers of `g`: the weights the analytic model counts as fixed traffic.
+fn float_initializers(g: &pipec_compiler::ir::Graph) -> HashSet<Value> {
+    g.initializers
+        .iter()
+        .filter(|(_, t)| t.dtype.is_float())
+        .map(|(v, _)| *v)
+        .collect()
+}
+
 /// Build the [`CostGraph`] of a shape-inferred module: one node per live op, edges for the
 /// values ops pass each other (bytes summed per op pair). `file` names the model in errors.
 pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<CostGraph> {
     let g = &m.graph;
     let env = &opts.dims;
     let ty = |v: Value| g.ty(v).clone();
-    let param_set: HashSet<Value> = g
-        .initializers
-        .iter()
-        .filter(|(_, t)| t.dtype.is_float())
-        .map(|(v, _)| *v)
-        .collect();
+    let param_set = float_initializers(g);
     let is_param = |v: Value| param_set.contains(&v);
     let reference_batch = g
         .inputs
@@ -308,6 +350,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         .and_then(|d| d.first().copied())
         .filter(|&b| b > 0)
         .unwrap_or(1) as f64;
+    let side = side_ops(m);
     let mut owned: HashSet<Value> = HashSet::new();
     let mut index = HashMap::new();
     let mut nodes = Vec::with_capacity(g.order.len());
@@ -332,6 +375,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         }
         index.insert(op, nodes.len());
         let view = c.fwd_flops == 0.0 && c.fwd_bytes == 0.0;
+        let is_side = side.contains(&op);
         nodes.push(CostNode {
             name,
             op: d.op_type.clone(),
@@ -343,11 +387,13 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
                 fwd_fixed_bytes: c.weight_bytes,
                 bwd_fixed_bytes: 2.0 * c.weight_bytes,
                 precision: op_precision(d, &ty),
+                bwd_kernels: Vec::new(),
             },
-            activation_bytes: c.output_bytes,
-            saved_bytes: if view { 0.0 } else { c.output_bytes },
+            activation_bytes: if is_side { 0.0 } else { c.output_bytes },
+            saved_bytes: if view || is_side { 0.0 } else { c.output_bytes },
             parameter_bytes: params,
             is_input: false,
+            side: is_side,
         });
     }
     let mut acc: BTreeMap<(usize, usize), f64> = BTreeMap::new();
@@ -358,7 +404,13 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             if let ValueDef::Result(p, _) = g.values[v].def {
                 if let Some(&src) = index.get(&p) {
                     if src != dst && seen.insert(v) {
-                        *acc.entry((src, dst)).or_insert(0.0) += bytes_of(g.ty(v), env);
+                        // A side value is recomputed by its reader, never sent.
+                        let bytes = if side.contains(&p) {
+                            0.0
+                        } else {
+                            bytes_of(g.ty(v), env)
+                        };
+                        *acc.entry((src, dst)).or_insert(0.0) += bytes;
                     }
                 }
             }
@@ -369,4 +421,131 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         .map(|((src, dst), bytes)| CostEdge { src, dst, bytes })
         .collect();
     CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)
+}
+
+/// Replace the backward work of every counted node of `g` (built by [`from_module`] from `m`,
+/// node `i` = op `i` of `m.graph.order`) by the kernels autodiff emits for it, so planners judge
+/// the backward that codegen's stage pieces run rather than the documented factors (issue: plans
+/// judged on the emitted program).
+///
+/// `m` is differentiated as codegen differentiates it (mean-square loss on the first output,
+/// [`crate::autodiff::Autodiff::default`]); every backward op is attributed to the forward op it
+/// differentiates ([`super::measured::attribute`], autodiff's `grad_of`); the loss and its
+/// backward go to the node producing the first output, whose stage computes them. Each op becomes
+/// one [`super::Kernel`], costed as the replay of a compiled program costs a backward piece's ops
+/// (their forward counts: a backward op is what runs). Batch-proportional and fixed parts come
+/// from counting at the reference batch and at twice it (every symbolic dim doubled): a weight
+/// gradient's accumulation does not grow with the batch, an activation gradient does. Without a
+/// symbolic dim (a model exported at a fixed batch) activations count as proportional and weights
+/// as fixed, as in [`from_module`].
+///
+/// Fails (leaving `g` unchanged) when the model cannot be differentiated; callers then keep the
+/// factor model and say so.
+pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOptions) -> Result<()> {
+    use super::measured::{attribute, Role};
+    use super::Kernel;
+    let fwd_ops = m.graph.order.clone();
+    if fwd_ops.len() != g.len() {
+        return Err(pipec_compiler::Error::msg(format!(
+            "the cost graph has {} nodes for {} ops",
+            g.len(),
+            fwd_ops.len()
+        )));
+    }
+    let mut t = m.clone();
+    let tg = crate::autodiff::differentiate(&mut t, &crate::autodiff::Autodiff::default())?;
+    let roles = attribute(&t, &fwd_ops, &tg.grad_of);
+    let loss_node = m
+        .graph
+        .outputs
+        .first()
+        .and_then(|&v| m.graph.producer(v))
+        .and_then(|op| fwd_ops.iter().position(|&o| o == op));
+    let tgr = &t.graph;
+    let env1 = &opts.dims;
+    let mut env2 = env1.clone();
+    for v in tgr.values.values() {
+        for d in v.ty.shape.iter().flatten() {
+            if let Dim::Sym(s) = d {
+                for sym in &s.syms {
+                    if !env1.contains_key(sym) {
+                        env2.insert(sym.clone(), 2);
+                    }
+                }
+            }
+        }
+    }
+    let symbolic = env2.len() > env1.len();
+    for (sym, v) in env1 {
+        env2.insert(sym.clone(), 2 * v);
+    }
+    let ty = |v: Value| tgr.ty(v).clone();
+    let param_set = float_initializers(tgr);
+    let is_param = |v: Value| param_set.contains(&v);
+    let mut kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.len()];
+    for (&op, role) in tgr.order.iter().zip(&roles) {
+        let node = match role {
+            Role::Bwd(n) => *n,
+            Role::Loss | Role::Other => match loss_node {
+                Some(n) => n,
+                None => continue,
+            },
+            Role::Fwd(_) => continue,
+        };
+        let d = &tgr.ops[op];
+        let c1 = op_cost(d, &ty, &is_param, env1);
+        let (flops, fixed_flops, bytes, fixed_bytes) = if symbolic {
+            let c2 = op_cost(d, &ty, &is_param, &env2);
+            let (f1, f2) = (c1.fwd_flops, c2.fwd_flops);
+            let (b1, b2) = (
+                c1.fwd_bytes + c1.weight_bytes,
+                c2.fwd_bytes + c2.weight_bytes,
+            );
+            let (pf, pb) = ((f2 - f1).max(0.0), (b2 - b1).max(0.0));
+            (pf, (f1 - pf).max(0.0), pb, (b1 - pb).max(0.0))
+        } else {
+            (c1.fwd_flops, 0.0, c1.fwd_bytes, c1.weight_bytes)
+        };
+        if flops + fixed_flops + bytes + fixed_bytes == 0.0 {
+            continue;
+        }
+        kernels[node].push(Kernel {
+            flops,
+            fixed_flops,
+            bytes,
+            fixed_bytes,
+            precision: op_precision(d, &ty),
+        });
+    }
+    for (node, ks) in g.nodes.iter_mut().zip(kernels) {
+        if let Work::Counted {
+            bwd_flops,
+            bwd_bytes,
+            bwd_fixed_bytes,
+            bwd_kernels,
+            ..
+        } = &mut node.work
+        {
+            *bwd_flops = ks.iter().map(|k| k.flops).sum();
+            *bwd_bytes = ks.iter().map(|k| k.bytes).sum();
+            *bwd_fixed_bytes = ks.iter().map(|k| k.fixed_bytes).sum();
+            *bwd_kernels = ks;
+        }
+    }
+    Ok(())
+}
+
+/// The cost graph planners use for an ONNX model: [`from_module`] with the backward of
+/// [`with_autodiff_backward`]. When the model cannot be differentiated the documented factors
+/// stay and the returned note says why (the CLI prints it as a warning).
+pub fn planning_graph(
+    m: &Module,
+    opts: &AnalyticOptions,
+    file: &str,
+) -> Result<(CostGraph, Option<String>)> {
+    let mut g = from_module(m, opts, file)?;
+    let note = with_autodiff_backward(&mut g, m, opts).err().map(|e| {
+        format!("{file}: backward costs use fixed factors (autodiff of the model failed: {e})")
+    });
+    Ok((g, note))
 }

@@ -78,7 +78,32 @@ pub enum Work {
         /// Weight bytes the backward reads and weight-gradient bytes it writes.
         bwd_fixed_bytes: f64,
         precision: Precision,
+        /// The backward as the kernels autodiff emits for the node
+        /// ([`analytic::with_autodiff_backward`]), each timed by its own roofline and summed, as
+        /// the replay of the compiled program times them; the `bwd_*` fields then hold their
+        /// sums. Empty: the backward is the one roofline of the `bwd_*` fields (the documented
+        /// factors of [`analytic`]).
+        bwd_kernels: Vec<Kernel>,
     },
+}
+
+/// One kernel's counted work at batch scale `s`: `flops·s + fixed_flops` FLOPs and
+/// `bytes·s + fixed_bytes` bytes of memory traffic, timed by the roofline of its precision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub flops: f64,
+    pub fixed_flops: f64,
+    pub bytes: f64,
+    pub fixed_bytes: f64,
+    pub precision: Precision,
+}
+
+impl Kernel {
+    /// Seconds at batch scale `s` on `kind`.
+    pub fn time(&self, s: f64, kind: &DeviceKind) -> f64 {
+        ((self.flops * s + self.fixed_flops) / kind.peak(self.precision))
+            .max((self.bytes * s + self.fixed_bytes) / kind.memory_bandwidth)
+    }
 }
 
 /// One node of a [`CostGraph`]. Batch-dependent fields are at the reference batch.
@@ -97,6 +122,10 @@ pub struct CostNode {
     pub parameter_bytes: f64,
     /// A graph input (PipeDream's `Input*` nodes): planners pin it to a first stage.
     pub is_input: bool,
+    /// A side computation (shape arithmetic, masks, position ids, constants: no float parameter
+    /// or activation, [`analytic::side_ops`]): codegen recomputes it in every stage that reads
+    /// it, so its output never crosses a cut (its edges carry 0 bytes and make no stage edge).
+    pub side: bool,
 }
 
 /// A data edge `src → dst` carrying `bytes` at the reference batch.
@@ -362,12 +391,18 @@ impl CostGraph {
                 fwd_fixed_bytes,
                 bwd_fixed_bytes,
                 precision,
+                bwd_kernels,
             } => {
                 let peak = kind.peak(*precision);
                 let bw = kind.memory_bandwidth;
+                let bwd = if bwd_kernels.is_empty() {
+                    (bwd_flops * s / peak).max((bwd_bytes * s + bwd_fixed_bytes) / bw)
+                } else {
+                    bwd_kernels.iter().map(|k| k.time(s, kind)).sum()
+                };
                 (
                     (fwd_flops * s / peak).max((fwd_bytes * s + fwd_fixed_bytes) / bw),
-                    (bwd_flops * s / peak).max((bwd_bytes * s + bwd_fixed_bytes) / bw),
+                    bwd,
                 )
             }
         }

@@ -211,6 +211,7 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
             };
             CostNode {
                 is_input,
+                side: false,
                 name: r.id,
                 op: r.repr,
                 work: Work::Measured {

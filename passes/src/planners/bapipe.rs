@@ -714,7 +714,7 @@ pub fn plan_module(
     if reports.is_empty() {
         return whole(base);
     }
-    let g2 = analytic::from_module(&m2, &AnalyticOptions::default(), &g.name)?;
+    let (g2, _) = analytic::planning_graph(&m2, &AnalyticOptions::default(), &g.name)?;
     let specs2: Vec<StageSpec> = specs
         .iter()
         .enumerate()

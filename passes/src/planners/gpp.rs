@@ -177,14 +177,13 @@ fn stage_graph(
     let mut edges = sg.edges.clone();
     for i in 1..specs.len() {
         if !edges.iter().any(|e| e.src == i - 1 && e.dst == i) {
-            edges.push(StageEdge {
-                src: i - 1,
-                dst: i,
-                bytes: 0.0,
-            });
+            edges.push(StageEdge::new(i - 1, i, 0.0));
         }
     }
-    StageGraph::new(sg.stages, edges)
+    let round_robin = sg.round_robin.clone();
+    let mut out = StageGraph::new(sg.stages, edges);
+    out.round_robin = round_robin;
+    out
 }
 
 /// A candidate's iteration time for ranking the pool, from short simulations: exact when the
@@ -277,9 +276,16 @@ fn compute_bound(
 ) -> f64 {
     sg.stages
         .iter()
-        .map(|st| {
+        .enumerate()
+        .map(|(s, st)| {
             let r = st.devices.len().max(1);
-            let mine = if schedule.round_robin() { m / r } else { m };
+            let mine = if schedule.round_robin() {
+                m / r
+            } else if sg.is_round_robin(s) {
+                m.div_ceil(r)
+            } else {
+                m
+            };
             let ar = if r > 1 {
                 crate::cost::comm::allreduce_time(
                     cluster,

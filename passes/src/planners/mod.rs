@@ -32,6 +32,7 @@ pub mod dp;
 pub mod gpp;
 pub mod gpp_per_stage;
 pub mod pipedream;
+pub mod stages;
 pub mod straight;
 
 use crate::cost::{Cluster, CostGraph};
@@ -45,6 +46,9 @@ pub trait Planner {
     /// Plan `g` on `cluster`.
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan>;
 }
+
+/// The planner name `stages:SPEC` is the user's own stages ([`stages`], `--stages SPEC`).
+pub const STAGES_PREFIX: &str = "stages:";
 
 /// Every planner name the CLI accepts.
 pub const PLANNER_NAMES: &[&str] = &[
@@ -67,6 +71,9 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         "gpp" => Ok(Box::new(gpp::Gpp::default())),
         "gpp-seq" => Ok(Box::new(gpp::Gpp::sequential())),
+        n if n.starts_with(STAGES_PREFIX) => Ok(Box::new(stages::UserStages {
+            spec: n[STAGES_PREFIX.len()..].to_string(),
+        })),
         n => Err(Error::Usage(format!(
             "--planner {n}: unknown planner (one of {})",
             PLANNER_NAMES.join(", ")

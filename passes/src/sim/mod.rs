@@ -77,6 +77,29 @@ pub struct StageEdge {
     pub src: usize,
     pub dst: usize,
     pub bytes: f64,
+    /// Values crossing the edge: codegen sends each as its own message (per micro-batch and
+    /// replica piece), so a transfer pays the link latency once per value.
+    pub tensors: usize,
+    /// Bytes of the cotangents coming back per whole micro-batch: only values a consumer
+    /// differentiates get one (not those read only by side computations, nor values that
+    /// depend on no parameter).
+    pub grad_bytes: f64,
+    /// Values whose cotangents come back (0: no gradient message on this edge).
+    pub grad_tensors: usize,
+}
+
+impl StageEdge {
+    /// An edge of one value, `bytes` per micro-batch each way.
+    pub fn new(src: usize, dst: usize, bytes: f64) -> StageEdge {
+        StageEdge {
+            src,
+            dst,
+            bytes,
+            tensors: 1,
+            grad_bytes: bytes,
+            grad_tensors: 1,
+        }
+    }
 }
 
 /// The stage DAG the simulator runs.
@@ -89,6 +112,10 @@ pub struct StageGraph {
     /// Per-stage micro-batch sizes and kFkB groups (`gpp-per-stage`); `None`: one micro-batch
     /// size for all stages, the schedule kind's own order.
     pub per_stage: Option<PerStage>,
+    /// Per stage: its replicas take whole micro-batches in turn (replica `m mod r` runs
+    /// micro-batch `m`) instead of an even slice of each. Codegen does this when the micro-batch
+    /// does not divide over the replicas, so the simulator does too. Empty: no stage.
+    pub round_robin: Vec<bool>,
 }
 
 /// GraphPipe's per-stage schedule configuration (§4: `b_i` "the micro-batch size of `S_i`",
@@ -120,7 +147,13 @@ impl StageGraph {
             in_edges,
             out_edges,
             per_stage: None,
+            round_robin: Vec::new(),
         }
+    }
+
+    /// Whether stage `s`'s replicas take whole micro-batches in turn ([`StageGraph::round_robin`]).
+    pub fn is_round_robin(&self, s: usize) -> bool {
+        self.round_robin.get(s).copied().unwrap_or(false)
     }
 
     /// A chain of `s` unreplicated stages (device i runs stage i) with forward `f`, backward `b`,
@@ -137,13 +170,7 @@ impl StageGraph {
                 saved_bytes: 1.0,
             })
             .collect();
-        let edges = (1..s)
-            .map(|i| StageEdge {
-                src: i - 1,
-                dst: i,
-                bytes,
-            })
-            .collect();
+        let edges = (1..s).map(|i| StageEdge::new(i - 1, i, bytes)).collect();
         StageGraph::new(stages, edges)
     }
 
@@ -229,12 +256,18 @@ impl StageGraph {
             }
         }
         let mut stages = Vec::with_capacity(specs.len());
+        let mut round_robin = Vec::with_capacity(specs.len());
         for (s, sp) in specs.iter().enumerate() {
             let mask = g.mask(&sp.nodes);
-            let r = if split { sp.devices.len().max(1) } else { 1 };
             let own = per_stage_mb
                 .and_then(|v| v.get(s))
                 .map_or(micro_batch, |&b| b as f64);
+            // As codegen: replicas split each micro-batch evenly when it divides over them,
+            // else (and always under 1F1B-RR) take whole micro-batches in turn.
+            let replicas = sp.devices.len().max(1);
+            let divides = (own / replicas as f64).fract() == 0.0;
+            let r = if split && divides { replicas } else { 1 };
+            round_robin.push(replicas > 1 && r == 1);
             let slice = own / r as f64;
             let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
             let (mut fwd, mut bwd, mut step) = (Vec::new(), Vec::new(), Vec::new());
@@ -273,26 +306,84 @@ impl StageGraph {
         }
         // Stage edges: a node's output crosses once per consuming stage (the largest of its edges
         // into that stage: graph.txt edges all carry the node's whole output).
-        let mut acc: std::collections::BTreeMap<(usize, usize), f64> = Default::default();
-        for u in 0..g.len() {
-            let su = stage_of[u];
-            let mut per: std::collections::BTreeMap<usize, f64> = Default::default();
-            for &e in g.out_edges(u) {
-                let t = stage_of[g.edges[e].dst];
-                if t != su {
-                    let b = per.entry(t).or_insert(0.0);
-                    *b = b.max(g.edge_bytes(e, micro_batch));
+        // Side computations are not sent: codegen recomputes each in its own stage and in every
+        // stage that reads it, directly or through other side computations; what a side
+        // computation reads from a heavy node crosses to each of those stages.
+        let mut need: HashMap<usize, std::collections::BTreeSet<usize>> = HashMap::new();
+        for &x in g.topo_order().iter().rev() {
+            if !g.nodes[x].side {
+                continue;
+            }
+            let mut set = std::collections::BTreeSet::from([stage_of[x]]);
+            for &e in g.out_edges(x) {
+                let d = g.edges[e].dst;
+                match need.get(&d) {
+                    Some(ss) if g.nodes[d].side => set.extend(ss.iter().copied()),
+                    _ => {
+                        set.insert(stage_of[d]);
+                    }
                 }
             }
-            for (t, b) in per {
-                *acc.entry((su, t)).or_insert(0.0) += b;
+            need.insert(x, set);
+        }
+        // Nodes whose output depends on a parameter: only those get cotangents back.
+        let mut trained = vec![false; g.len()];
+        for &u in g.topo_order() {
+            trained[u] = g.nodes[u].parameter_bytes > 0.0 || g.preds(u).any(|p| trained[p]);
+        }
+        // Per (stage, stage): activation bytes and values; cotangent bytes and values.
+        let mut acc: std::collections::BTreeMap<(usize, usize), (f64, usize, f64, usize)> =
+            Default::default();
+        for u in 0..g.len() {
+            if g.nodes[u].side {
+                continue;
+            }
+            let su = stage_of[u];
+            // Per consumer stage: (bytes, differentiated by a consumer there).
+            let mut per: std::collections::BTreeMap<usize, (f64, bool)> = Default::default();
+            for &e in g.out_edges(u) {
+                let d = g.edges[e].dst;
+                let bytes = g.edge_bytes(e, micro_batch);
+                let mut cross = |t: usize, grad: bool| {
+                    if t != su {
+                        let b = per.entry(t).or_insert((0.0, false));
+                        b.0 = b.0.max(bytes);
+                        b.1 |= grad;
+                    }
+                };
+                match need.get(&d) {
+                    Some(ss) => ss.iter().for_each(|&t| cross(t, false)),
+                    None => cross(stage_of[d], trained[u]),
+                }
+            }
+            for (t, (b, grad)) in per {
+                let e = acc.entry((su, t)).or_insert((0.0, 0, 0.0, 0));
+                e.0 += b;
+                e.1 += 1;
+                if grad {
+                    e.2 += b;
+                    e.3 += 1;
+                }
             }
         }
         let edges = acc
             .into_iter()
-            .map(|((src, dst), bytes)| StageEdge { src, dst, bytes })
+            .map(
+                |((src, dst), (bytes, tensors, grad_bytes, grad_tensors))| StageEdge {
+                    src,
+                    dst,
+                    bytes,
+                    tensors,
+                    grad_bytes,
+                    grad_tensors,
+                },
+            )
             .collect();
-        StageGraph::new(stages, edges)
+        let mut sg = StageGraph::new(stages, edges);
+        if split {
+            sg.round_robin = round_robin;
+        }
+        sg
     }
 
     /// The same stages with **re-computation** (GPipe's rematerialisation, DAPPLE's "RC"): a stage
@@ -303,7 +394,11 @@ impl StageGraph {
     pub fn with_recomputation(&self) -> StageGraph {
         let mut out = self.clone();
         for (s, st) in out.stages.iter_mut().enumerate() {
-            let r = st.devices.len().max(1) as f64;
+            let r = if self.is_round_robin(s) {
+                1.0
+            } else {
+                st.devices.len().max(1) as f64
+            };
             let input: f64 = self.in_edges[s]
                 .iter()
                 .map(|&e| self.edges[e].bytes)
@@ -501,12 +596,16 @@ impl Builder {
         (self.kinds.len() - 1) as u32
     }
     /// The transfer task for `key`, created on first use (by its send or its receive).
-    fn transfer(&mut self, cluster: &Cluster, key: TransferKey, bytes: f64) -> u32 {
+    fn transfer(&mut self, cluster: &Cluster, key: TransferKey, bytes: f64, tensors: usize) -> u32 {
         if let Some(&t) = self.transfers.get(&key) {
             return t;
         }
         let (dir, mb, _, src, dst) = key;
-        let t = comm::p2p_time(cluster, src, dst, bytes);
+        // One message per value: the latency is paid `tensors` times.
+        let mut t = comm::p2p_time(cluster, src, dst, bytes);
+        if t > 0.0 && tensors > 1 {
+            t += (tensors - 1) as f64 * cluster.path(src, dst).map_or(0.0, |(_, lat)| lat);
+        }
         let mut rs = vec![send_res(src), recv_res(dst)];
         let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
         if ns != nd {
@@ -558,6 +657,13 @@ pub fn simulate(
 ) -> Result<SimResult> {
     let costed = sg.for_schedule(sched.kind);
     let sg: &StageGraph = &costed;
+    // Values per stage edge (src stage, dst stage).
+    let tensors: HashMap<(usize, usize), (usize, usize)> = sg
+        .edges
+        .iter()
+        .map(|e| ((e.src, e.dst), (e.tensors.max(1), e.grad_tensors.max(1))))
+        .collect();
+    let edge_tensors = |a: usize, b: usize| tensors.get(&(a, b)).copied().unwrap_or((1, 1));
     let ndev = cluster.len();
     if sched.programs.len() > ndev {
         return Err(Error::msg(format!(
@@ -650,34 +756,44 @@ pub fn simulate(
             match ins {
                 Instr::Recv {
                     dir,
+                    stage,
+                    from,
                     mb,
                     peer_mb,
                     peer,
                     bytes,
-                    ..
                 } => {
                     if *peer >= ndev {
                         return Err(Error::msg(format!(
                             "device {d}: receive from device {peer} outside the cluster"
                         )));
                     }
-                    pending.push(tb.transfer(cluster, (*dir, *peer_mb, *mb, *peer, d), *bytes));
+                    let k = match dir {
+                        Dir::Act => edge_tensors(*from, *stage).0,
+                        Dir::Grad => edge_tensors(*stage, *from).1,
+                    };
+                    pending.push(tb.transfer(cluster, (*dir, *peer_mb, *mb, *peer, d), *bytes, k));
                 }
                 Instr::Send {
                     dir,
+                    stage,
+                    to,
                     mb,
                     peer_mb,
                     peer,
                     bytes,
-                    ..
                 } => {
                     if *peer >= ndev {
                         return Err(Error::msg(format!(
                             "device {d}: send to device {peer} outside the cluster"
                         )));
                     }
+                    let k = match dir {
+                        Dir::Act => edge_tensors(*stage, *to).0,
+                        Dir::Grad => edge_tensors(*to, *stage).1,
+                    };
                     let key = (*dir, *mb, *peer_mb, d, *peer);
-                    let t = tb.transfer(cluster, key, *bytes);
+                    let t = tb.transfer(cluster, key, *bytes, k);
                     sends_seen.insert(key);
                     if let Some(p) = last_compute {
                         tb.edge(p, t);

@@ -284,26 +284,47 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
     let depth = sg.depth_to_sink();
     let mut warmup = Vec::with_capacity(sg.stages.len());
+    // A round-robin stage ([`StageGraph::round_robin`]) holds each micro-batch whole on one
+    // replica: for redistribution it has one part, on device `devices[mb mod r]`.
+    let parts = |t: usize| {
+        if sg.is_round_robin(t) {
+            1
+        } else {
+            sg.stages[t].devices.len()
+        }
+    };
+    let device = |t: usize, part: usize, mb: usize| {
+        let devs = &sg.stages[t].devices;
+        if sg.is_round_robin(t) {
+            devs[mb % devs.len()]
+        } else {
+            devs[part]
+        }
+    };
     for (s, st) in sg.stages.iter().enumerate() {
         let k = kind.warmup(depth[s], m);
         warmup.push(k);
-        let r = st.devices.len();
+        let (r, rr) = (st.devices.len(), sg.is_round_robin(s));
         for (j, &d) in st.devices.iter().enumerate() {
             let prog = &mut programs[d];
+            // The stage's order over all micro-batches; a round-robin replica keeps its own.
             for (fwd, mb) in fb_order_grouped(k, kind.group(), m) {
+                if rr && mb % r != j {
+                    continue;
+                }
+                let me = if rr { 0 } else { j };
                 if fwd {
                     for &e in &sg.in_edges[s] {
                         let ed = &sg.edges[e];
-                        let src = &sg.stages[ed.src].devices;
-                        for (i, jj, b) in redistribute(src.len(), r, ed.bytes) {
-                            if jj == j {
+                        for (i, jj, b) in redistribute(parts(ed.src), parts(s), ed.bytes) {
+                            if jj == me {
                                 prog.push(Instr::Recv {
                                     dir: Dir::Act,
                                     stage: s,
                                     from: ed.src,
                                     mb,
                                     peer_mb: mb,
-                                    peer: src[i],
+                                    peer: device(ed.src, i, mb),
                                     bytes: b,
                                 });
                             }
@@ -312,16 +333,15 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                     prog.push(Instr::Forward { stage: s, mb });
                     for &e in &sg.out_edges[s] {
                         let ed = &sg.edges[e];
-                        let dst = &sg.stages[ed.dst].devices;
-                        for (i, jj, b) in redistribute(r, dst.len(), ed.bytes) {
-                            if i == j {
+                        for (i, jj, b) in redistribute(parts(s), parts(ed.dst), ed.bytes) {
+                            if i == me {
                                 prog.push(Instr::Send {
                                     dir: Dir::Act,
                                     stage: s,
                                     to: ed.dst,
                                     mb,
                                     peer_mb: mb,
-                                    peer: dst[jj],
+                                    peer: device(ed.dst, jj, mb),
                                     bytes: b,
                                 });
                             }
@@ -330,16 +350,18 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                 } else {
                     for &e in &sg.out_edges[s] {
                         let ed = &sg.edges[e];
-                        let dst = &sg.stages[ed.dst].devices;
-                        for (i, jj, b) in redistribute(r, dst.len(), ed.bytes) {
-                            if i == j {
+                        if ed.grad_tensors == 0 {
+                            continue;
+                        }
+                        for (i, jj, b) in redistribute(parts(s), parts(ed.dst), ed.grad_bytes) {
+                            if i == me {
                                 prog.push(Instr::Recv {
                                     dir: Dir::Grad,
                                     stage: s,
                                     from: ed.dst,
                                     mb,
                                     peer_mb: mb,
-                                    peer: dst[jj],
+                                    peer: device(ed.dst, jj, mb),
                                     bytes: b,
                                 });
                             }
@@ -348,16 +370,18 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                     prog.push(Instr::Backward { stage: s, mb });
                     for &e in &sg.in_edges[s] {
                         let ed = &sg.edges[e];
-                        let src = &sg.stages[ed.src].devices;
-                        for (i, jj, b) in redistribute(src.len(), r, ed.bytes) {
-                            if jj == j {
+                        if ed.grad_tensors == 0 {
+                            continue;
+                        }
+                        for (i, jj, b) in redistribute(parts(ed.src), parts(s), ed.grad_bytes) {
+                            if jj == me {
                                 prog.push(Instr::Send {
                                     dir: Dir::Grad,
                                     stage: s,
                                     to: ed.src,
                                     mb,
                                     peer_mb: mb,
-                                    peer: src[i],
+                                    peer: device(ed.src, i, mb),
                                     bytes: b,
                                 });
                             }
@@ -451,6 +475,9 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                 } else {
                     for &e in &sg.out_edges[s] {
                         let ed = &sg.edges[e];
+                        if ed.grad_tensors == 0 {
+                            continue;
+                        }
                         let dst = &sg.stages[ed.dst].devices;
                         prog.push(Instr::Recv {
                             dir: Dir::Grad,
@@ -459,12 +486,15 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                             mb,
                             peer_mb: mb,
                             peer: dst[mb % dst.len()],
-                            bytes: ed.bytes,
+                            bytes: ed.grad_bytes,
                         });
                     }
                     prog.push(Instr::Backward { stage: s, mb });
                     for &e in &sg.in_edges[s] {
                         let ed = &sg.edges[e];
+                        if ed.grad_tensors == 0 {
+                            continue;
+                        }
                         let src = &sg.stages[ed.src].devices;
                         prog.push(Instr::Send {
                             dir: Dir::Grad,
@@ -473,7 +503,7 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                             mb,
                             peer_mb: mb,
                             peer: src[mb % src.len()],
-                            bytes: ed.bytes,
+                            bytes: ed.grad_bytes,
                         });
                     }
                 }
@@ -542,6 +572,11 @@ fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> S
         .iter()
         .map(|e| e.bytes / ps.base_micro_batch.max(1) as f64)
         .collect();
+    let per_sample_grad: Vec<f64> = sg
+        .edges
+        .iter()
+        .map(|e| e.grad_bytes / ps.base_micro_batch.max(1) as f64)
+        .collect();
     for (s, st) in sg.stages.iter().enumerate() {
         let k = warmup[s];
         let r = st.devices.len().max(1);
@@ -555,8 +590,13 @@ fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> S
                 let pieces = |t: usize| covering(b[t], sg.stages[t].devices.len(), lo, hi);
                 // One message per piece, received (`send = false`) or sent.
                 let hops = |prog: &mut Vec<Instr>, send: bool, dir: Dir, e: usize, t: usize| {
+                    let rate = match dir {
+                        Dir::Act => per_sample[e],
+                        Dir::Grad if sg.edges[e].grad_tensors == 0 => return,
+                        Dir::Grad => per_sample_grad[e],
+                    };
                     for (pm, pj, x) in pieces(t) {
-                        let (peer, bytes) = (sg.stages[t].devices[pj], x as f64 * per_sample[e]);
+                        let (peer, bytes) = (sg.stages[t].devices[pj], x as f64 * rate);
                         let (stage, peer_mb) = (s, pm);
                         prog.push(if send {
                             Instr::Send {

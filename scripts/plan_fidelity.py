@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Plan fidelity: does a plan's `iteration_time_s` (and peak memory) match the replay of the
+program `pipec compile` emits for it (`pipec simulate`, the same cost model)?
+
+For every model x planner x cluster preset x device count: `pipec plan --json` (the planner's
+own micro-batch), `pipec compile` with that micro-batch, `pipec simulate --json`, and the ratios
+replay / plan of the iteration time and of the largest per-device peak memory. Prints one line
+per case, a summary (worst ratios per planner) and, with --md, a markdown table.
+
+usage: python3 scripts/plan_fidelity.py [--pipec target/release/pipec] [--models a,b]
+           [--planners gpp,dapple,...] [--clusters summit,dapple-a,...] [--devices 4,8,16,32]
+           [--batch 64] [--jobs 2] [--json out.json] [--md out.md]
+Models are names in onnx-models/ or paths. A case the planner or the compiler refuses (a model
+too small for the devices, out of memory) is listed with its first error line, not counted.
+"""
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run(cmd, timeout):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timeout"
+    if r.returncode != 0:
+        lines = [l for l in r.stderr.strip().splitlines() if l.strip()]
+        return None, (lines[0] if lines else f"exit {r.returncode}")
+    return r.stdout, None
+
+
+def case(a, model, planner, cluster, devices):
+    path = model if model.endswith(".onnx") else os.path.join(ROOT, "onnx-models", model + ".onnx")
+    base = ["--cluster", cluster, "--devices", str(devices), "--planner", planner,
+            "--batch", str(a.batch)]
+    out = {"model": os.path.basename(path)[:-5], "planner": planner, "cluster": cluster,
+           "devices": devices}
+    so, err = run([a.pipec, "plan", path, *base, "--json"], a.timeout)
+    if err:
+        out["error"] = "plan: " + err
+        return out
+    plan = json.loads(so)
+    with tempfile.TemporaryDirectory() as od:
+        _, err = run([a.pipec, "compile", path, *base, "--micro-batch", str(plan["micro_batch"]),
+                      "-o", od], a.timeout)
+        if err:
+            out["error"] = "compile: " + err
+            return out
+        so, err = run([a.pipec, "simulate", od, "--json"], a.timeout)
+        if err:
+            out["error"] = "simulate: " + err
+            return out
+    rep = json.loads(so)
+    mem = max((d.get("peak_memory_bytes", 0) for d in rep.get("devices", [])), default=0)
+    out.update(
+        micro_batch=plan["micro_batch"],
+        stages="/".join(str(s["replicas"]) for s in plan["stages"]),
+        plan_s=plan["iteration_time_s"],
+        replay_s=rep["iteration_time_s"],
+        time_ratio=rep["iteration_time_s"] / plan["iteration_time_s"],
+        plan_mem=plan["peak_memory_bytes"],
+        replay_mem=mem,
+        mem_ratio=(mem / plan["peak_memory_bytes"]) if plan["peak_memory_bytes"] else None,
+    )
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pipec", default=os.path.join(ROOT, "target", "release", "pipec"))
+    ap.add_argument("--models", default="resnet18,inception_mini,mmt_tiny,gpt2_tiny,dlrm_tiny")
+    ap.add_argument("--planners", default="gpp,dapple,bapipe,pipedream")
+    ap.add_argument("--clusters", default="summit,dapple-a,dgx-h100,bapipe-hetero,cpu")
+    ap.add_argument("--devices", default="4,8,16,32")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 5%%)")
+    ap.add_argument("--json")
+    ap.add_argument("--md")
+    a = ap.parse_args()
+    cases = [(m, p, c, int(d)) for m in a.models.split(",") for c in a.clusters.split(",")
+             for d in a.devices.split(",") for p in a.planners.split(",")]
+    rows = []
+    with cf.ThreadPoolExecutor(a.jobs) as ex:
+        futs = [ex.submit(case, a, *c) for c in cases]
+        for f in futs:
+            r = f.result()
+            rows.append(r)
+            tag = f"{r['model']:16s} {r['planner']:10s} {r['cluster']:14s} {r['devices']:3d}"
+            if "error" in r:
+                print(f"{tag} -- {r['error'][:100]}", flush=True)
+            else:
+                print(f"{tag} mb={r['micro_batch']:<4d} {r['stages']:<16s} time x{r['time_ratio']:.3f}"
+                      f" mem x{(r['mem_ratio'] or 0):.3f}", flush=True)
+    ok = [r for r in rows if "error" not in r]
+    print(f"\n{len(ok)} of {len(rows)} cases compiled; agreement band {a.tolerance:.0%}")
+    summary = {}
+    for p in a.planners.split(","):
+        rs = [r for r in ok if r["planner"] == p]
+        if not rs:
+            continue
+        inside = sum(1 for r in rs if abs(r["time_ratio"] - 1) <= a.tolerance)
+        lo = min(rs, key=lambda r: r["time_ratio"])
+        hi = max(rs, key=lambda r: r["time_ratio"])
+        summary[p] = dict(cases=len(rs), within=inside, min=lo["time_ratio"], max=hi["time_ratio"],
+                          min_case=f"{lo['model']} {lo['cluster']} {lo['devices']}",
+                          max_case=f"{hi['model']} {hi['cluster']} {hi['devices']}")
+        print(f"{p:10s} {inside}/{len(rs)} within; replay/plan {lo['time_ratio']:.3f} ({summary[p]['min_case']})"
+              f" .. {hi['time_ratio']:.3f} ({summary[p]['max_case']})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write("| planner | cases | within ±%d%% | replay/plan min (case) | max (case) |\n|---|---|---|---|---|\n"
+                    % round(a.tolerance * 100))
+            for p, s in summary.items():
+                f.write(f"| {p} | {s['cases']} | {s['within']} | {s['min']:.3f} ({s['min_case']}) | "
+                        f"{s['max']:.3f} ({s['max_case']}) |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -403,6 +403,18 @@ fn reduce_float<T: Fl + Num>(
     keep: bool,
     r: Red,
 ) -> KResult<ArrayD<T>> {
+    // Sums of a float32 tensor accumulate in float64 and round once ([`Fl::WIDE_ACCUMULATION`]):
+    // a bias or BatchNorm gradient sums batch x spatial terms (tens of thousands), where a
+    // sequential float32 sum drifts by ~n u (Higham, 2nd ed., eq. 4.4).
+    if T::WIDE_ACCUMULATION
+        && matches!(
+            r,
+            Red::Sum | Red::Mean | Red::SumSquare | Red::L1 | Red::L2 | Red::LogSumExp
+        )
+    {
+        let wide = reduce_float(&a.mapv(|v| v.to64()), axes, keep, r)?;
+        return Ok(wide.mapv(T::c));
+    }
     let count: usize = {
         let mut s = axes.to_vec();
         s.sort_unstable();

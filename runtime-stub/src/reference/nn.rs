@@ -943,7 +943,8 @@ fn global_pool<T: Fl>(
                 |a, b| if b > a || b.is_nan() { b } else { a },
             )
         } else {
-            s.iter().copied().fold(T::zero(), |a, b| a + b) / T::c(inner as f64)
+            // Accumulated in float64 and rounded once (as the reductions).
+            T::c(s.iter().map(|v| v.to64()).sum::<f64>() / inner as f64)
         });
     }
     let mut shape = vec![n, ch];

@@ -754,7 +754,7 @@ impl<'a> Search<'a> {
         // When the micro-batch does not divide over the replicas, codegen gives each replica
         // whole micro-batches in turn: one replica's time per micro-batch is then the whole
         // micro-batch's, shared by `r` replicas.
-        let compute = if slice.fract() != 0.0 {
+        let compute = if crate::sim::takes_turns(b, r) {
             let t = self.times(1);
             (t[hi] - t[lo]) / r as f64
         } else {

@@ -184,7 +184,8 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
         let r = devs.len().max(1);
         // The stage's own micro-batch size (per-stage schedules run `batch / b_s` of them).
         let own = plan.batch / ms.max(1) as u64;
-        let whole = r > 1 && (schedule.kind.round_robin() || !own.is_multiple_of(r as u64));
+        let whole =
+            (r > 1 && schedule.kind.round_robin()) || crate::sim::takes_turns(own as f64, r);
         match devs.iter().position(|&x| x == d) {
             Some(j) if whole => crate::sim::schedule::round_robin_micro_batches(j, r, ms),
             _ => (0..ms).collect(),

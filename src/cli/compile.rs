@@ -8,12 +8,11 @@
 //! `reference/{train,step}.onnx` (the unpartitioned program `pipec run --check` compares with),
 //! `program.mlir` (every piece as MLIR, plus the schedule).
 
-use super::plan::{plan_model, render, resolve_cluster};
+use super::plan::{plan_label, plan_model, planner_name, planning_graph, render, resolve_cluster};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pipec_compiler::program::Program;
 use pipec_passes::codegen::{self, CompileOptions};
-use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::Optimizer as MemOptimizer;
 use pipec_passes::loss::LossKind;
 use pipec_passes::optimizer::OptimizerKind;
@@ -99,11 +98,8 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if let Some(mb) = a.micro_batch {
         pipec_passes::plan::check_micro_batch(a.batch, mb)?;
     }
-    let planner_name = match (&a.planner, &a.stages) {
-        (_, Some(spec)) => format!("{}{spec}", planners::STAGES_PREFIX),
-        (Some(p), None) => p.clone(),
-        (None, None) => bail!("--planner or --stages: one is needed"),
-    };
+    let planner_name = planner_name(a.planner.as_deref(), a.stages.as_deref())?;
+    let label = plan_label(&planner_name);
     let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &planner_name)?;
     planners::by_name(&planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
@@ -111,10 +107,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let dims = super::parse_dims(&a.dims)?;
     let m = super::load_module_dims(&a.model, &dims)?;
     let name = a.model.display().to_string();
-    let (mut g, note) = analytic::planning_graph(&m, &AnalyticOptions::default(), &name)?;
-    if let Some(note) = note {
-        eprintln!("warning: {note}");
-    }
+    let mut g = planning_graph(&m, &name)?;
     if let Some(p) = &a.profile {
         super::plan::apply_measured_profile(&mut g, &mut cluster, &a.model, p)?;
     }
@@ -131,19 +124,15 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let with_module = a.profile.is_none().then_some(&m);
     spin.set_message(format!(
         "planning with {} on {} devices",
-        planner_name,
+        label,
         cluster.len()
     ));
     let (plan, g, rewritten) = plan_model(&planner_name, with_module, g, &cluster, &opts)
-        .with_context(|| format!("{name}: planner '{}' failed", plan_label(&planner_name)))?;
+        .with_context(|| format!("{name}: planner '{label}' failed"))?;
     let imported = &m;
     let m = rewritten.as_ref().unwrap_or(&m);
-    plan.verify(&g, &cluster).with_context(|| {
-        format!(
-            "planner '{}' produced an invalid plan",
-            plan_label(&planner_name)
-        )
-    })?;
+    plan.verify(&g, &cluster)
+        .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     let specs = plan.specs(&g)?;
     let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
     let copts = CompileOptions {
@@ -402,13 +391,4 @@ fn write_outdir(out: &Path, plan: &pipec_passes::plan::Plan, c: &codegen::Compil
         )
     })?;
     Ok(())
-}
-
-/// The planner's name as messages show it (`stages` for `--stages SPEC`).
-fn plan_label(name: &str) -> &str {
-    if name.starts_with(planners::STAGES_PREFIX) {
-        "stages"
-    } else {
-        name
-    }
 }

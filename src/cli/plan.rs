@@ -151,13 +151,42 @@ fn load_onnx_cost_graph(
     dims: &BTreeMap<String, i64>,
 ) -> Result<(CostGraph, u64)> {
     let m = super::load_module_dims(model, dims)?;
-    let name = model.display().to_string();
-    let (g, note) = analytic::planning_graph(&m, &AnalyticOptions::default(), &name)?;
+    let g = planning_graph(&m, &model.display().to_string())?;
+    let batch = g.reference_batch.round().max(1.0) as u64;
+    Ok((g, batch))
+}
+
+/// The cost graph planners use for module `m` (named `name` in messages): the analytic model
+/// with autodiff's backward kernels; when autodiff refuses the model, the fixed factors, and a
+/// warning says so.
+pub fn planning_graph(m: &Module, name: &str) -> Result<CostGraph> {
+    let (g, note) = analytic::planning_graph(m, &AnalyticOptions::default(), name)?;
     if let Some(note) = note {
         eprintln!("warning: {note}");
     }
-    let batch = g.reference_batch.round().max(1.0) as u64;
-    Ok((g, batch))
+    Ok(g)
+}
+
+/// `--planner P` or `--stages SPEC` as the name [`plan_model`] takes (`stages:SPEC` for the
+/// user's stages).
+pub fn planner_name(planner: Option<&str>, stages: Option<&str>) -> Result<String> {
+    match (stages, planner) {
+        (Some(s), _) => Ok(format!("{}{s}", planners::STAGES_PREFIX)),
+        (None, Some(p)) => Ok(p.to_string()),
+        (None, None) => bail!(
+            "--planner: missing (one of {}; or --stages SPEC)",
+            planners::PLANNER_NAMES.join(", ")
+        ),
+    }
+}
+
+/// A planner name as messages show it (`stages` for `--stages SPEC`).
+pub fn plan_label(name: &str) -> &str {
+    if name.starts_with(planners::STAGES_PREFIX) {
+        "stages"
+    } else {
+        name
+    }
 }
 
 /// `--profile prof.json`: replace the works of an ONNX model's cost graph by the measured
@@ -302,18 +331,8 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         .cluster
         .as_deref()
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
-    let stages_name = a
-        .stages
-        .as_ref()
-        .map(|s| format!("{}{s}", planners::STAGES_PREFIX));
-    let planner_name = match (&stages_name, a.planner.as_deref()) {
-        (Some(s), _) => s.as_str(),
-        (None, Some(p)) => p,
-        (None, None) => bail!(
-            "--planner: missing (one of {}; or --stages SPEC)",
-            planners::PLANNER_NAMES.join(", ")
-        ),
-    };
+    let planner_name = &planner_name(a.planner.as_deref(), a.stages.as_deref())?;
+    let label = plan_label(planner_name);
     planners::by_name(planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let schedule = parse_schedule(a.schedule.as_deref(), planner_name)?;
@@ -346,12 +365,12 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     }
     let first = (a.repeat > 1).then(|| g.clone());
     let spin = super::progress::spinner(format!(
-        "planning {} with {planner_name} on {} devices",
+        "planning {} with {label} on {} devices",
         model.display(),
         cluster.len()
     ));
     let (mut plan, g, _) = plan_model(planner_name, module.as_ref(), g, &cluster, &opts)
-        .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
+        .with_context(|| format!("{}: planner '{label}' failed", model.display()))?;
     if let Some(g0) = first {
         let strip = |p: &Plan| -> Result<serde_json::Value> {
             let mut v = serde_json::to_value(p)?;
@@ -366,9 +385,9 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         for i in 1..a.repeat {
             spin.set_message(format!("--repeat: run {} of {}", i + 1, a.repeat));
             let (p, _, _) = plan_model(planner_name, module.as_ref(), g0.clone(), &cluster, &opts)
-                .with_context(|| format!("{}: planner '{planner_name}' failed", model.display()))?;
+                .with_context(|| format!("{}: planner '{label}' failed", model.display()))?;
             if strip(&p)? != want {
-                bail!("--repeat: run {} of planner '{planner_name}' returned another plan (not deterministic)", i + 1);
+                bail!("--repeat: run {} of planner '{label}' returned another plan (not deterministic)", i + 1);
             }
             times.push(p.search_time_s);
         }
@@ -385,7 +404,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     }
     drop(spin);
     plan.verify(&g, &cluster)
-        .with_context(|| format!("planner '{planner_name}' produced an invalid plan"))?;
+        .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     if let Some(path) = &a.trace {
         let specs = plan.specs(&g)?;
         let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);

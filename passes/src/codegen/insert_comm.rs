@@ -26,7 +26,7 @@
 
 use super::{concrete_dims, layout, Layout};
 use crate::sim::schedule::{fb_order_grouped, round_robin_micro_batches};
-use crate::sim::ScheduleKind;
+use crate::sim::{heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
 use pipec_compiler::program::{DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram};
 use pipec_compiler::{Error, Result};
@@ -350,63 +350,6 @@ fn recv_joined(
     }
 }
 
-/// Longest path (in stages) from each stage to a sink, ≥ 1.
-/// Per stage, the most workers (replicas summed over the stages) on a path from it to a sink,
-/// itself included: PipeDream's "number of machines" that 1F1B-RR's warm-up divides
-/// ([`crate::sim::StageGraph::workers_to_sink`] on the same stage DAG).
-fn workers_to_sink(preds: &[BTreeSet<usize>], devices: &[Vec<usize>]) -> Vec<usize> {
-    let n = preds.len();
-    let mut succ = vec![Vec::new(); n];
-    for (c, ps) in preds.iter().enumerate() {
-        for &p in ps {
-            succ[p].push(c);
-        }
-    }
-    let mut w: Vec<usize> = devices.iter().map(Vec::len).collect();
-    // Relax until stable (at most n rounds: the stage DAG is acyclic).
-    for _ in 0..n {
-        let mut changed = false;
-        for s in 0..n {
-            let best = succ[s].iter().map(|&t| w[t]).max().unwrap_or(0) + devices[s].len();
-            if best > w[s] {
-                w[s] = best;
-                changed = true;
-            }
-        }
-        if !changed {
-            break;
-        }
-    }
-    w
-}
-
-fn depth_to_sink(preds: &[BTreeSet<usize>]) -> Vec<usize> {
-    let n = preds.len();
-    let mut succ = vec![Vec::new(); n];
-    for (s, ps) in preds.iter().enumerate() {
-        for &p in ps {
-            succ[p].push(s);
-        }
-    }
-    let mut depth = vec![0usize; n];
-    fn go(s: usize, succ: &[Vec<usize>], depth: &mut [usize]) -> usize {
-        if depth[s] > 0 {
-            return depth[s];
-        }
-        let d = 1 + succ[s]
-            .iter()
-            .map(|&t| go(t, succ, depth))
-            .max()
-            .unwrap_or(0);
-        depth[s] = d;
-        d
-    }
-    for s in 0..n {
-        go(s, &succ, &mut depth);
-    }
-    depth
-}
-
 /// The hops of value `v` (layout `lay`) on the edge from stage `p` to stage `c` that concern one
 /// replica: for `side = Consumer { mc, j }` the pieces consumer replica `j` receives for its
 /// micro-batch `mc`, for `Producer { mp, i }` the pieces producer replica `i` sends of its `mp`.
@@ -446,8 +389,17 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     let g = &cx.m.graph;
     let ndev = cx.stage_devices.iter().map(Vec::len).sum::<usize>();
     let mut programs: Vec<Option<DeviceProgram>> = (0..ndev).map(|_| None).collect();
-    let depth = depth_to_sink(cx.preds);
-    let workers = workers_to_sink(cx.preds, cx.stage_devices);
+    // Per stage, the longest path to a sink: in stages (the warm-up's depth) and in workers
+    // (1F1B-RR's number of machines).
+    let mut succ = vec![Vec::new(); cx.preds.len()];
+    for (c, ps) in cx.preds.iter().enumerate() {
+        for &p in ps {
+            succ[p].push(c);
+        }
+    }
+    let depth = heaviest_path_to_sink(&succ, &vec![1; succ.len()]);
+    let replicas: Vec<usize> = cx.stage_devices.iter().map(Vec::len).collect();
+    let workers = heaviest_path_to_sink(&succ, &replicas);
     let batch = cx.micro_batch * cx.micro_batches;
     let mut tags = Tags::default();
     // The stage that sends `v` (usize::MAX if none does).

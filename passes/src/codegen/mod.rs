@@ -171,9 +171,9 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         .iter()
         .enumerate()
         .map(|(s, devs)| {
-            let r = devs.len() as u64;
-            let mb = size(s);
-            if r > 1 && (opts.planner == "pipedream" || mb % r != 0) {
+            let r = devs.len();
+            if (r > 1 && opts.planner == "pipedream") || crate::sim::takes_turns(size(s) as f64, r)
+            {
                 Replication::RoundRobin
             } else {
                 Replication::Slices

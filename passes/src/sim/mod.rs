@@ -132,6 +132,43 @@ pub struct PerStage {
     pub group: Vec<u64>,
 }
 
+/// Whether a stage's `replicas` take whole micro-batches in turn (replica `m mod r` runs
+/// micro-batch `m`) instead of an even slice of each: when the micro-batch does not divide over
+/// them. Codegen emits this and the simulator, GPP's stage evaluation and the C4 check model it.
+pub fn takes_turns(micro_batch: f64, replicas: usize) -> bool {
+    replicas > 1 && (micro_batch / replicas as f64).fract() != 0.0
+}
+
+/// Per node of a DAG given by successor lists, the largest sum of `weight` over a path from it
+/// to a sink, its own weight included: with weight 1 the depth in stages, with replica counts
+/// PipeDream's number of machines. (A node on a cycle, which no stage DAG has, keeps its own.)
+pub fn heaviest_path_to_sink(succ: &[Vec<usize>], weight: &[usize]) -> Vec<usize> {
+    let n = succ.len();
+    let mut indeg = vec![0usize; n];
+    for ts in succ {
+        for &t in ts {
+            indeg[t] += 1;
+        }
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut stack: Vec<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
+    while let Some(s) = stack.pop() {
+        order.push(s);
+        for &t in &succ[s] {
+            indeg[t] -= 1;
+            if indeg[t] == 0 {
+                stack.push(t);
+            }
+        }
+    }
+    let mut w = weight.to_vec();
+    for &s in order.iter().rev() {
+        let below = succ[s].iter().map(|&t| w[t]).max().unwrap_or(0);
+        w[s] = weight[s] + below;
+    }
+    w
+}
+
 impl StageGraph {
     /// A stage graph from stages and edges (edges must go between existing stages, acyclic).
     pub fn new(stages: Vec<SimStage>, edges: Vec<StageEdge>) -> StageGraph {
@@ -265,8 +302,11 @@ impl StageGraph {
             // As codegen: replicas split each micro-batch evenly when it divides over them,
             // else (and always under 1F1B-RR) take whole micro-batches in turn.
             let replicas = sp.devices.len().max(1);
-            let divides = (own / replicas as f64).fract() == 0.0;
-            let r = if split && divides { replicas } else { 1 };
+            let r = if split && !takes_turns(own, replicas) {
+                replicas
+            } else {
+                1
+            };
             round_robin.push(replicas > 1 && r == 1);
             let slice = own / r as f64;
             let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
@@ -416,28 +456,8 @@ impl StageGraph {
     /// Per stage, the most workers (replicas summed over the stages) on a path from it to a sink,
     /// itself included: PipeDream's "number of machines" that 1F1B-RR's warm-up divides.
     pub fn workers_to_sink(&self) -> Vec<usize> {
-        let n = self.stages.len();
-        let mut w: Vec<usize> = self.stages.iter().map(|s| s.devices.len()).collect();
-        // Stage ids are not necessarily topological: relax until stable (at most n rounds).
-        for _ in 0..n {
-            let mut changed = false;
-            for s in 0..n {
-                let best = self.out_edges[s]
-                    .iter()
-                    .map(|&e| w[self.edges[e].dst])
-                    .max()
-                    .unwrap_or(0)
-                    + self.stages[s].devices.len();
-                if best > w[s] {
-                    w[s] = best;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
-        w
+        let replicas: Vec<usize> = self.stages.iter().map(|s| s.devices.len()).collect();
+        heaviest_path_to_sink(&self.successors(), &replicas)
     }
 
     /// Per stage, the stages its edges feed (the stage DAG's successor lists).
@@ -450,28 +470,7 @@ impl StageGraph {
 
     /// Per stage, the number of stages on the longest path from it to a sink (a sink has 1).
     pub fn depth_to_sink(&self) -> Vec<usize> {
-        let n = self.stages.len();
-        // Reverse topological order by repeated relaxation over a Kahn order.
-        let mut indeg: Vec<usize> = self.in_edges.iter().map(Vec::len).collect();
-        let mut order = Vec::with_capacity(n);
-        let mut stack: Vec<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
-        while let Some(s) = stack.pop() {
-            order.push(s);
-            for &e in &self.out_edges[s] {
-                let t = self.edges[e].dst;
-                indeg[t] -= 1;
-                if indeg[t] == 0 {
-                    stack.push(t);
-                }
-            }
-        }
-        let mut depth = vec![1usize; n];
-        for &s in order.iter().rev() {
-            for &e in &self.out_edges[s] {
-                depth[s] = depth[s].max(depth[self.edges[e].dst] + 1);
-            }
-        }
-        depth
+        heaviest_path_to_sink(&self.successors(), &vec![1; self.stages.len()])
     }
 
     /// Pipeline depth: stages on the longest path (the stage graph's diameter in GraphPipe's sense).

@@ -72,6 +72,39 @@ def case(a, model, planner, cluster, devices):
     return out
 
 
+def gpp_vs_others(ok, tolerance=0.005):
+    """GraphPipe never loses (issue #17): per (model, cluster, devices), gpp's plan time and
+    replayed time against the best of the other planners' (each planner's own micro-batch)."""
+    groups = {}
+    for r in ok:
+        groups.setdefault((r["model"], r["cluster"], r["devices"]), {})[r["planner"]] = r
+    out = {"cases": 0}
+    for k in ("plan", "replay"):
+        out[k] = {"lost": 0, "worst": 0.0, "worst_case": "", "losses": []}
+    for (m, c, d), by in sorted(groups.items()):
+        others = [r for p, r in by.items() if p != "gpp"]
+        if "gpp" not in by or not others:
+            continue
+        out["cases"] += 1
+        for k in ("plan", "replay"):
+            best = min(others, key=lambda r: r[k + "_s"])
+            ratio = by["gpp"][k + "_s"] / best[k + "_s"]
+            w = out[k]
+            if ratio > 1 + tolerance:
+                w["lost"] += 1
+                w["losses"].append(f"{m} {c} {d}: x{ratio:.3f} vs {best['planner']}")
+            if ratio > w["worst"]:
+                w["worst"], w["worst_case"] = ratio, f"{m} {c} {d} vs {best['planner']}"
+    if out["cases"]:
+        for k in ("plan", "replay"):
+            w = out[k]
+            print(f"gpp vs best other ({k}): slower by > {tolerance:.1%} in {w['lost']}/{out['cases']};"
+                  f" worst x{w['worst']:.3f} ({w['worst_case']})")
+            for line in w["losses"]:
+                print("   " + line)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pipec", default=os.path.join(ROOT, "target", "release", "pipec"))
@@ -115,9 +148,10 @@ def main():
                           max_case=f"{hi['model']} {hi['cluster']} {hi['devices']}")
         print(f"{p:10s} {inside}/{len(rs)} within; replay/plan {lo['time_ratio']:.3f} ({summary[p]['min_case']})"
               f" .. {hi['time_ratio']:.3f} ({summary[p]['max_case']})")
+    losses = gpp_vs_others(ok)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "summary": summary}, f, indent=1)
+            json.dump({"rows": rows, "summary": summary, "gpp_vs_others": losses}, f, indent=1)
     if a.md:
         with open(a.md, "w") as f:
             f.write("| planner | cases | within ±%d%% | replay/plan min (case) | max (case) |\n|---|---|---|---|---|\n"
@@ -125,6 +159,12 @@ def main():
             for p, s in summary.items():
                 f.write(f"| {p} | {s['cases']} | {s['within']} | {s['min']:.3f} ({s['min_case']}) | "
                         f"{s['max']:.3f} ({s['max_case']}) |\n")
+            if losses["cases"]:
+                f.write("\n| GPP vs the best other planner | cases | GPP slower by > 0.5% | worst gpp/best (case) |\n"
+                        "|---|---|---|---|\n")
+                for k in ("plan", "replay"):
+                    w = losses[k]
+                    f.write(f"| {k} | {losses['cases']} | {w['lost']} | {w['worst']:.3f} ({w['worst_case']}) |\n")
     return 0
 
 

@@ -20,7 +20,7 @@
 //!   partitioner's DP also uses (its `δ`).
 //! - [`verify`] checks C1 (stages partition the nodes and are convex), C2 (every graph edge
 //!   between stages is a stage edge, and the stage graph is acyclic), C3 (device sets partition the
-//!   cluster's devices, each stage has one) and C4 (in every replica's program, `fw_k` before
+//!   plan's devices, the first `plan.devices` of the cluster; each stage has one) and C4 (in every replica's program, `fw_k` before
 //!   `fw_{k+1}`, `bw_k` before `bw_{k+1}`, `fw_k` before `bw_k`, each exactly once).
 
 use crate::cost::{Cluster, CostGraph};
@@ -158,14 +158,23 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
             }
         }
     }
-    // C3: device sets partition the cluster's devices.
-    let mut used = vec![0usize; cluster.len()];
+    // C3: device sets partition the plan's devices, the first `plan.devices` of the cluster (a
+    // plan may leave the rest idle: a small model trains faster on fewer devices).
+    let mut used = vec![0usize; plan.devices.min(cluster.len())];
     for sp in &specs {
         if sp.devices.is_empty() {
             return Err(Error::msg("C3: a stage has no device"));
         }
         for &d in &sp.devices {
-            used[d] += 1;
+            match used.get_mut(d) {
+                Some(u) => *u += 1,
+                None => {
+                    return Err(Error::msg(format!(
+                        "C3: device {d} is not one of the plan's {} devices",
+                        used.len()
+                    )))
+                }
+            }
         }
     }
     if let Some(d) = used.iter().position(|&u| u != 1) {

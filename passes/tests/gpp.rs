@@ -751,7 +751,13 @@ fn per_stage_micro_batches_never_lose() {
         let g = family(name);
         let c = summit(d);
         let mut opts = PlanOptions::new(batch);
-        let uniform = Gpp::default().plan(&g, &c, &opts).expect("gpp");
+        // GraphPipe's own uniform plan (without the sequential planners' plans, which take
+        // their own schedules, not per-stage sizes).
+        let own = Gpp {
+            seeds: false,
+            ..Gpp::default()
+        };
+        let uniform = own.plan(&g, &c, &opts).expect("gpp");
         opts.schedule = Some(ScheduleKind::GppPerStage);
         let ps = Gpp::default().plan(&g, &c, &opts).expect("gpp-per-stage");
         assert_eq!(ps.schedule, "gpp-per-stage");
@@ -911,4 +917,56 @@ fn a_shape_that_carries_the_only_dependency_stays_in_the_skeleton() {
     assert!(side[5], "the constant index stays a side node");
     assert!(side[8], "Shape(n1) feeds a reshape that reads n1 itself");
     assert!(!side[7] && !side[0] && !side[9]);
+}
+
+/// GPP ⊇ sequential (issue #17): on random series-parallel graphs with parameters (all-reduces)
+/// and activations (transfers), over clusters from slow to fast links and 2 to 8 devices, the
+/// `gpp` plan is never slower than the fastest plan of any other planner (0.5% tolerance), also
+/// where the fastest plan leaves devices idle.
+#[test]
+fn gpp_never_loses_to_a_sequential_planner() {
+    let mut rng = Rng(0x2545f4914f6cdd1d);
+    let mut fewer = 0;
+    for case in 0..16 {
+        let n = 4 + rng.below(12) as usize;
+        let (mut nodes, mut edges) = (Vec::new(), Vec::new());
+        random_sp(&mut rng, n, &mut nodes, &mut edges);
+        for x in nodes.iter_mut() {
+            x.parameter_bytes = (rng.below(4) as f64) * 5e7;
+            x.activation_bytes = (1 + rng.below(8)) as f64 * 2e5;
+            x.saved_bytes = x.activation_bytes;
+        }
+        for e in edges.iter_mut() {
+            e.bytes = nodes[e.src].activation_bytes;
+        }
+        let g = CostGraph::new(format!("r{case}"), 1.0, nodes, edges, "random").expect("graph");
+        let d = [2usize, 4, 8][case % 3];
+        let bw = ["1e12", "25e9", "1e9", "1e8"][(case / 3) % 4];
+        let c = Cluster::from_inline(
+            &format!("{d}@{bw}"),
+            pipec_passes::cost::cluster::v100_16gb(),
+        )
+        .expect("cluster");
+        let opts = PlanOptions::new(16);
+        let gpp = Gpp::default().plan(&g, &c, &opts).expect("gpp");
+        if gpp.devices < d {
+            fewer += 1;
+        }
+        for name in ["dp", "straight", "pipedream", "bapipe", "dapple", "gpp-seq"] {
+            let Ok(p) = pipec_passes::planners::by_name(name)
+                .unwrap()
+                .plan(&g, &c, &opts)
+            else {
+                continue;
+            };
+            assert!(
+                gpp.iteration_time_s <= p.iteration_time_s * 1.005,
+                "case {case} ({d}@{bw}): gpp {} s > {name} {} s",
+                gpp.iteration_time_s,
+                p.iteration_time_s
+            );
+        }
+    }
+    // The cases include plans on fewer devices than given (the search's own, or a seed's).
+    assert!(fewer > 0, "no case chose fewer devices");
 }

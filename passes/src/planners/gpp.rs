@@ -27,6 +27,16 @@
 //!    the ranking extrapolated) (the paper sweeps micro-batch sizes the same way, §7 "we sweep
 //!    over micro-batch sizes").
 //!
+//! 6. **Fewer devices, and the sequential planners' plans** (`gpp` only): the search is repeated
+//!    on the first `D/2`, `D/4`, ..., 1 devices while a plan on them could still be faster (a
+//!    compute bound, [`Gpp::fewer_devices`]), and the plans of `dp`, `straight`, `pipedream`,
+//!    `bapipe` and `dapple` ([`SEQUENTIAL_SEEDS`]) join the choice: the fastest simulated plan that
+//!    fits in memory wins. A sequential pipeline is a special case of a graph pipeline, so GPP
+//!    never returns a plan slower than theirs on this cost model (property test in
+//!    `passes/tests/gpp.rs`). Search cost: the searches on `D/2^k` devices cost less than the one
+//!    on `D` (the DP grows steeply with devices) and stop at the bound; the seeds cost what those
+//!    planners cost.
+//!
 //! The searches at one micro-batch size share their stage evaluations
 //! ([`crate::partition_gpp::StageTable`]): the graph and linearised unit graphs have the same
 //! units, so the coarse, refined and linearised searches cost each stage once.
@@ -56,6 +66,9 @@ pub struct Gpp {
     pub eps: f64,
     /// Units per device the coarsening aims at.
     pub units_per_device: f64,
+    /// `gpp` only: also search on fewer devices and rank the sequential planners' plans
+    /// ([`SEQUENTIAL_SEEDS`]); off, the plan is Algorithm 1's on all devices.
+    pub seeds: bool,
 }
 
 impl Default for Gpp {
@@ -64,6 +77,7 @@ impl Default for Gpp {
             sequential: false,
             eps: 1e-3,
             units_per_device: 2.0,
+            seeds: true,
         }
     }
 }
@@ -307,6 +321,31 @@ fn compute_bound(
         .fold(0.0, f64::max)
 }
 
+/// A lower bound of any plan's iteration on the first `d` devices of `cluster`: every node's
+/// forward and backward run once per sample of the batch, on devices no faster than the fastest
+/// of them, and a node's time on a slice of `x` samples is at least its time on the whole batch
+/// times `x / batch` (the roofline's fixed costs only add: `r·F(b/r) ≥ F(b)`), so the busiest of
+/// `d` devices computes at least `F_total(batch) / d`.
+fn compute_bound_on(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, d: usize) -> f64 {
+    let batch = opts.batch.max(1) as f64;
+    let d = d.clamp(1, cluster.len().max(1));
+    (0..d)
+        .map(|i| cluster.devices[i].kind)
+        .collect::<std::collections::BTreeSet<usize>>()
+        .into_iter()
+        .map(|k| {
+            let kind = &cluster.kinds[k];
+            (0..g.nodes.len())
+                .map(|n| {
+                    let (f, b) = g.times(n, batch, kind);
+                    f + b
+                })
+                .sum::<f64>()
+        })
+        .fold(f64::INFINITY, f64::min)
+        / d as f64
+}
+
 /// Re-simulate a sequential plan with the linearisation's false dependencies: stage `i + 1` waits
 /// for stage `i` (a zero-byte edge where the data has none), as SPP executes (GraphPipe §2: "each
 /// stage has at most one predecessor and one successor"). The plan keeps its data-derived
@@ -489,6 +528,10 @@ impl Planner for Gpp {
         }
     }
 
+    /// `gpp-seq`: the search on all devices. `gpp`: the search on all devices, then on fewer
+    /// (see [`Gpp::fewer_devices`]), then the sequential planners' plans (see
+    /// [`SEQUENTIAL_SEEDS`]); the fastest simulated plan wins, so GPP never loses to a
+    /// sequential pipeline on the shared cost model (SPP is a special case of GPP, §2).
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         if cluster.len() > MAX_DEVICES {
@@ -498,6 +541,116 @@ impl Planner for Gpp {
                 cluster.len()
             )));
         }
+        if self.sequential || !self.seeds {
+            return self.search(g, cluster, opts, t0);
+        }
+        let mut best = self.search(g, cluster, opts, t0);
+        self.fewer_devices(g, cluster, opts, t0, &mut best);
+        seeds(g, cluster, opts, t0, &mut best);
+        let mut plan = best?;
+        plan.planner = self.name().to_string();
+        plan.search_time_s = t0.elapsed().as_secs_f64();
+        Ok(plan)
+    }
+}
+
+/// The planners whose plans join `gpp`'s final choice. Their stage graphs are sequential
+/// pipelines (chains of stages with replicas), a special case of a graph pipeline, but each
+/// searches them under its own rules that GPP's DP does not share: DAPPLE's pivot objective
+/// and placements, BaPipe's balanced chain with fewer devices, PipeDream's hierarchical DP and
+/// 1F1B-RR, plain data parallelism. Each plan is simulated on the same cost model (it already is,
+/// by [`Plan::assemble`]), so taking the fastest keeps GPP's promise without re-deriving every
+/// planner's search space inside Algorithm 1.
+pub const SEQUENTIAL_SEEDS: &[&str] = &["dp", "straight", "pipedream", "bapipe", "dapple"];
+
+/// Replace `best` by the fastest of it and the sequential planners' plans ([`SEQUENTIAL_SEEDS`]).
+/// A planner that finds no plan (too few nodes for `straight`, a schedule it does not take) is
+/// skipped; when every planner failed, the first error stays.
+fn seeds(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    t0: Instant,
+    best: &mut Result<Plan>,
+) {
+    let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
+    for &name in SEQUENTIAL_SEEDS {
+        let Ok(planner) = super::by_name(name) else {
+            continue;
+        };
+        let got = planner.plan(g, cluster, opts);
+        if debug {
+            match &got {
+                Ok(p) => eprintln!(
+                    "gpp: seed {name}: {:.6} s ({} stages, micro-batch {}) at {:.1} ms",
+                    p.iteration_time_s,
+                    p.stages.len(),
+                    p.micro_batch,
+                    t0.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(e) => eprintln!("gpp: seed {name}: {e}"),
+            }
+        }
+        keep_faster(best, got);
+    }
+}
+
+/// Keep the faster of `best` and `other` (ties keep `best`). A plan that does not fit in
+/// device memory never replaces one that fits, nor an error (GPP's own search refuses plans that
+/// do not fit: its error says so).
+fn keep_faster(best: &mut Result<Plan>, other: Result<Plan>) {
+    let Ok(o) = other else { return };
+    let better = match best {
+        Ok(b) => {
+            (b.out_of_memory && !o.out_of_memory)
+                || (b.out_of_memory == o.out_of_memory
+                    && o.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
+        }
+        Err(_) => !o.out_of_memory,
+    };
+    if better {
+        *best = Ok(o);
+    }
+}
+
+impl Gpp {
+    /// The search on fewer devices: the first `D/2`, `D/4`, ..., 1 devices of the cluster, while
+    /// the compute bound of a plan on them ([`compute_bound_on`]) is below the best time so far.
+    /// Small models on fast, high-latency clusters train fastest on fewer devices than they are
+    /// given (the all-reduce and the transfers cost more than the compute they spread), which a
+    /// search that must use all `D` devices (constraint C3) cannot return.
+    fn fewer_devices(
+        &self,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        t0: Instant,
+        best: &mut Result<Plan>,
+    ) {
+        let mut d = cluster.len() / 2;
+        while d >= 1 {
+            let bound = compute_bound_on(g, cluster, opts, d);
+            if let Ok(b) = best {
+                if bound >= b.iteration_time_s {
+                    // The bound only grows as devices are taken away.
+                    break;
+                }
+            }
+            if let Ok(sub) = cluster.clone().take(d) {
+                keep_faster(best, self.search(g, &sub, opts, t0));
+            }
+            d /= 2;
+        }
+    }
+
+    /// The search proper on all of `cluster`'s devices (see the module doc).
+    fn search(
+        &self,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        t0: Instant,
+    ) -> Result<Plan> {
         let cands = Gpp::candidates(opts)?;
         let (_, coarse) = self.coarse_tree(g, cluster);
         let ug = UnitGraph::new(g, &coarse, self.sequential);

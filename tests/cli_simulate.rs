@@ -87,29 +87,32 @@ fn simulate_missing_outdir_is_usage_error() {
 
 /// Plan fidelity (issue: plans judged on the emitted program): the plan's `iteration_time_s` is
 /// the replay of the program `pipec compile` emits for it within 5%, on the cases where the
-/// planners' model and codegen now agree (summit, 8 devices, batch 64, the planner's own
-/// micro-batch: `compile` without `--micro-batch`). The whole matrix, where it does not agree
-/// yet, is `scripts/plan_fidelity.py` (BENCHMARKS.md).
+/// planners' model and codegen now agree (batch 64, the planner's own micro-batch: `compile`
+/// without `--micro-batch`): summit at 8 devices, and the `cpu` preset, whose devices share the
+/// host's cores in the plan's simulation and in the replay alike. The whole matrix, where it does
+/// not agree yet, is `scripts/plan_fidelity.py` (BENCHMARKS.md).
 #[test]
 fn plan_time_is_the_replay_of_the_compiled_program() {
-    for (name, planner) in [
-        ("inception_mini", "gpp"),
-        ("inception_mini", "bapipe"),
-        ("gpt2_tiny", "gpp"),
-        ("gpt2_tiny", "dapple"),
-        ("mmt_tiny", "gpp"),
-        ("mmt_tiny", "dapple"),
-        ("dlrm_tiny", "dapple"),
-        ("resnet18", "gpp"),
+    for (name, planner, cluster, devices) in [
+        ("inception_mini", "gpp", "summit", "8"),
+        ("inception_mini", "bapipe", "summit", "8"),
+        ("gpt2_tiny", "gpp", "summit", "8"),
+        ("gpt2_tiny", "dapple", "summit", "8"),
+        ("mmt_tiny", "pipedream", "summit", "8"),
+        ("mmt_tiny", "dapple", "summit", "8"),
+        ("dlrm_tiny", "dapple", "summit", "8"),
+        ("resnet18", "gpp", "cpu", "8"),
+        ("gpt2_tiny", "dapple", "cpu", "4"),
+        ("mmt_tiny", "pipedream", "cpu", "4"),
     ] {
         let t = tempdir();
         let out = t.path().join("o");
         let m = model(&format!("{name}.onnx"));
         let cfg = [
             "--cluster",
-            "summit",
+            cluster,
             "--devices",
-            "8",
+            devices,
             "--planner",
             planner,
             "--batch",
@@ -127,7 +130,7 @@ fn plan_time_is_the_replay_of_the_compiled_program() {
         let r = replay / planned;
         assert!(
             (0.95..=1.05).contains(&r),
-            "{name} {planner}: replay {replay} s vs plan {planned} s (x{r:.3})"
+            "{name} {planner} {cluster} {devices}: replay {replay} s vs plan {planned} s (x{r:.3})"
         );
     }
 }

@@ -6,6 +6,8 @@
 //! the emitted pieces themselves.
 //!
 //! # Time model
+//! The program becomes tasks of the shared simulator's engine (the one [`super::simulate`] runs
+//! planned schedules on), so a plan and the replay of its program are timed by the same rules:
 //! - Each device has one **compute stream** that runs its instructions in program order.
 //! - `Compute`: the stage piece (`stages/sN.fwd.onnx` / `.bwd.onnx`) is imported, shape-inferred and
 //!   costed with the analytic model ([`crate::cost::analytic::from_module`]); its time is the sum
@@ -15,14 +17,17 @@
 //!   (from `Load` sample ranges, `Recv` shapes and `Concat` sums), else `micro_batch / replicas`.
 //!   Every symbolic dim of the piece is set to that sample count.
 //! - `Step`: the step piece costed the same way (no batch).
-//! - `Send`: never blocks the stream. The message occupies the sender's send channel (FIFO in
-//!   program order) for [`comm::p2p_time`] between the two devices; it arrives at the end.
-//! - `Recv`: the stream waits until the message has arrived.
+//! - `Send`: never blocks the stream. The message is ready when the stream reaches the send; it
+//!   holds the sender's send channel, the receiver's receive channel and, between nodes, both
+//!   nodes' ports for [`comm::p2p_time`] (first come, first served).
+//! - `Recv`: the next task on the stream waits until the message has arrived.
 //! - `AllReduce`: starts when every group member's stream reaches it, lasts
-//!   [`comm::allreduce_time`] of the summed gradient bytes (`grad/P` is shaped like `P`) and blocks
-//!   all members' streams meanwhile.
-//! - `Concat`, `Sum`, `Accumulate`: memory-bound (bytes read + written over the device's memory
-//!   bandwidth). `Load`, `Free`: free.
+//!   [`comm::allreduce_time`] of the summed gradient bytes (`grad/P` is shaped like `P`), holds
+//!   the members' channels (and nodes' ports) and blocks their streams meanwhile.
+//! - `Concat`, `Sum`, `Zeros`, `Accumulate`: memory-bound (bytes read + written over the device's
+//!   memory bandwidth). `Load`, `Free`: free.
+//! - On a host with fewer cores than devices (the `cpu` preset), the compute and memory tasks
+//!   running at once share the cores (processor sharing, the cores' measured slowdown).
 //!
 //! Busy time is compute + step time; the bubble fraction is `1 − Σ busy / (devices × T)` with `T`
 //! the iteration time (the last stream's end), as in [`super::SimResult`].
@@ -39,6 +44,7 @@
 use crate::cost::analytic::{from_module, AnalyticOptions};
 use crate::cost::cluster::DeviceKind;
 use crate::cost::{comm, AllReduceAlgo, Cluster};
+use crate::sim::TaskKind;
 use pipec_compiler::ir::{DType, Dim, TensorType};
 use pipec_compiler::program::{Instr, Piece, PieceKind, Program};
 use pipec_compiler::{Error, Result};
@@ -252,14 +258,27 @@ pub fn replay(
             .copied()
             .unwrap_or(0.0)
     };
-    let mut clock = vec![0.0f64; n];
-    let mut send_free = vec![0.0f64; n];
-    let mut pc = vec![0usize; n];
-    let mut arrival: HashMap<u32, f64> = HashMap::new();
+    // Walk every device's instructions once, in program order: the buffers (for each piece's
+    // sample count and for memory, which depend on the order only) and the tasks of the shared
+    // simulator's engine ([`super::Builder`]), which then times them as it times planned
+    // schedules: one compute stream per device, send/receive channels and node ports held by
+    // each message, collectives, and the host's cores shared by the compute of every device
+    // (processor sharing on the `cpu` preset).
+    let mut tb = super::Builder {
+        ndev: cluster.len(),
+        ..Default::default()
+    };
+    // What each task shows in the trace: (device, lane, name, category); collectives: `None`.
+    let mut shown: Vec<Option<(usize, u8, String, &'static str)>> = Vec::new();
+    let mut messages: HashMap<u32, u32> = HashMap::new();
+    let mut sent: BTreeSet<u32> = BTreeSet::new();
+    let mut collectives: HashMap<u32, (u32, Vec<usize>, usize)> = HashMap::new();
+    // Per stream task: the messages it waited for (named in the trace's waits).
+    let mut waits: HashMap<u32, String> = HashMap::new();
+    let mut streams: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut bufs: Vec<HashMap<(String, u32), Buf>> = vec![HashMap::new(); n];
     let mut live = vec![0.0f64; n];
     let mut devs: Vec<DeviceReplay> = Vec::with_capacity(n);
-    let mut events = Vec::new();
     for d in &p.devices {
         let st = p
             .stages
@@ -281,304 +300,389 @@ pub fn replay(
             peak_memory_bytes: stat,
         });
     }
-
-    loop {
-        let mut progress = false;
-        for d in 0..n {
-            let dp = &p.devices[d];
-            let stage = &p.stages[dp.stage];
-            let kind = cluster.kind_of(d).clone();
-            let bw = kind.memory_bandwidth;
-            while let Some(ins) = dp.instructions.get(pc[d]) {
-                match ins {
-                    Instr::Load { mb, input, samples } => {
-                        let rows = samples[1].saturating_sub(samples[0]);
-                        let bytes =
-                            p.data_inputs
-                                .iter()
-                                .find(|x| &x.name == input)
-                                .map_or(0.0, |x| {
-                                    let full = shape_bytes(&x.dtype, &x.shape);
-                                    match x.batch_axis.and_then(|a| x.shape.get(a)) {
-                                        Some(&b) if b > 0 => full * rows as f64 / b as f64,
-                                        _ => full,
-                                    }
-                                });
-                        let rows = p
-                            .data_inputs
-                            .iter()
-                            .find(|x| &x.name == input)
-                            .and_then(|x| x.batch_axis)
-                            .map(|_| rows);
-                        put(&mut bufs[d], &mut live[d], input, *mb, Buf { bytes, rows });
-                    }
-                    Instr::Compute { pass, mb } => {
-                        let k = match pass {
-                            PieceKind::Fwd => 0u8,
-                            PieceKind::Bwd => 1,
-                        };
-                        let pm = pieces.get_mut(&(stage.id, k)).ok_or_else(|| {
-                            Error::msg(format!(
-                                "schedule: device {d} runs {} but stage {} has no such piece",
-                                ins.describe(),
-                                stage.id
-                            ))
-                        })?;
-                        let piece = if k == 0 {
-                            &stage.fwd
-                        } else {
-                            stage.bwd.as_ref().unwrap_or(&stage.fwd)
-                        };
-                        let default = p.micro_batch / (stage.devices.len().max(1) as u64);
-                        let samples = piece
-                            .inputs
-                            .iter()
-                            .filter(|i| pm.inputs.get(*i).is_some_and(|port| port.batched()))
-                            .find_map(|i| bufs[d].get(&(i.clone(), *mb)).and_then(|b| b.rows))
-                            .unwrap_or(default)
-                            .max(1);
-                        let t = pm.time(&kind, samples)?;
-                        let start = clock[d];
-                        clock[d] += t;
-                        devs[d].busy_s += t;
-                        let outs: Vec<(String, Buf)> = pm
-                            .outputs
-                            .iter()
-                            .map(|(name, port)| {
-                                let rows = port.batched().then_some(samples);
-                                (
-                                    name.clone(),
-                                    Buf {
-                                        bytes: port.bytes(samples),
-                                        rows,
-                                    },
-                                )
-                            })
-                            .collect();
-                        for (name, b) in outs {
-                            put(&mut bufs[d], &mut live[d], &name, *mb, b);
+    for d in 0..n {
+        let dp = &p.devices[d];
+        let stage = &p.stages[dp.stage];
+        let kind = cluster.kind_of(d).clone();
+        let bw = kind.memory_bandwidth;
+        let mut prev: Option<u32> = None;
+        let mut pending: Vec<(u32, String)> = Vec::new();
+        // A task on this device's compute stream: after the previous one and the messages
+        // received since.
+        let mut stream = |tb: &mut super::Builder,
+                          shown: &mut Vec<Option<(usize, u8, String, &'static str)>>,
+                          prev: &mut Option<u32>,
+                          pending: &mut Vec<(u32, String)>,
+                          task: StreamTask|
+         -> u32 {
+            let id = match task {
+                StreamTask::New(k, t, what) => {
+                    let id = tb.task(k, t, Vec::new());
+                    shown.push(what.map(|(name, cat)| (d, 0, name, cat)));
+                    id
+                }
+                StreamTask::Collective(id) => id,
+            };
+            if let Some(p) = *prev {
+                tb.edge(p, id);
+            }
+            if let Some((_, first)) = pending.first() {
+                waits.insert(id, first.clone());
+            }
+            for (m, _) in pending.drain(..) {
+                tb.edge(m, id);
+            }
+            *prev = Some(id);
+            streams[d].push(id);
+            id
+        };
+        for ins in &dp.instructions {
+            match ins {
+                Instr::Load { mb, input, samples } => {
+                    let rows = samples[1].saturating_sub(samples[0]);
+                    let x = p.data_inputs.iter().find(|x| &x.name == input);
+                    let bytes = x.map_or(0.0, |x| {
+                        let full = shape_bytes(&x.dtype, &x.shape);
+                        match x.batch_axis.and_then(|a| x.shape.get(a)) {
+                            Some(&b) if b > 0 => full * rows as f64 / b as f64,
+                            _ => full,
                         }
-                        events.push(ReplayEvent {
+                    });
+                    let rows = x.and_then(|x| x.batch_axis).map(|_| rows);
+                    put(&mut bufs[d], &mut live[d], input, *mb, Buf { bytes, rows });
+                }
+                Instr::Compute { pass, mb } => {
+                    let k = match pass {
+                        PieceKind::Fwd => 0u8,
+                        PieceKind::Bwd => 1,
+                    };
+                    let pm = pieces.get_mut(&(stage.id, k)).ok_or_else(|| {
+                        Error::msg(format!(
+                            "schedule: device {d} runs {} but stage {} has no such piece",
+                            ins.describe(),
+                            stage.id
+                        ))
+                    })?;
+                    let piece = if k == 0 {
+                        &stage.fwd
+                    } else {
+                        stage.bwd.as_ref().unwrap_or(&stage.fwd)
+                    };
+                    let default = p.micro_batch / (stage.devices.len().max(1) as u64);
+                    let samples = piece
+                        .inputs
+                        .iter()
+                        .filter(|i| pm.inputs.get(*i).is_some_and(|port| port.batched()))
+                        .find_map(|i| bufs[d].get(&(i.clone(), *mb)).and_then(|b| b.rows))
+                        .unwrap_or(default)
+                        .max(1);
+                    let t = pm.time(&kind, samples)?;
+                    let outs: Vec<(String, Buf)> = pm
+                        .outputs
+                        .iter()
+                        .map(|(name, port)| {
+                            let rows = port.batched().then_some(samples);
+                            let bytes = port.bytes(samples);
+                            (name.clone(), Buf { bytes, rows })
+                        })
+                        .collect();
+                    for (name, b) in outs {
+                        put(&mut bufs[d], &mut live[d], &name, *mb, b);
+                    }
+                    let mbu = *mb as usize;
+                    let (tk, name, cat) = if k == 0 {
+                        let tk = TaskKind::Forward {
+                            stage: stage.id,
+                            mb: mbu,
                             device: d,
-                            lane: 0,
-                            name: format!("{}{mb}", if k == 0 { "F" } else { "B" }),
-                            cat: if k == 0 { "forward" } else { "backward" },
-                            start,
-                            end: clock[d],
-                        });
-                    }
-                    Instr::Send {
-                        mb,
-                        tensor,
-                        peer,
-                        tag,
-                        dtype,
-                        shape,
-                        ..
-                    } => {
-                        let bytes = shape_bytes(dtype, shape);
-                        let start = clock[d].max(send_free[d]);
-                        let end = start + comm::p2p_time(cluster, d, *peer, bytes);
-                        send_free[d] = end;
-                        arrival.insert(*tag, end);
-                        if end > start {
-                            events.push(ReplayEvent {
-                                device: d,
-                                lane: 1,
-                                name: format!("{tensor}[{mb}]->{peer}"),
-                                cat: "send",
-                                start,
-                                end,
-                            });
-                        }
-                    }
-                    Instr::Recv {
-                        mb,
-                        tensor,
-                        tag,
-                        dtype,
-                        shape,
-                        ..
-                    } => {
-                        let Some(&at) = arrival.get(tag) else { break };
-                        let start = clock[d];
-                        clock[d] = clock[d].max(at);
-                        if clock[d] > start {
-                            events.push(ReplayEvent {
-                                device: d,
-                                lane: 0,
-                                name: format!("wait {tensor}[{mb}]"),
-                                cat: "recv-wait",
-                                start,
-                                end: clock[d],
-                            });
-                        }
-                        let batched = [0u8, 1].iter().any(|k| {
-                            pieces
-                                .get(&(stage.id, *k))
-                                .and_then(|pm| pm.inputs.get(tensor))
-                                .is_some_and(|port| port.batched())
-                        });
-                        let rows = if batched {
-                            shape.first().map(|&r| r.max(0) as u64)
-                        } else {
-                            None
                         };
-                        let b = Buf {
-                            bytes: shape_bytes(dtype, shape),
-                            rows,
-                        };
-                        put(&mut bufs[d], &mut live[d], tensor, *mb, b);
-                    }
-                    Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {
-                        let is_concat = matches!(ins, Instr::Concat { .. });
-                        let mut bytes = 0.0;
-                        let mut rows: Option<u64> = None;
-                        for i in inputs {
-                            if let Some(b) = take(&mut bufs[d], &mut live[d], i, *mb) {
-                                if is_concat {
-                                    bytes += b.bytes;
-                                    rows = Some(rows.unwrap_or(0) + b.rows.unwrap_or(0));
-                                } else {
-                                    bytes = b.bytes;
-                                    rows = b.rows;
-                                }
-                            }
-                        }
-                        let read: f64 = if is_concat {
-                            bytes
-                        } else {
-                            bytes * inputs.len() as f64
-                        };
-                        let t = (read + bytes) / bw;
-                        let start = clock[d];
-                        clock[d] += t;
-                        put(&mut bufs[d], &mut live[d], output, *mb, Buf { bytes, rows });
-                        if t > 0.0 {
-                            events.push(ReplayEvent {
-                                device: d,
-                                lane: 0,
-                                name: format!(
-                                    "{} {output}[{mb}]",
-                                    if is_concat { "concat" } else { "sum" }
-                                ),
-                                cat: "memory",
-                                start,
-                                end: clock[d],
-                            });
-                        }
-                    }
-                    Instr::Zeros {
-                        mb,
-                        output,
-                        dtype,
-                        shape,
-                    } => {
-                        let b = Buf {
-                            bytes: shape_bytes(dtype, shape),
-                            rows: None,
-                        };
-                        clock[d] += b.bytes / bw;
-                        put(&mut bufs[d], &mut live[d], output, *mb, b);
-                    }
-                    Instr::Accumulate { mb, tensors } => {
-                        let mut bytes = 0.0;
-                        for t in tensors {
-                            if let Some(b) = take(&mut bufs[d], &mut live[d], t, *mb) {
-                                bytes += b.bytes;
-                            }
-                        }
-                        clock[d] += 3.0 * bytes / bw;
-                    }
-                    Instr::Free { mb, tensors } => {
-                        for t in tensors {
-                            take(&mut bufs[d], &mut live[d], t, *mb);
-                        }
-                    }
-                    Instr::AllReduce {
-                        group,
-                        tensors,
-                        tag,
-                    } => {
-                        // Every member must be at this all-reduce.
-                        let ready = group.iter().all(|&g| {
-                            g < n
-                                && matches!(p.devices[g].instructions.get(pc[g]),
-                                    Some(Instr::AllReduce { tag: t2, .. }) if t2 == tag)
-                        });
-                        if !ready {
-                            break;
-                        }
-                        let bytes: f64 = tensors
-                            .iter()
-                            .map(|t| param_bytes(stage.id, t.strip_prefix("grad/").unwrap_or(t)))
-                            .sum();
-                        let start = group.iter().map(|&g| clock[g]).fold(0.0, f64::max);
-                        let end = start + comm::allreduce_time(cluster, group, bytes, algo);
-                        for &g in group {
-                            events.push(ReplayEvent {
-                                device: g,
-                                lane: 0,
-                                name: "allreduce".into(),
-                                cat: "allreduce",
-                                start: clock[g],
-                                end,
-                            });
-                            devs[g].allreduce_s += end - start;
-                            clock[g] = end;
-                            if g != d {
-                                pc[g] += 1;
-                            }
-                        }
-                    }
-                    Instr::Step => {
-                        let t = match pieces.get_mut(&(stage.id, 2)) {
-                            Some(pm) => pm.time(&kind, 1)?,
-                            None => 0.0,
-                        };
-                        let start = clock[d];
-                        clock[d] += t;
-                        devs[d].busy_s += t;
-                        events.push(ReplayEvent {
+                        (tk, format!("F{mb}"), "forward")
+                    } else {
+                        let tk = TaskKind::Backward {
+                            stage: stage.id,
+                            mb: mbu,
                             device: d,
-                            lane: 0,
-                            name: "step".into(),
-                            cat: "optimizer",
-                            start,
-                            end: clock[d],
-                        });
+                        };
+                        (tk, format!("B{mb}"), "backward")
+                    };
+                    stream(
+                        &mut tb,
+                        &mut shown,
+                        &mut prev,
+                        &mut pending,
+                        StreamTask::New(tk, t, Some((name, cat))),
+                    );
+                }
+                Instr::Send {
+                    mb,
+                    tensor,
+                    peer,
+                    tag,
+                    dtype,
+                    shape,
+                    ..
+                } => {
+                    let bytes = shape_bytes(dtype, shape);
+                    if *peer >= n || !sent.insert(*tag) {
+                        return Err(Error::msg(format!(
+                            "schedule: device {d} sends tag {tag} to device {peer}: no such device, or the tag is sent twice"
+                        )));
+                    }
+                    let id = message(
+                        &mut tb,
+                        &mut shown,
+                        &mut messages,
+                        cluster,
+                        *tag,
+                        d,
+                        *peer,
+                        bytes,
+                    );
+                    shown[id as usize] = Some((d, 1, format!("{tensor}[{mb}]->{peer}"), "send"));
+                    if let Some(p) = prev {
+                        tb.edge(p, id);
                     }
                 }
-                devs[d].peak_memory_bytes = devs[d]
-                    .peak_memory_bytes
-                    .max(devs[d].static_bytes + live[d]);
-                pc[d] += 1;
-                progress = true;
+                Instr::Recv {
+                    mb,
+                    tensor,
+                    peer,
+                    tag,
+                    dtype,
+                    shape,
+                    ..
+                } => {
+                    let bytes = shape_bytes(dtype, shape);
+                    if *peer >= n {
+                        return Err(Error::msg(format!(
+                            "schedule: device {d} receives tag {tag} from device {peer}, which is not in the program"
+                        )));
+                    }
+                    let id = message(
+                        &mut tb,
+                        &mut shown,
+                        &mut messages,
+                        cluster,
+                        *tag,
+                        *peer,
+                        d,
+                        bytes,
+                    );
+                    pending.push((id, format!("wait {tensor}[{mb}]")));
+                    let batched = [0u8, 1].iter().any(|k| {
+                        pieces
+                            .get(&(stage.id, *k))
+                            .and_then(|pm| pm.inputs.get(tensor))
+                            .is_some_and(|port| port.batched())
+                    });
+                    let rows = if batched {
+                        shape.first().map(|&r| r.max(0) as u64)
+                    } else {
+                        None
+                    };
+                    put(&mut bufs[d], &mut live[d], tensor, *mb, Buf { bytes, rows });
+                }
+                Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {
+                    let is_concat = matches!(ins, Instr::Concat { .. });
+                    let mut bytes = 0.0;
+                    let mut rows: Option<u64> = None;
+                    for i in inputs {
+                        if let Some(b) = take(&mut bufs[d], &mut live[d], i, *mb) {
+                            if is_concat {
+                                bytes += b.bytes;
+                                rows = Some(rows.unwrap_or(0) + b.rows.unwrap_or(0));
+                            } else {
+                                bytes = b.bytes;
+                                rows = b.rows;
+                            }
+                        }
+                    }
+                    let read: f64 = if is_concat {
+                        bytes
+                    } else {
+                        bytes * inputs.len() as f64
+                    };
+                    let t = (read + bytes) / bw;
+                    put(&mut bufs[d], &mut live[d], output, *mb, Buf { bytes, rows });
+                    let what = if is_concat { "concat" } else { "sum" };
+                    let show = (t > 0.0).then(|| (format!("{what} {output}[{mb}]"), "memory"));
+                    stream(
+                        &mut tb,
+                        &mut shown,
+                        &mut prev,
+                        &mut pending,
+                        StreamTask::New(TaskKind::Memory { device: d }, t, show),
+                    );
+                }
+                Instr::Zeros {
+                    mb,
+                    output,
+                    dtype,
+                    shape,
+                } => {
+                    let b = Buf {
+                        bytes: shape_bytes(dtype, shape),
+                        rows: None,
+                    };
+                    let t = b.bytes / bw;
+                    put(&mut bufs[d], &mut live[d], output, *mb, b);
+                    stream(
+                        &mut tb,
+                        &mut shown,
+                        &mut prev,
+                        &mut pending,
+                        StreamTask::New(TaskKind::Memory { device: d }, t, None),
+                    );
+                }
+                Instr::Accumulate { mb, tensors } => {
+                    let mut bytes = 0.0;
+                    for t in tensors {
+                        if let Some(b) = take(&mut bufs[d], &mut live[d], t, *mb) {
+                            bytes += b.bytes;
+                        }
+                    }
+                    let t = 3.0 * bytes / bw;
+                    stream(
+                        &mut tb,
+                        &mut shown,
+                        &mut prev,
+                        &mut pending,
+                        StreamTask::New(TaskKind::Memory { device: d }, t, None),
+                    );
+                }
+                Instr::Free { mb, tensors } => {
+                    for t in tensors {
+                        take(&mut bufs[d], &mut live[d], t, *mb);
+                    }
+                }
+                Instr::AllReduce {
+                    group,
+                    tensors,
+                    tag,
+                } => {
+                    if let Some(&g) = group.iter().find(|&&g| g >= n) {
+                        return Err(Error::msg(format!(
+                            "schedule: device {d}'s all-reduce (tag {tag}) names device {g}, which is not in the program"
+                        )));
+                    }
+                    let bytes: f64 = tensors
+                        .iter()
+                        .map(|t| param_bytes(stage.id, t.strip_prefix("grad/").unwrap_or(t)))
+                        .sum();
+                    let entry = collectives.entry(*tag).or_insert_with(|| {
+                        let t = comm::allreduce_time(cluster, group, bytes, algo);
+                        let k = TaskKind::AllReduce {
+                            stage: stage.id,
+                            devices: group.clone(),
+                            bytes,
+                        };
+                        shown.push(None);
+                        (tb.collective(cluster, k, group, t), group.clone(), 0)
+                    });
+                    entry.2 += 1;
+                    let id = entry.0;
+                    let task = StreamTask::Collective(id);
+                    stream(&mut tb, &mut shown, &mut prev, &mut pending, task);
+                }
+                Instr::Step => {
+                    let t = match pieces.get_mut(&(stage.id, 2)) {
+                        Some(pm) => pm.time(&kind, 1)?,
+                        None => 0.0,
+                    };
+                    let tk = TaskKind::Step {
+                        stage: stage.id,
+                        device: d,
+                    };
+                    stream(
+                        &mut tb,
+                        &mut shown,
+                        &mut prev,
+                        &mut pending,
+                        StreamTask::New(tk, t, Some(("step".into(), "optimizer"))),
+                    );
+                }
             }
+            devs[d].peak_memory_bytes = devs[d]
+                .peak_memory_bytes
+                .max(devs[d].static_bytes + live[d]);
         }
-        if (0..n).all(|d| pc[d] >= p.devices[d].instructions.len()) {
-            break;
-        }
-        if !progress {
-            let stuck: Vec<String> = (0..n)
-                .filter_map(|d| {
-                    p.devices[d]
-                        .instructions
-                        .get(pc[d])
-                        .map(|i| format!("device {d} at #{} ({})", pc[d], i.describe()))
-                })
-                .collect();
+    }
+    if let Some((tag, _)) = messages.iter().find(|(t, _)| !sent.contains(t)) {
+        return Err(Error::msg(format!(
+            "schedule: the replay deadlocks: tag {tag} is received but never sent"
+        )));
+    }
+    for (tag, (_, group, arrived)) in &collectives {
+        if *arrived != group.len() {
             return Err(Error::msg(format!(
-                "schedule: the replay deadlocks: {}",
-                stuck.join("; ")
+                "schedule: the replay deadlocks: all-reduce tag {tag} over {group:?} is reached by {arrived} of its members"
             )));
         }
     }
-    let t = clock
-        .iter()
-        .chain(send_free.iter())
-        .copied()
-        .fold(0.0, f64::max);
+    let (start, end) = tb
+        .run(cluster)
+        .map_err(|e| Error::msg(format!("schedule: the replay deadlocks: {e}")))?;
+    let mut events = Vec::new();
+    for (id, k) in tb.kinds.iter().enumerate() {
+        let (s, e) = (start[id], end[id]);
+        match k {
+            TaskKind::Forward { device, .. }
+            | TaskKind::Backward { device, .. }
+            | TaskKind::Step { device, .. } => devs[*device].busy_s += e - s,
+            TaskKind::AllReduce { devices, .. } => {
+                for &g in devices {
+                    devs[g].allreduce_s += e - s;
+                    events.push(ReplayEvent {
+                        device: g,
+                        lane: 0,
+                        name: "allreduce".into(),
+                        cat: "allreduce",
+                        start: s,
+                        end: e,
+                    });
+                }
+            }
+            _ => {}
+        }
+        if let Some((device, lane, name, cat)) = &shown[id] {
+            if *lane == 0 || e > s {
+                events.push(ReplayEvent {
+                    device: *device,
+                    lane: *lane,
+                    name: name.clone(),
+                    cat,
+                    start: s,
+                    end: e,
+                });
+            }
+        }
+    }
+    // Waits for messages: the gap before a stream task that received data.
+    for ids in &streams {
+        for w in ids.windows(2) {
+            let (a, b) = (w[0] as usize, w[1] as usize);
+            if let Some(name) = waits.get(&w[1]) {
+                if start[b] > end[a] {
+                    let device = shown[b].as_ref().map_or(0, |x| x.0);
+                    events.push(ReplayEvent {
+                        device,
+                        lane: 0,
+                        name: name.clone(),
+                        cat: "recv-wait",
+                        start: end[a],
+                        end: start[b],
+                    });
+                }
+            }
+        }
+    }
+    events.sort_by(|a, b| {
+        a.start
+            .total_cmp(&b.start)
+            .then(a.device.cmp(&b.device))
+            .then(a.lane.cmp(&b.lane))
+    });
+    let t = end.iter().copied().fold(0.0, f64::max);
     let busy: f64 = devs.iter().map(|d| d.busy_s).sum();
     let bubble = if t > 0.0 && n > 0 {
         (1.0 - busy / (n as f64 * t)).clamp(0.0, 1.0)
@@ -591,6 +695,48 @@ pub fn replay(
         devices: devs,
         events,
     })
+}
+
+/// A task on a device's compute stream: a new one (kind, seconds, what the trace shows), or a
+/// collective that every member's stream reaches.
+enum StreamTask {
+    New(TaskKind, f64, Option<(String, &'static str)>),
+    Collective(u32),
+}
+
+/// The task of message `tag` from `src` to `dst` (created by its send or its receive, whichever
+/// comes first in the walk).
+#[allow(clippy::too_many_arguments)]
+fn message(
+    tb: &mut super::Builder,
+    shown: &mut Vec<Option<(usize, u8, String, &'static str)>>,
+    messages: &mut HashMap<u32, u32>,
+    cluster: &Cluster,
+    tag: u32,
+    src: usize,
+    dst: usize,
+    bytes: f64,
+) -> u32 {
+    if let Some(&id) = messages.get(&tag) {
+        return id;
+    }
+    let k = TaskKind::Transfer {
+        dir: super::Dir::Act,
+        mb: 0,
+        src,
+        dst,
+        bytes,
+    };
+    let id = tb.p2p(
+        cluster,
+        k,
+        src,
+        dst,
+        comm::p2p_time(cluster, src, dst, bytes),
+    );
+    shown.push(None);
+    messages.insert(tag, id);
+    id
 }
 
 fn put(m: &mut HashMap<(String, u32), Buf>, live: &mut f64, name: &str, mb: u32, b: Buf) {

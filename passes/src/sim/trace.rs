@@ -80,6 +80,19 @@ pub fn chrome_trace(res: &SimResult) -> Value {
                     ));
                 }
             }
+            TaskKind::Memory { device } => {
+                if t.end > t.start {
+                    events.push(ev(
+                        "memory".into(),
+                        "memory",
+                        *device,
+                        COMPUTE,
+                        t.start,
+                        t.end,
+                        json!({}),
+                    ));
+                }
+            }
             TaskKind::Transfer {
                 dir,
                 mb,

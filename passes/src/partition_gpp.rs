@@ -1420,7 +1420,13 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
         let mut opts = crate::plan::PlanOptions::new(cfg.batch);
         opts.micro_batch = cfg.micro_batch;
         opts.schedule = cfg.schedule;
-        let plan = crate::planners::gpp::Gpp::default().plan(&g, &cfg.cluster, &opts)?;
+        // Algorithm 1 on all the devices (the pass is the paper's partitioner; the `gpp`
+        // planner's extra candidates, fewer devices and sequential planners' plans, are not).
+        let algorithm1 = crate::planners::gpp::Gpp {
+            seeds: false,
+            ..Default::default()
+        };
+        let plan = algorithm1.plan(&g, &cfg.cluster, &opts)?;
         let specs = plan.specs(&g)?;
         let order = module.graph.order.clone();
         for (s, sp) in specs.iter().enumerate() {

@@ -172,7 +172,10 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         .enumerate()
         .map(|(s, devs)| {
             let r = devs.len();
-            if (r > 1 && opts.planner == "pipedream") || crate::sim::takes_turns(size(s) as f64, r)
+            // As the simulator decides ([`crate::sim::StageGraph::from_specs_for`]): by the
+            // schedule (`1f1b-rr`, whichever planner chose it), or a micro-batch that does not
+            // divide over the replicas.
+            if (r > 1 && opts.schedule.round_robin()) || crate::sim::takes_turns(size(s) as f64, r)
             {
                 Replication::RoundRobin
             } else {

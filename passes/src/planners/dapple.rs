@@ -31,6 +31,10 @@
 //! cluster), and the rest `[j', N)` on the remaining devices; Eq. 2 of the new plan gives
 //! `T_PL(j', g + g')`, and each state `(j', g + g')` memoises its best plan (the split points,
 //! replica counts and placements to backtrack). The answer is the best state over all (Eq. 4).
+//! States are memoised by the device set's class under permutations of interchangeable nodes
+//! (at most `C(n + d, d)` classes for `n` nodes of `d` devices, not `(d + 1)^n` sets), and a
+//! state or split whose lower bound on `L` (from Algorithm 1, [`Bound`]) exceeds the `TOP`-th
+//! best plan so far is not extended.
 //!
 //! Cut candidates ([`cuts`], a [`Cuts`] family): the states of PipeDream's antichain DAG
 //! ([`crate::cost::antichain`], when it has at most [`MAX_ANTICHAIN_STATES`]) together with the
@@ -76,7 +80,7 @@ use crate::cost::{AllReduceAlgo, Chain, Cluster, CostGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::time::Instant;
 
 /// Most prefixes of the topological order the search considers (see the module doc).
@@ -275,6 +279,8 @@ struct PlannedStage {
 /// prefix only) and the latency of the whole plan with the rest as one stage.
 #[derive(Clone, Debug)]
 struct State {
+    /// The devices of the planned stages.
+    used: u128,
     stages: Vec<PlannedStage>,
     lat: Vec<LatStage>,
     latency: f64,
@@ -320,6 +326,10 @@ struct Ctx<'a> {
     family: &'a Cuts,
     m: usize,
     mem_check: bool,
+    /// [`sublinear`] at this micro-batch.
+    sublinear: bool,
+    /// Plans with a larger `L` are not wanted (the search prunes by it).
+    bound: f64,
     ar_cache: HashMap<u128, (Affine, Affine)>,
     comm_cache: HashMap<(u128, u128), std::rc::Rc<CommCost>>,
 }
@@ -457,8 +467,22 @@ impl Ctx<'_> {
         }
     }
 
+    /// The memory of the smallest device of `mask` (the cap [`Ctx::fits_cap`] checks against).
+    fn cap(&self, mask: u128) -> f64 {
+        (0..self.cluster.len())
+            .filter(|&d| mask >> d & 1 == 1)
+            .map(|d| self.cluster.kind_of(d).memory_bytes)
+            .min()
+            .unwrap_or(0) as f64
+    }
+
     /// Memory check of stage `idx` of `n` compute stages (policy-A warm-up).
     fn fits(&self, st: &PlannedStage, idx: usize, n: usize) -> bool {
+        !self.mem_check || self.fits_cap(st, idx, n, self.cap(st.mask))
+    }
+
+    /// [`Ctx::fits`] with the stage's devices' memory `cap` ([`Ctx::cap`]) already looked up.
+    fn fits_cap(&self, st: &PlannedStage, idx: usize, n: usize, cap: f64) -> bool {
         if !self.mem_check {
             return true;
         }
@@ -472,11 +496,6 @@ impl Ctx<'_> {
             ch.cut[st.start] + ch.cut[st.end],
             self.opts.optimizer,
         );
-        let cap = (0..self.cluster.len())
-            .filter(|&d| st.mask >> d & 1 == 1)
-            .map(|d| self.cluster.kind_of(d).memory_bytes)
-            .min()
-            .unwrap_or(0) as f64;
         mem.total() <= cap
     }
 }
@@ -503,6 +522,44 @@ pub fn search_with(
     mb: u64,
     family: &Cuts,
 ) -> Result<Search> {
+    let found = search_bounded(g, cluster, opts, mb, family, f64::INFINITY)?;
+    let (stages, latency) = found
+        .candidates
+        .first()
+        .cloned()
+        .ok_or_else(|| Error::msg("dapple: no plan found"))?;
+    Ok(Search {
+        stages,
+        latency,
+        pivot: found.pivot,
+        micro_batch: mb,
+        micro_batches: found.m as u64,
+        states: found.states,
+        fits: found.fits,
+        candidates: found.candidates,
+        cuts: family.clone(),
+    })
+}
+
+/// What [`search_bounded`] found.
+struct Found {
+    candidates: Vec<(StagePlan, f64)>,
+    pivot: usize,
+    m: usize,
+    states: usize,
+    fits: bool,
+}
+
+/// [`search_with`], leaving out every plan whose `L` exceeds `bound` (the candidates may then be
+/// empty).
+fn search_bounded(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    mb: u64,
+    family: &Cuts,
+    bound: f64,
+) -> Result<Found> {
     let ndev = cluster.len();
     if ndev > 128 {
         return Err(Error::Usage(format!(
@@ -530,17 +587,20 @@ pub fn search_with(
         family,
         m,
         mem_check: true,
-        ar_cache: HashMap::new(),
-        comm_cache: HashMap::new(),
+        sublinear: sublinear(g, kind, mb as f64, ndev),
+        bound,
+        ar_cache: HashMap::default(),
+        comm_cache: HashMap::default(),
     };
     let mut found = run_search(&mut ctx);
     let mut fits = true;
-    if found.0.is_empty() {
+    // No feasible plan at all (not merely none under the bound): repeat without the check.
+    if found.0.is_empty() && !found.2 {
         ctx.mem_check = false;
         fits = false;
         found = run_search(&mut ctx);
     }
-    let (top, states) = found;
+    let (top, states, _) = found;
     let all: u128 = if ndev == 128 {
         u128::MAX
     } else {
@@ -570,20 +630,12 @@ pub fn search_with(
         }
         candidates.push((stages, l));
     }
-    let (stages, latency) = candidates
-        .first()
-        .cloned()
-        .ok_or_else(|| Error::msg("dapple: no plan found"))?;
-    Ok(Search {
-        stages,
-        latency,
+    Ok(Found {
+        candidates,
         pivot: pivot_of_best,
-        micro_batch: mb,
-        micro_batches: m as u64,
+        m,
         states,
         fits,
-        candidates,
-        cuts: family.clone(),
     })
 }
 
@@ -652,9 +704,203 @@ fn candidate_cuts(ch: &Chain) -> Vec<usize> {
     cuts
 }
 
+/// The costs of splitting a state's rest into a new stage on `gm` and the rest on `rest`.
+#[derive(Clone)]
+struct Split {
+    out: std::rc::Rc<CommCost>,
+    l_new: (Affine, Affine),
+    l_rest: (Affine, Affine),
+    /// Class of the devices used after the split.
+    key: u32,
+    cap_new: f64,
+    cap_rest: f64,
+}
+
+/// [`place`] on the nodes' device masks (`nodes[k].0`, in node order), without allocating.
+fn place_in(nodes: &[(u128, u16)], free: u128, n: usize, policy: Policy) -> Option<u128> {
+    if n == 0 || (free.count_ones() as usize) < n {
+        return None;
+    }
+    let used = |m: u128| m & !free != 0;
+    let mut mask = 0u128;
+    let mut got = 0usize;
+    // Lowest free devices of the nodes `pick` selects, node by node.
+    let take = |pick: &dyn Fn(u128) -> bool, mask: &mut u128, got: &mut usize| {
+        for &(m, _) in nodes {
+            let mut f = m & free & !*mask;
+            if f == 0 || !pick(m) {
+                continue;
+            }
+            while f != 0 && *got < n {
+                let d = f & f.wrapping_neg();
+                *mask |= d;
+                f &= !d;
+                *got += 1;
+            }
+        }
+    };
+    match policy {
+        Policy::FreshFirst => {
+            take(&|m| !used(m), &mut mask, &mut got);
+            take(&|m| used(m), &mut mask, &mut got);
+        }
+        Policy::AppendFirst => {
+            take(&|m| used(m), &mut mask, &mut got);
+            take(&|m| !used(m), &mut mask, &mut got);
+        }
+        Policy::ScatterFirst => {
+            // Round-robin over the used nodes (all nodes when none is used), then the rest.
+            let any_used = nodes.iter().any(|&(m, _)| used(m) && m & free != 0);
+            let groups: [Option<bool>; 2] = if any_used {
+                [Some(true), Some(false)]
+            } else {
+                [Some(false), None]
+            };
+            for grp in groups.into_iter().flatten() {
+                loop {
+                    let mut progressed = false;
+                    for &(m, _) in nodes {
+                        if got == n {
+                            break;
+                        }
+                        let f = m & free & !mask;
+                        if f != 0 && used(m) == grp {
+                            mask |= f & f.wrapping_neg();
+                            got += 1;
+                            progressed = true;
+                        }
+                    }
+                    if got == n || !progressed {
+                        break;
+                    }
+                }
+                if got == n {
+                    break;
+                }
+            }
+        }
+    }
+    (mask.count_ones() as usize == n).then_some(mask)
+}
+
+/// Symmetry of the cluster's nodes (level-0 groups): two nodes of the same size, device kinds and
+/// enclosing groups above level 1 are interchangeable for every cost of the search (all-reduce
+/// lines, communication paths, memory). A set of used devices is memoised by its class under
+/// these permutations: the multiset of `(node class, devices used on the node)`.
+struct Symmetry {
+    /// Per node: its devices (mask) and its class id.
+    nodes: Vec<(u128, u16)>,
+}
+
+impl Symmetry {
+    fn new(cluster: &Cluster) -> Symmetry {
+        let mut per: Vec<(u128, Vec<usize>, Vec<usize>)> = Vec::new();
+        for d in 0..cluster.len() {
+            let k = cluster.node_of(d);
+            if per.len() <= k {
+                per.resize(k + 1, (0, Vec::new(), Vec::new()));
+            }
+            per[k].0 |= 1u128 << d;
+            per[k].1.push(cluster.devices[d].kind);
+            per[k].2 = cluster.devices[d].coord.get(2..).unwrap_or(&[]).to_vec();
+        }
+        let mut ids: HashMap<(Vec<usize>, Vec<usize>), u16> = HashMap::default();
+        let nodes = per
+            .into_iter()
+            .map(|(mask, kinds, parent)| {
+                let next = ids.len() as u16;
+                (mask, *ids.entry((kinds, parent)).or_insert(next))
+            })
+            .collect();
+        Symmetry { nodes }
+    }
+
+    /// The class of the used-device set `used` (sorted `class << 8 | used count` per node).
+    fn key(&self, used: u128) -> Vec<u16> {
+        let mut v: Vec<u16> = self
+            .nodes
+            .iter()
+            .map(|&(m, c)| (c << 8) | (used & m).count_ones() as u16)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+/// Whether `r · t(mb / r) ≥ t(mb)` for every node of `g` and replica count `r ≤ ndev` (a node's
+/// time never scales better than linearly in its slice; true of the analytic and measured
+/// costs), which makes `C(j, N; 1) / n` a lower bound on the slowest stage of any split of
+/// `[j, N)` over `n` devices.
+fn sublinear(g: &CostGraph, kind: &crate::cost::DeviceKind, mb: f64, ndev: usize) -> bool {
+    (0..g.len()).all(|u| {
+        let (f1, b1) = g.times(u, mb, kind);
+        (2..=ndev).all(|r| {
+            let (f, b) = g.times(u, mb / r as f64, kind);
+            r as f64 * (f + b) >= (f1 + b1) * (1.0 - 1e-9)
+        })
+    })
+}
+
+/// A lower bound on Eq. 2 of every plan that starts with a given list of stages (the prefix)
+/// and splits the rest over the remaining devices. With `c_s = F_s + B_s`, Algorithm 1 gives
+/// (a) every stage after the pivot `Q` is strictly faster than `Q` (for `M > 1`), so the last
+/// slowest stage `s*` is at or before `Q`, and (b) `L ≥ Σ_{s ≤ s*} c_s + (M − 1) c_{s*}` (from
+/// `T_w + T_s + T_e ≥ Σ_{s ≤ Q} c_s + (M − 1) c_Q` and the pivot condition, not met by the stages
+/// between `s*` and `Q`); for `M = 1`, `Q` is the last stage and `L ≥ Σ_s c_s`. When the rest's
+/// slowest stage takes at least `r` ([`sublinear`]): `L ≥ Σ_prefix c + M·r` if `r` exceeds every
+/// prefix stage, else `L ≥ Σ_{s ≤ s*} c_s + (M − 1) c_{s*}` over the prefix.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bound {
+    /// `Σ c_s` over the prefix.
+    sum: f64,
+    /// `max c_s` over the prefix.
+    max: f64,
+    /// `Σ c_s` up to and including the last slowest prefix stage.
+    at_max: f64,
+}
+
+impl Bound {
+    fn of(lat: &[LatStage]) -> Bound {
+        lat.iter().fold(Bound::default(), |b, x| b.push(x.f + x.b))
+    }
+    fn push(mut self, c: f64) -> Bound {
+        self.sum += c;
+        if c >= self.max {
+            self.max = c;
+            self.at_max = self.sum;
+        }
+        self
+    }
+    /// The bound for `m` micro-batches when the rest's slowest stage takes at least `rest`.
+    fn lb(&self, m: f64, rest: f64) -> f64 {
+        if m <= 1.0 {
+            self.sum + rest
+        } else if rest > self.max {
+            self.sum + m * rest
+        } else {
+            self.at_max + (m - 1.0) * self.max
+        }
+    }
+}
+
 /// The memoised search; returns the best complete feasible states (at most [`TOP`], best first)
 /// and the number of states.
-fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
+///
+/// States are `(cut, class of the used devices)` ([`Symmetry`]): of the used-device sets that
+/// differ only by a permutation of interchangeable nodes, the one with the least `L` is kept and
+/// extended (its actual devices are placed and costed). With `n` identical nodes of `d` devices
+/// there are at most `C(n + d, d)` classes per cut (495 for summit's 8 × 4) instead of up to
+/// `(d + 1)^n` sets (87 380 reachable at 8 × 4).
+///
+/// Memoising by class is exact up to the index order that [`place`] and
+/// [`crate::cost::comm::redistribute`] see (which node of a class comes first); it keeps the one
+/// state per class with the least `L`, where the mask-keyed table kept one per permutation.
+///
+/// Pruning ([`Bound`]): a state, a replica count or a cut whose lower bound on every plan
+/// extending it exceeds the incumbent is not extended. The incumbent is the `TOP`-th best
+/// complete `L` of this search (such a plan cannot enter `top`) or `ctx.bound` (it cannot enter
+/// the planner's pool), whichever is smaller.
+fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool) {
     let ndev = ctx.cluster.len();
     let all: u128 = if ndev == 128 {
         u128::MAX
@@ -663,8 +909,30 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
     };
     let k = ctx.family.positions() - 1;
     let n = ctx.whole.len();
-    // states[c]: cut index c -> used mask -> best state.
-    let mut states: Vec<HashMap<u128, State>> = vec![HashMap::new(); k + 1];
+    let sym = Symmetry::new(ctx.cluster);
+    let mut class_ids: HashMap<Vec<u16>, u32> = HashMap::default();
+    let mut class_of = |used: u128| -> u32 {
+        let next = class_ids.len() as u32;
+        *class_ids.entry(sym.key(used)).or_insert(next)
+    };
+    let mf = ctx.m.max(1) as f64;
+    let rest_bound = ctx.sublinear;
+    // Lower bound on the slowest stage of any split of `[j, N)` over `nrest` devices.
+    let rest_lb = |ctx: &Ctx, j: usize, nrest: usize| -> f64 {
+        if rest_bound && nrest > 0 {
+            ctx.chains[1].compute(j, n) / nrest as f64
+        } else {
+            0.0
+        }
+    };
+    // Prune when the bound reaches the incumbent (with a margin for rounding).
+    let pruned = |bound: f64, incumbent: f64| bound * (1.0 - 1e-9) >= incumbent;
+    // smin[i][j]: the least one-device compute of a stage [i, j') with j' ≥ j (a stage on r
+    // devices takes at least 1/r of it, for sublinear node times): once the new stage alone
+    // reaches the incumbent, no later cut can do better.
+    let mut smin: Vec<Vec<f64>> = vec![Vec::new(); k + 1];
+    // states[c]: cut index c -> class of the used devices -> best state.
+    let mut states: Vec<HashMap<u32, State>> = vec![HashMap::default(); k + 1];
     // Base state: one stage on every device (pure data parallelism).
     {
         let last = ctx.compute_stage(0, n, all);
@@ -678,9 +946,11 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
             0,
             1,
         );
+        let key = class_of(0);
         states[0].insert(
-            0,
+            key,
             State {
+                used: 0,
                 stages: Vec::new(),
                 lat: Vec::new(),
                 latency: l,
@@ -690,11 +960,13 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
     }
     let mut top: Vec<State> = Vec::with_capacity(TOP + 1);
     let mut count = 0usize;
+    let mut any_pruned = false;
     for c in 0..k {
-        let mut here: Vec<(u128, State)> = states[c].drain().collect();
-        here.sort_by_key(|(mask, _)| *mask);
+        let mut here: Vec<State> = states[c].drain().map(|(_, s)| s).collect();
+        here.sort_by_key(|s| s.used);
         count += here.len();
-        for (used, st) in here {
+        for st in here {
+            let used = st.used;
             // Keep the best plan of each replica-count shape (e.g. 8:8, 4:4:8), so that the
             // re-ranking sees different shapes rather than near-copies of one.
             let shape = |x: &State| -> Vec<u32> {
@@ -723,7 +995,31 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
             if nfree < 2 {
                 continue;
             }
+            let incumbent = if top.len() == TOP {
+                top.last().map_or(f64::INFINITY, |b| b.latency)
+            } else {
+                f64::INFINITY
+            }
+            .min(ctx.bound);
             let i = c;
+            let bound = Bound::of(&st.lat);
+            if pruned(bound.lb(mf, rest_lb(ctx, i, nfree)), incumbent) {
+                any_pruned = true;
+                continue;
+            }
+            if rest_bound && smin[i].is_empty() {
+                let c1 = &ctx.chains[1];
+                let mut v = vec![f64::INFINITY; k + 1];
+                for j in (i + 1..k).rev() {
+                    let here = if ctx.family.valid(i, j) {
+                        c1.compute(i, j)
+                    } else {
+                        f64::INFINITY
+                    };
+                    v[j] = here.min(v[j + 1]);
+                }
+                smin[i] = v;
+            }
             let nstages = st.stages.len() + 2;
             // Earlier stages' feasibility depends only on the new stage count.
             if !st
@@ -737,9 +1033,21 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
             let mut lat = st.lat.clone();
             let base_len = lat.len();
             for mnew in 1..nfree {
+                // The smallest stage at `i` on `mnew` devices already reaches the incumbent
+                // (then so it does on fewer devices).
+                if rest_bound
+                    && pruned(
+                        bound.push(smin[i][i + 1] / mnew as f64).lb(mf, 0.0),
+                        incumbent,
+                    )
+                {
+                    any_pruned = true;
+                    continue;
+                }
                 let mut placed: Vec<u128> = Vec::with_capacity(3);
                 for pol in Policy::ALL {
-                    if let Some(gm) = place(ctx.cluster, free, mnew, pol) {
+                    if let Some(gm) = place_in(&sym.nodes, free, mnew, pol) {
+                        debug_assert_eq!(Some(gm), place(ctx.cluster, free, mnew, pol));
                         if !placed.contains(&gm) {
                             placed.push(gm);
                         }
@@ -751,21 +1059,61 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
                         .stages
                         .last()
                         .map(|prev| ctx.comm_stage(i, prev.mask, gm));
-                    let out = ctx.comm_cost(gm, rest);
-                    let (r_new, l_new) = (gm.count_ones() as usize, ctx.ar_lines(gm));
-                    let (r_rest, l_rest) = (rest.count_ones() as usize, ctx.ar_lines(rest));
+                    let bound_in = into.map_or(bound, |x| bound.push(x.f + x.b));
+                    let (r_new, r_rest) = (gm.count_ones() as usize, rest.count_ones() as usize);
+                    // Costs of the split, looked up when a cut survives the bound.
+                    let mut split: Option<Split> = None;
                     #[allow(clippy::needless_range_loop)] // c2 indexes cuts and states
                     for c2 in c + 1..k {
                         let j = c2;
                         if !ctx.family.valid(i, j) {
                             continue;
                         }
+                        if rest_bound
+                            && pruned(
+                                bound_in.push(smin[i][j] / r_new as f64).lb(mf, 0.0),
+                                incumbent,
+                            )
+                        {
+                            any_pruned = true;
+                            break;
+                        }
+                        let ch = &ctx.chains[r_new];
+                        let c_new = ch.compute(i, j);
+                        if pruned(
+                            bound_in.push(c_new).lb(mf, rest_lb(ctx, j, r_rest)),
+                            incumbent,
+                        ) {
+                            any_pruned = true;
+                            continue;
+                        }
+                        if split.is_none() {
+                            split = Some(Split {
+                                out: ctx.comm_cost(gm, rest),
+                                l_new: ctx.ar_lines(gm),
+                                l_rest: ctx.ar_lines(rest),
+                                key: class_of(used | gm),
+                                cap_new: ctx.cap(gm),
+                                cap_rest: ctx.cap(rest),
+                            });
+                        }
+                        let Some(Split {
+                            out,
+                            l_new,
+                            l_rest,
+                            key,
+                            cap_new,
+                            cap_rest,
+                        }) = split.clone()
+                        else {
+                            unreachable!()
+                        };
                         let new_stage = PlannedStage {
                             start: i,
                             end: j,
                             mask: gm,
                         };
-                        if !ctx.fits(&new_stage, nstages - 2, nstages) {
+                        if !ctx.fits_cap(&new_stage, nstages - 2, nstages, cap_new) {
                             continue;
                         }
                         lat.truncate(base_len);
@@ -782,10 +1130,9 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
                         });
                         lat.push(ctx.compute_stage_with(j, n, r_rest, l_rest));
                         let (l, _) = latency(&lat, ctx.m);
-                        let key = used | gm;
                         let better = states[c2].get(&key).is_none_or(|old| l < old.latency);
                         if better {
-                            let last_ok = ctx.fits(
+                            let last_ok = ctx.fits_cap(
                                 &PlannedStage {
                                     start: j,
                                     end: n,
@@ -793,12 +1140,14 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
                                 },
                                 nstages - 1,
                                 nstages,
+                                cap_rest,
                             );
                             let mut stages = st.stages.clone();
                             stages.push(new_stage);
                             states[c2].insert(
                                 key,
                                 State {
+                                    used: used | gm,
                                     stages,
                                     lat: lat[..plen].to_vec(),
                                     latency: l,
@@ -811,7 +1160,7 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize) {
             }
         }
     }
-    (top, count)
+    (top, count, any_pruned)
 }
 
 /// The default micro-batch (see the module doc).
@@ -867,10 +1216,38 @@ impl Planner for Dapple {
         let family = cuts(g, cluster);
         // Candidates (micro-batch, stages, L), best L first.
         let mut pool: Vec<(u64, StagePlan, f64)> = Vec::new();
-        for mb in micro_batch_candidates(g, opts)? {
-            let s = search_with(g, cluster, opts, mb, &family)?;
-            for (st, l) in s.candidates {
-                pool.push((mb, st, l));
+        // Search the micro-batches in turn; once `rerank` candidates are known, a later
+        // search leaves out what could not make the pool (`L` above the `rerank`-th best so
+        // far). The pool is filled in the candidates' order, as if every search were complete.
+        let mbs = micro_batch_candidates(g, opts)?;
+        let keep = self.rerank.max(1);
+        // Most promising first: by Eq. 2 of pure data parallelism at each micro-batch.
+        let dp_all = vec![(0, family.last(), (0..cluster.len()).collect::<Vec<_>>())];
+        let dp_l: Vec<f64> = mbs
+            .iter()
+            .map(|&mb| evaluate(g, cluster, opts, mb, &family, &dp_all).0)
+            .collect();
+        let mut order: Vec<usize> = (0..mbs.len()).collect();
+        order.sort_by(|&a, &b| dp_l[a].total_cmp(&dp_l[b]));
+        let mut found: Vec<Vec<(StagePlan, f64)>> = vec![Vec::new(); mbs.len()];
+        let mut ls: Vec<f64> = Vec::new();
+        for x in order {
+            let bound = if ls.len() >= keep {
+                ls.sort_by(f64::total_cmp);
+                ls[keep - 1]
+            } else {
+                f64::INFINITY
+            };
+            let s = search_bounded(g, cluster, opts, mbs[x], &family, bound)?;
+            if s.candidates.is_empty() && bound == f64::INFINITY {
+                return Err(Error::msg("dapple: no plan found"));
+            }
+            ls.extend(s.candidates.iter().map(|c| c.1));
+            found[x] = s.candidates;
+        }
+        for (x, cands) in found.into_iter().enumerate() {
+            for (st, l) in cands {
+                pool.push((mbs[x], st, l));
             }
         }
         pool.sort_by(|a, b| a.2.total_cmp(&b.2));
@@ -918,5 +1295,69 @@ impl Planner for Dapple {
         let mut plan = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
         plan.search_time_s = t0.elapsed().as_secs_f64();
         Ok(plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Bound`] never exceeds Eq. 2 of a plan that starts with the prefix, whatever the rest.
+    #[test]
+    fn pivot_bound_holds() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..200_000 {
+            let s = 1 + (rnd() * 9.0) as usize;
+            let m = [1, 2, 3, 4, 8, 16, 64][(rnd() * 7.0) as usize];
+            let st: Vec<LatStage> = (0..s)
+                .map(|_| LatStage {
+                    f: rnd().powi(1 + 2 * (rnd() < 0.5) as i32),
+                    b: rnd().powi(1 + 2 * (rnd() < 0.5) as i32),
+                    ar: if rnd() < 0.5 { 0.0 } else { rnd() },
+                })
+                .collect();
+            let (l, _) = latency(&st, m);
+            for p in 0..=s {
+                let rest_max = st[p..].iter().map(|x| x.f + x.b).fold(0.0, f64::max);
+                let b = Bound::of(&st[..p]).lb(m as f64, rest_max * rnd());
+                assert!(
+                    b <= l * (1.0 + 1e-12),
+                    "{st:?} m={m} p={p}: bound {b} > L {l}"
+                );
+            }
+        }
+    }
+
+    /// [`place_in`] is [`place`].
+    #[test]
+    fn place_in_is_place() {
+        for spec in [
+            "4@50e9,8@12.5e9",
+            "8@130e9,2@3e9",
+            "1@15e9,16@3e9",
+            "3@1e9,5@1e9",
+        ] {
+            let c = Cluster::resolve(spec, None).expect("cluster");
+            let sym = Symmetry::new(&c);
+            let all = (1u128 << c.len()) - 1;
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for _ in 0..2000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let free = all & (x as u128 | (x.rotate_left(17) as u128));
+                for n in 1..=c.len() {
+                    for pol in Policy::ALL {
+                        assert_eq!(place_in(&sym.nodes, free, n, pol), place(&c, free, n, pol));
+                    }
+                }
+            }
+        }
     }
 }

@@ -175,92 +175,7 @@ impl Policy {
 /// `D(free, n)`: `n` devices from the free set `free` (bit `d` set = device `d` free) by `policy`,
 /// as a bit mask; `None` when fewer than `n` are free. Nodes are the cluster's level-0 groups.
 pub fn place(cluster: &Cluster, free: u128, n: usize, policy: Policy) -> Option<u128> {
-    if n == 0 || (free.count_ones() as usize) < n {
-        return None;
-    }
-    // Per node (in index order): its free devices, and whether some device of it is in use.
-    let mut nodes: Vec<(Vec<usize>, bool)> = Vec::new();
-    let mut node_ids: Vec<usize> = Vec::new();
-    for d in 0..cluster.len() {
-        let nd = cluster.node_of(d);
-        let k = match node_ids.iter().position(|&x| x == nd) {
-            Some(k) => k,
-            None => {
-                node_ids.push(nd);
-                nodes.push((Vec::new(), false));
-                nodes.len() - 1
-            }
-        };
-        if free >> d & 1 == 1 {
-            nodes[k].0.push(d);
-        } else {
-            nodes[k].1 = true;
-        }
-    }
-    let used: Vec<usize> = (0..nodes.len())
-        .filter(|&k| nodes[k].1 && !nodes[k].0.is_empty())
-        .collect();
-    let fresh: Vec<usize> = (0..nodes.len())
-        .filter(|&k| !nodes[k].1 && !nodes[k].0.is_empty())
-        .collect();
-    let mut mask = 0u128;
-    let take = |order: &[usize], mask: &mut u128, want: usize| {
-        let mut got = 0;
-        for &k in order {
-            for &d in &nodes[k].0 {
-                if got == want {
-                    return;
-                }
-                if *mask >> d & 1 == 0 {
-                    *mask |= 1u128 << d;
-                    got += 1;
-                }
-            }
-        }
-    };
-    match policy {
-        Policy::FreshFirst => {
-            let order: Vec<usize> = fresh.iter().chain(used.iter()).copied().collect();
-            take(&order, &mut mask, n);
-        }
-        Policy::AppendFirst => {
-            let order: Vec<usize> = used.iter().chain(fresh.iter()).copied().collect();
-            take(&order, &mut mask, n);
-        }
-        Policy::ScatterFirst => {
-            // Round-robin over the used nodes (all nodes when none is used), then the rest.
-            let groups: Vec<Vec<usize>> = if used.is_empty() {
-                vec![fresh.clone()]
-            } else {
-                vec![used.clone(), fresh.clone()]
-            };
-            let mut got = 0;
-            for grp in groups {
-                let mut idx = vec![0usize; grp.len()];
-                loop {
-                    let mut progressed = false;
-                    for (gi, &k) in grp.iter().enumerate() {
-                        if got == n {
-                            break;
-                        }
-                        if let Some(&d) = nodes[k].0.get(idx[gi]) {
-                            idx[gi] += 1;
-                            mask |= 1u128 << d;
-                            got += 1;
-                            progressed = true;
-                        }
-                    }
-                    if got == n || !progressed {
-                        break;
-                    }
-                }
-                if got == n {
-                    break;
-                }
-            }
-        }
-    }
-    (mask.count_ones() as usize == n).then_some(mask)
+    place_in(&Symmetry::new(cluster).nodes, free, n, policy)
 }
 
 fn devices_of(mask: u128) -> Vec<usize> {
@@ -1330,33 +1245,6 @@ mod tests {
                     b <= l * (1.0 + 1e-12),
                     "{st:?} m={m} p={p}: bound {b} > L {l}"
                 );
-            }
-        }
-    }
-
-    /// [`place_in`] is [`place`].
-    #[test]
-    fn place_in_is_place() {
-        for spec in [
-            "4@50e9,8@12.5e9",
-            "8@130e9,2@3e9",
-            "1@15e9,16@3e9",
-            "3@1e9,5@1e9",
-        ] {
-            let c = Cluster::resolve(spec, None).expect("cluster");
-            let sym = Symmetry::new(&c);
-            let all = (1u128 << c.len()) - 1;
-            let mut x = 0x9e37_79b9_7f4a_7c15u64;
-            for _ in 0..2000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let free = all & (x as u128 | (x.rotate_left(17) as u128));
-                for n in 1..=c.len() {
-                    for pol in Policy::ALL {
-                        assert_eq!(place_in(&sym.nodes, free, n, pol), place(&c, free, n, pol));
-                    }
-                }
             }
         }
     }

@@ -36,7 +36,9 @@ pub struct PlanArgs {
     /// cores: they share them). At most 16384; the gpp planner takes at most 1024, dapple 128.
     #[arg(long)]
     pub devices: Option<usize>,
-    /// Planner: gpp, dapple, pipedream, bapipe, dp, straight.
+    /// Planner: gpp, dapple, pipedream, bapipe, dp, straight (and gpp-seq). gpp returns the
+    /// fastest of GraphPipe's graph pipelines (also on fewer devices than given) and the
+    /// sequential planners' plans, so it never loses to them on this cost model.
     #[arg(long, conflicts_with = "stages")]
     pub planner: Option<String>,
     /// Evaluate stages you write instead of running a planner: stages separated by `;`, each

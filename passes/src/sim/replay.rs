@@ -264,18 +264,18 @@ pub fn replay(
     // schedules: one compute stream per device, send/receive channels and node ports held by
     // each message, collectives, and the host's cores shared by the compute of every device
     // (processor sharing on the `cpu` preset).
-    let mut tb = super::Builder {
-        ndev: cluster.len(),
-        ..Default::default()
+    let mut tasks = Tasks {
+        tb: super::Builder {
+            ndev: cluster.len(),
+            ..Default::default()
+        },
+        shown: Vec::new(),
+        messages: HashMap::new(),
+        streams: vec![Vec::new(); n],
+        pending: Vec::new(),
     };
-    // What each task shows in the trace: (device, lane, name, category); collectives: `None`.
-    let mut shown: Vec<Option<(usize, u8, String, &'static str)>> = Vec::new();
-    let mut messages: HashMap<u32, u32> = HashMap::new();
     let mut sent: BTreeSet<u32> = BTreeSet::new();
     let mut collectives: HashMap<u32, (u32, Vec<usize>, usize)> = HashMap::new();
-    // Per stream task: the messages it waited for (named in the trace's waits).
-    let mut waits: HashMap<u32, String> = HashMap::new();
-    let mut streams: Vec<Vec<u32>> = vec![Vec::new(); n];
     let mut bufs: Vec<HashMap<(String, u32), Buf>> = vec![HashMap::new(); n];
     let mut live = vec![0.0f64; n];
     let mut devs: Vec<DeviceReplay> = Vec::with_capacity(n);
@@ -305,37 +305,7 @@ pub fn replay(
         let stage = &p.stages[dp.stage];
         let kind = cluster.kind_of(d).clone();
         let bw = kind.memory_bandwidth;
-        let mut prev: Option<u32> = None;
-        let mut pending: Vec<(u32, String)> = Vec::new();
-        // A task on this device's compute stream: after the previous one and the messages
-        // received since.
-        let mut stream = |tb: &mut super::Builder,
-                          shown: &mut Vec<Option<(usize, u8, String, &'static str)>>,
-                          prev: &mut Option<u32>,
-                          pending: &mut Vec<(u32, String)>,
-                          task: StreamTask|
-         -> u32 {
-            let id = match task {
-                StreamTask::New(k, t, what) => {
-                    let id = tb.task(k, t, Vec::new());
-                    shown.push(what.map(|(name, cat)| (d, 0, name, cat)));
-                    id
-                }
-                StreamTask::Collective(id) => id,
-            };
-            if let Some(p) = *prev {
-                tb.edge(p, id);
-            }
-            if let Some((_, first)) = pending.first() {
-                waits.insert(id, first.clone());
-            }
-            for (m, _) in pending.drain(..) {
-                tb.edge(m, id);
-            }
-            *prev = Some(id);
-            streams[d].push(id);
-            id
-        };
+        tasks.pending.clear();
         for ins in &dp.instructions {
             match ins {
                 Instr::Load { mb, input, samples } => {
@@ -405,13 +375,7 @@ pub fn replay(
                         };
                         (tk, format!("B{mb}"), "backward")
                     };
-                    stream(
-                        &mut tb,
-                        &mut shown,
-                        &mut prev,
-                        &mut pending,
-                        StreamTask::New(tk, t, Some((name, cat))),
-                    );
+                    tasks.on_stream(d, StreamTask::New(tk, t, Some((name, cat))));
                 }
                 Instr::Send {
                     mb,
@@ -428,19 +392,11 @@ pub fn replay(
                             "schedule: device {d} sends tag {tag} to device {peer}: no such device, or the tag is sent twice"
                         )));
                     }
-                    let id = message(
-                        &mut tb,
-                        &mut shown,
-                        &mut messages,
-                        cluster,
-                        *tag,
-                        d,
-                        *peer,
-                        bytes,
-                    );
-                    shown[id as usize] = Some((d, 1, format!("{tensor}[{mb}]->{peer}"), "send"));
-                    if let Some(p) = prev {
-                        tb.edge(p, id);
+                    let id = tasks.message(cluster, *tag, d, *peer, bytes);
+                    tasks.shown[id as usize] =
+                        Some((d, 1, format!("{tensor}[{mb}]->{peer}"), "send"));
+                    if let Some(&(p, _)) = tasks.streams[d].last() {
+                        tasks.tb.edge(p, id);
                     }
                 }
                 Instr::Recv {
@@ -458,17 +414,8 @@ pub fn replay(
                             "schedule: device {d} receives tag {tag} from device {peer}, which is not in the program"
                         )));
                     }
-                    let id = message(
-                        &mut tb,
-                        &mut shown,
-                        &mut messages,
-                        cluster,
-                        *tag,
-                        *peer,
-                        d,
-                        bytes,
-                    );
-                    pending.push((id, format!("wait {tensor}[{mb}]")));
+                    let id = tasks.message(cluster, *tag, *peer, d, bytes);
+                    tasks.pending.push((id, format!("wait {tensor}[{mb}]")));
                     let batched = [0u8, 1].iter().any(|k| {
                         pieces
                             .get(&(stage.id, *k))
@@ -506,13 +453,7 @@ pub fn replay(
                     put(&mut bufs[d], &mut live[d], output, *mb, Buf { bytes, rows });
                     let what = if is_concat { "concat" } else { "sum" };
                     let show = (t > 0.0).then(|| (format!("{what} {output}[{mb}]"), "memory"));
-                    stream(
-                        &mut tb,
-                        &mut shown,
-                        &mut prev,
-                        &mut pending,
-                        StreamTask::New(TaskKind::Memory { device: d }, t, show),
-                    );
+                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, show));
                 }
                 Instr::Zeros {
                     mb,
@@ -526,13 +467,7 @@ pub fn replay(
                     };
                     let t = b.bytes / bw;
                     put(&mut bufs[d], &mut live[d], output, *mb, b);
-                    stream(
-                        &mut tb,
-                        &mut shown,
-                        &mut prev,
-                        &mut pending,
-                        StreamTask::New(TaskKind::Memory { device: d }, t, None),
-                    );
+                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, None));
                 }
                 Instr::Accumulate { mb, tensors } => {
                     let mut bytes = 0.0;
@@ -542,13 +477,7 @@ pub fn replay(
                         }
                     }
                     let t = 3.0 * bytes / bw;
-                    stream(
-                        &mut tb,
-                        &mut shown,
-                        &mut prev,
-                        &mut pending,
-                        StreamTask::New(TaskKind::Memory { device: d }, t, None),
-                    );
+                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, None));
                 }
                 Instr::Free { mb, tensors } => {
                     for t in tensors {
@@ -576,13 +505,13 @@ pub fn replay(
                             devices: group.clone(),
                             bytes,
                         };
-                        shown.push(None);
-                        (tb.collective(cluster, k, group, t), group.clone(), 0)
+                        tasks.shown.push(None);
+                        (tasks.tb.collective(cluster, k, group, t), group.clone(), 0)
                     });
                     entry.2 += 1;
                     let id = entry.0;
                     let task = StreamTask::Collective(id);
-                    stream(&mut tb, &mut shown, &mut prev, &mut pending, task);
+                    tasks.on_stream(d, task);
                 }
                 Instr::Step => {
                     let t = match pieces.get_mut(&(stage.id, 2)) {
@@ -593,11 +522,8 @@ pub fn replay(
                         stage: stage.id,
                         device: d,
                     };
-                    stream(
-                        &mut tb,
-                        &mut shown,
-                        &mut prev,
-                        &mut pending,
+                    tasks.on_stream(
+                        d,
                         StreamTask::New(tk, t, Some(("step".into(), "optimizer"))),
                     );
                 }
@@ -607,7 +533,7 @@ pub fn replay(
                 .max(devs[d].static_bytes + live[d]);
         }
     }
-    if let Some((tag, _)) = messages.iter().find(|(t, _)| !sent.contains(t)) {
+    if let Some((tag, _)) = tasks.messages.iter().find(|(t, _)| !sent.contains(t)) {
         return Err(Error::msg(format!(
             "schedule: the replay deadlocks: tag {tag} is received but never sent"
         )));
@@ -619,6 +545,9 @@ pub fn replay(
             )));
         }
     }
+    let Tasks {
+        tb, shown, streams, ..
+    } = tasks;
     let (start, end) = tb
         .run(cluster)
         .map_err(|e| Error::msg(format!("schedule: the replay deadlocks: {e}")))?;
@@ -658,12 +587,11 @@ pub fn replay(
         }
     }
     // Waits for messages: the gap before a stream task that received data.
-    for ids in &streams {
+    for (device, ids) in streams.iter().enumerate() {
         for w in ids.windows(2) {
-            let (a, b) = (w[0] as usize, w[1] as usize);
-            if let Some(name) = waits.get(&w[1]) {
+            let (a, b) = (w[0].0 as usize, w[1].0 as usize);
+            if let Some(name) = &w[1].1 {
                 if start[b] > end[a] {
-                    let device = shown[b].as_ref().map_or(0, |x| x.0);
                     events.push(ReplayEvent {
                         device,
                         lane: 0,
@@ -704,39 +632,63 @@ enum StreamTask {
     Collective(u32),
 }
 
-/// The task of message `tag` from `src` to `dst` (created by its send or its receive, whichever
-/// comes first in the walk).
-#[allow(clippy::too_many_arguments)]
-fn message(
-    tb: &mut super::Builder,
-    shown: &mut Vec<Option<(usize, u8, String, &'static str)>>,
-    messages: &mut HashMap<u32, u32>,
-    cluster: &Cluster,
-    tag: u32,
-    src: usize,
-    dst: usize,
-    bytes: f64,
-) -> u32 {
-    if let Some(&id) = messages.get(&tag) {
-        return id;
+/// The engine's tasks of a replayed program, built by the walk over the devices' instructions.
+struct Tasks {
+    tb: super::Builder,
+    /// Per task: what the trace shows of it (device, lane, name, category); `None` for
+    /// collectives (shown per member) and messages until their send names them.
+    shown: Vec<Option<(usize, u8, String, &'static str)>>,
+    /// The message task of each tag.
+    messages: HashMap<u32, u32>,
+    /// Per device: its compute stream's tasks in order, each with the first message it waited
+    /// for (named in the trace's waits).
+    streams: Vec<Vec<(u32, Option<String>)>>,
+    /// Messages received on the device being walked since its last stream task.
+    pending: Vec<(u32, String)>,
+}
+
+impl Tasks {
+    /// Append `task` to device `d`'s compute stream: it runs after the stream's previous task
+    /// and the messages received since.
+    fn on_stream(&mut self, d: usize, task: StreamTask) -> u32 {
+        let id = match task {
+            StreamTask::New(k, t, what) => {
+                let id = self.tb.task(k, t, Vec::new());
+                self.shown.push(what.map(|(name, cat)| (d, 0, name, cat)));
+                id
+            }
+            StreamTask::Collective(id) => id,
+        };
+        if let Some(&(p, _)) = self.streams[d].last() {
+            self.tb.edge(p, id);
+        }
+        let waited = self.pending.first().map(|(_, name)| name.clone());
+        for (m, _) in std::mem::take(&mut self.pending) {
+            self.tb.edge(m, id);
+        }
+        self.streams[d].push((id, waited));
+        id
     }
-    let k = TaskKind::Transfer {
-        dir: super::Dir::Act,
-        mb: 0,
-        src,
-        dst,
-        bytes,
-    };
-    let id = tb.p2p(
-        cluster,
-        k,
-        src,
-        dst,
-        comm::p2p_time(cluster, src, dst, bytes),
-    );
-    shown.push(None);
-    messages.insert(tag, id);
-    id
+
+    /// The task of message `tag` from `src` to `dst` (created by its send or its receive,
+    /// whichever comes first in the walk).
+    fn message(&mut self, cluster: &Cluster, tag: u32, src: usize, dst: usize, bytes: f64) -> u32 {
+        if let Some(&id) = self.messages.get(&tag) {
+            return id;
+        }
+        let k = TaskKind::Transfer {
+            dir: super::Dir::Act,
+            mb: 0,
+            src,
+            dst,
+            bytes,
+        };
+        let t = comm::p2p_time(cluster, src, dst, bytes);
+        let id = self.tb.p2p(cluster, k, src, dst, t);
+        self.shown.push(None);
+        self.messages.insert(tag, id);
+        id
+    }
 }
 
 fn put(m: &mut HashMap<(String, u32), Buf>, live: &mut f64, name: &str, mb: u32, b: Buf) {

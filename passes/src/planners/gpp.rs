@@ -321,29 +321,44 @@ fn compute_bound(
         .fold(0.0, f64::max)
 }
 
-/// A lower bound of any plan's iteration on the first `d` devices of `cluster`: every node's
+/// Lower bounds of any plan's iteration on the first `d` devices of `cluster`: every node's
 /// forward and backward run once per sample of the batch, on devices no faster than the fastest
 /// of them, and a node's time on a slice of `x` samples is at least its time on the whole batch
 /// times `x / batch` (the roofline's fixed costs only add: `r·F(b/r) ≥ F(b)`), so the busiest of
 /// `d` devices computes at least `F_total(batch) / d`.
-fn compute_bound_on(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions, d: usize) -> f64 {
-    let batch = opts.batch.max(1) as f64;
-    let d = d.clamp(1, cluster.len().max(1));
-    (0..d)
-        .map(|i| cluster.devices[i].kind)
-        .collect::<std::collections::BTreeSet<usize>>()
-        .into_iter()
-        .map(|k| {
-            let kind = &cluster.kinds[k];
-            (0..g.nodes.len())
-                .map(|n| {
-                    let (f, b) = g.times(n, batch, kind);
-                    f + b
-                })
-                .sum::<f64>()
-        })
-        .fold(f64::INFINITY, f64::min)
-        / d as f64
+struct ComputeBound<'c> {
+    cluster: &'c Cluster,
+    /// `F_total(batch)` per device kind (indexed like `cluster.kinds`).
+    total: Vec<f64>,
+}
+
+impl<'c> ComputeBound<'c> {
+    fn new(g: &CostGraph, cluster: &'c Cluster, opts: &PlanOptions) -> ComputeBound<'c> {
+        let batch = opts.batch.max(1) as f64;
+        let total = cluster
+            .kinds
+            .iter()
+            .map(|kind| {
+                (0..g.nodes.len())
+                    .map(|n| {
+                        let (f, b) = g.times(n, batch, kind);
+                        f + b
+                    })
+                    .sum()
+            })
+            .collect();
+        ComputeBound { cluster, total }
+    }
+
+    /// The bound on the first `d` devices.
+    fn on(&self, d: usize) -> f64 {
+        let d = d.clamp(1, self.cluster.len().max(1));
+        self.cluster.devices[..d]
+            .iter()
+            .map(|x| self.total[x.kind])
+            .fold(f64::INFINITY, f64::min)
+            / d as f64
+    }
 }
 
 /// Re-simulate a sequential plan with the linearisation's false dependencies: stage `i + 1` waits
@@ -628,7 +643,7 @@ fn keep_faster(best: &mut Result<Plan>, other: Result<Plan>) {
 
 impl Gpp {
     /// The search on fewer devices: the first `D/2`, `D/4`, ..., 1 devices of the cluster, while
-    /// the compute bound of a plan on them ([`compute_bound_on`]) is below the best time so far.
+    /// the compute bound of a plan on them ([`ComputeBound`]) is below the best time so far.
     /// Small models on fast, high-latency clusters train fastest on fewer devices than they are
     /// given (the all-reduce and the transfers cost more than the compute they spread), which a
     /// search that must use all `D` devices (constraint C3) cannot return.
@@ -640,9 +655,10 @@ impl Gpp {
         t0: Instant,
         best: &mut Result<Plan>,
     ) {
+        let bound_on = ComputeBound::new(g, cluster, opts);
         let mut d = cluster.len() / 2;
         while d >= 1 {
-            let bound = compute_bound_on(g, cluster, opts, d);
+            let bound = bound_on.on(d);
             if let Ok(b) = best {
                 if bound >= b.iteration_time_s {
                     // The bound only grows as devices are taken away.

@@ -61,9 +61,9 @@
 //!
 //! # Micro-batch and schedule
 //! Default micro-batch: the cost graph's reference (profile) batch when it divides the batch,
-//! else the largest giving `M ≥ 8`; for counted (ONNX) work, whose small micro-batches pay the
-//! fixed weight traffic each time, the search also runs at `M = 1, 2, 4, ..., 64`
-//! ([`micro_batch_candidates`]). Schedule: DAPPLE early backward with warm-up policy A
+//! else the largest giving `M ≥ 8`; the search also runs at `M = 1, 2, 4, ..., 64`
+//! ([`micro_batch_candidates`]: counted work pays fixed weight traffic per micro-batch, and every
+//! micro-batch pays a gradient accumulation). Schedule: DAPPLE early backward with warm-up policy A
 //! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), whichever the simulator finds faster
 //! with the peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
 //!
@@ -1091,16 +1091,14 @@ pub fn default_micro_batch(g: &CostGraph, opts: &PlanOptions) -> Result<u64> {
     opts.micro_batch_or(8)
 }
 
-/// Micro-batches the planner tries: the requested one; for a measured profile (linear in the
-/// batch) the default; for counted work (fixed weight traffic per micro-batch makes small
-/// micro-batches slow) also the divisors giving `M = 1, 2, 4, ..., 64`.
+/// Micro-batches the planner tries: the requested one; else the default and the divisors giving
+/// `M = 1, 2, 4, ..., 64`. Counted work needs them because small micro-batches pay a fixed weight
+/// traffic each; a measured profile (linear in the batch) because every micro-batch after a
+/// device's first adds its weight gradients into the gradient buffer (see [`crate::sim`]), so
+/// fewer micro-batches can win where the bubble is small (data parallelism on a fast network).
 pub fn micro_batch_candidates(g: &CostGraph, opts: &PlanOptions) -> Result<Vec<u64>> {
     let d = default_micro_batch(g, opts)?;
-    if opts.micro_batch.is_some()
-        || g.nodes
-            .iter()
-            .all(|n| matches!(n.work, crate::cost::Work::Measured { .. }))
-    {
+    if opts.micro_batch.is_some() {
         return Ok(vec![d]);
     }
     let b = opts.batch.max(1);

@@ -21,6 +21,9 @@
 //!   ([`comm::redistribute`]); under `1f1b-rr` (PipeDream's 1F1B-RR) replicas instead take whole
 //!   micro-batches round robin (stage graph from [`StageGraph::from_specs_for`]); gradients are
 //!   accumulated and all-reduced once, after the last backward (synchronous, no weight stashing);
+//! - every backward after a device's first adds its weight gradients into the gradient buffer, a
+//!   memory-bound task on the stream (`3 × parameter bytes / memory bandwidth`, as codegen's
+//!   `Accumulate` replays; the first backward's gradients become the buffer);
 //! - the re-computing kinds (`gpipe-recompute`, `1f1b-recompute`) run on
 //!   [`StageGraph::with_recomputation`] of the given graph (`B' = B + F`, stage inputs saved).
 //!
@@ -934,6 +937,17 @@ pub fn simulate(
             )));
         };
         let st = &sg.stages[s];
+        // Codegen's `Accumulate` after every backward adds the micro-batch's weight gradients
+        // into the device's gradient buffer: read both, write one (memory-bound). The first
+        // backward's gradients become that buffer (a move), so a device with `m` backwards pays
+        // `m − 1` accumulations.
+        let mem_bw = cluster.kind_of(d).memory_bandwidth;
+        let accumulate_s = if mem_bw > 0.0 {
+            3.0 * st.parameter_bytes / mem_bw
+        } else {
+            0.0
+        };
+        let mut backwards_seen = 0usize;
         let mut prev_stream: Option<u32> = None;
         let mut last_compute: Option<u32> = None;
         let mut pending: Vec<u32> = Vec::new();
@@ -974,6 +988,16 @@ pub fn simulate(
                 }
                 prev_stream = Some(id);
                 last_compute = Some(id);
+                if matches!(ins, Instr::Backward { .. }) {
+                    if backwards_seen > 0 && accumulate_s > 0.0 {
+                        // After the backward on the stream; the gradient sends that follow
+                        // wait only for the backward (codegen sends, then accumulates).
+                        let acc = tb.task(TaskKind::Memory { device: d }, accumulate_s, Vec::new());
+                        tb.edge(id, acc);
+                        prev_stream = Some(acc);
+                    }
+                    backwards_seen += 1;
+                }
                 continue;
             }
             match ins {

@@ -25,7 +25,8 @@
 //!   [`comm::allreduce_time`] of the summed gradient bytes (`grad/P` is shaped like `P`), holds
 //!   the members' channels (and nodes' ports) and blocks their streams meanwhile.
 //! - `Concat`, `Sum`, `Zeros`, `Accumulate`: memory-bound (bytes read + written over the device's
-//!   memory bandwidth). `Load`, `Free`: free.
+//!   memory bandwidth). An `Accumulate` into a gradient buffer that is empty since the last
+//!   `Step` is a move, as in the runtime: free. `Load`, `Free`: free.
 //! - On a host with fewer cores than devices (the `cpu` preset), the compute and memory tasks
 //!   running at once share the cores (processor sharing, the cores' measured slowdown).
 //!
@@ -48,6 +49,7 @@ use crate::sim::TaskKind;
 use pipec_compiler::ir::{DType, Dim, TensorType};
 use pipec_compiler::program::{Instr, Piece, PieceKind, Program};
 use pipec_compiler::{Error, Result};
+use rustc_hash::FxHashSet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -306,6 +308,8 @@ pub fn replay(
         let kind = cluster.kind_of(d).clone();
         let bw = kind.memory_bandwidth;
         tasks.pending.clear();
+        // Gradient buffers that hold a sum since the last optimizer step.
+        let mut accumulated: FxHashSet<&str> = FxHashSet::default();
         for ins in &dp.instructions {
             match ins {
                 Instr::Load { mb, input, samples } => {
@@ -470,10 +474,14 @@ pub fn replay(
                     tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, None));
                 }
                 Instr::Accumulate { mb, tensors } => {
+                    // The runtime moves a gradient into an empty global buffer (the first
+                    // micro-batch of the iteration) and adds the later ones.
                     let mut bytes = 0.0;
                     for t in tensors {
                         if let Some(b) = take(&mut bufs[d], &mut live[d], t, *mb) {
-                            bytes += b.bytes;
+                            if !accumulated.insert(t.as_str()) {
+                                bytes += b.bytes;
+                            }
                         }
                     }
                     let t = 3.0 * bytes / bw;
@@ -514,6 +522,7 @@ pub fn replay(
                     tasks.on_stream(d, task);
                 }
                 Instr::Step => {
+                    accumulated.clear();
                     let t = match pieces.get_mut(&(stage.id, 2)) {
                         Some(pm) => pm.time(&kind, 1)?,
                         None => 0.0,

@@ -113,6 +113,22 @@ fn vgg19_plans_are_hpgos() {
 }
 
 #[test]
+fn gnmt16_plans_are_hpgos() {
+    let gnmt = "gnmt-16-pbs-64.txt";
+    // 2 x 8: 8:8, one server per stage (HPGO's split at its state 1053).
+    let p = hpgo(gnmt, TWO_BY_EIGHT, "1024");
+    assert_eq!(replicas(&p), vec![8, 8]);
+    assert_eq!(devices(&p, 0), (0..8).collect::<Vec<u64>>());
+    assert_eq!(nodes(&p).iter().sum::<usize>(), 96);
+    assert_objective(&p, 0.268_757_113_464_375, "GNMT-16 2x8");
+    // 16 x 1: the straight pipeline (16 stages of one GPU). Which cuts HPGO picks among those
+    // with the same slowest stage depends on its hash-map order; the time does not.
+    let p = hpgo(gnmt, SIXTEEN_BY_ONE, "1024");
+    assert_eq!(replicas(&p), vec![1; 16]);
+    assert_objective(&p, 0.579_173_364_625_000_9, "GNMT-16 16x1");
+}
+
+#[test]
 fn reference_flag_errors_name_the_flag() {
     let vgg = profile("vgg-19-pbs-32.txt");
     let o = pipec(&[

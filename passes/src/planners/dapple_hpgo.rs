@@ -10,7 +10,9 @@
 //!
 //! # HPGO's model
 //! - **States.** The profile is turned into PipeDream's antichain DAG (`Input*` sources and
-//!   `__getitem__` sinks left out, [`crate::cost::antichain`]); state `j` has the compute
+//!   `__getitem__` sinks left out, [`crate::cost::antichain`]), numbered as HPGO's importer
+//!   does ([`StateOrder::Descriptions`]: a depth-first topological sort with states sorted by
+//!   module description; the numbering matters, see the quirks below); state `j` has the compute
 //!   `C_j` (forward + backward of its down-set), the parameters `P_j` of its down-set and the
 //!   output activation `A_j` (the activations of its augmented antichain). A stage `(k, j]` costs
 //!   `C_j − C_k`. Times and activations are scaled linearly from the profile batch to the global
@@ -77,7 +79,7 @@
 //! iteration time is pipec's as for every plan.
 
 use super::Planner;
-use crate::cost::antichain::{pipedream_exclusions, Linearization};
+use crate::cost::antichain::{pipedream_exclusions, Linearization, StateOrder};
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{micro_batches, Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
@@ -414,7 +416,13 @@ impl Model {
         if excluded.iter().all(|&e| e) {
             excluded.iter_mut().for_each(|e| *e = false);
         }
-        let lin = Linearization::antichain_dag(g, &excluded, MAX_STATES).ok_or_else(|| {
+        let lin = Linearization::antichain_dag_ordered(
+            g,
+            &excluded,
+            MAX_STATES,
+            StateOrder::Descriptions,
+        )
+        .ok_or_else(|| {
             Error::msg(format!(
                 "--dapple-reference hpgo: the model's antichain DAG has more than {MAX_STATES} states"
             ))
@@ -662,9 +670,8 @@ fn straight(d: &Devices, m: &Model, i: u32) -> Result<Candidate> {
             }
             let prev = &a[k][mm - 1];
             for &(bs, cell) in &prev.cells {
-                if !replicas.contains_key(&bs) {
-                    let v = d.next_cards_with_replica(bs, 1, rp)?;
-                    replicas.insert(bs, v);
+                if let std::collections::hash_map::Entry::Vacant(e) = replicas.entry(bs) {
+                    e.insert(d.next_cards_with_replica(bs, 1, rp)?);
                 }
                 for nbs in &replicas[&bs] {
                     let itt = d.split_concat_time(cell.gids, nbs.gids, 2.0 * m.oas(k));
@@ -691,8 +698,8 @@ fn straight(d: &Devices, m: &Model, i: u32) -> Result<Candidate> {
             }
         }
         scratch.resize(occ_of.len(), None);
-        for j in 1..l {
-            let mut cur = a[j][mm].ph.unwrap_or(EMPTY);
+        for (j, row) in a.iter_mut().enumerate().skip(1) {
+            let mut cur = row[mm].ph.unwrap_or(EMPTY);
             for &k in m.lin.ancestors(j) {
                 let k = k as usize;
                 let mut last_stage = m.ct(k + 1, j);
@@ -736,8 +743,8 @@ fn straight(d: &Devices, m: &Model, i: u32) -> Result<Candidate> {
                 .filter_map(|id| scratch[id].take().map(|c| (occ_of[id], c)))
                 .collect();
             cells.sort_by_key(|(o, _)| key(*o));
-            a[j][mm].cells = cells;
-            a[j][mm].ph = Some(cur);
+            row[mm].cells = cells;
+            row[mm].ph = Some(cur);
         }
     }
     // plan_for: the block, its check, then analyse_plan_sync.

@@ -2,10 +2,11 @@
 //!
 //! DAPPLE's authors published their planner as the Rust crate HPGO (version 0.9.1, in the
 //! AlibabaPAI/DAPPLE repository, `src/`). The paper (PPoPP'21 §4) describes a search over stage
-//! splits, replica counts and placements that minimises the pipeline latency of Eq. 2; the code
-//! that produced the paper's Table 4 does something simpler, and this module reproduces *that*
-//! (re-implemented from reading it, not copied), so pipec's `dapple` planner can be compared with
-//! the real artifact on the same profiles. The default `dapple` planner ([`super::dapple`]) is
+//! splits, replica counts and placements that minimises the pipeline latency of Eq. 2; the
+//! published code does something simpler (and on DAPPLE's own profiles does not return all of the
+//! paper's Table 4 plans), and this module reproduces *that* (re-implemented from reading it, not
+//! copied), so pipec's `dapple` planner can be compared with the real artifact on the same
+//! profiles. The default `dapple` planner ([`super::dapple`]) is
 //! untouched by this mode.
 //!
 //! # HPGO's model
@@ -44,7 +45,7 @@
 //!    always returns **one stage on GPUs `0..i·rp`** (data parallelism on `i·rp` GPUs with
 //!    block `C_total/(i·rp)`); this module computes that result in closed form. (In floating
 //!    point an exactly balanced split could tie-win by a rounding; HPGO never returned one on the
-//!    DAPPLE profiles.)
+//!    DAPPLE profiles. An abort inside that DP's allocator calls is not reproduced either.)
 //! 2. **Straight pipelines**: the same DP with one GPU per stage per copy, for `i = 2` (`rp = N/2`
 //!    copies of a 2-stage pipeline) and `i = N` (`N` stages, one GPU each) when `N > 2` is even,
 //!    else `i = N` alone. Placements come from HPGO's allocator ([`Devices::next_cards`]:

@@ -8,7 +8,10 @@
 //! `reference/{train,step}.onnx` (the unpartitioned program `pipec run --check` compares with),
 //! `program.mlir` (every piece as MLIR, plus the schedule).
 
-use super::plan::{plan_label, plan_model, planner_name, planning_graph, render, resolve_cluster};
+use super::plan::{
+    plan_label, plan_model, planner_name, planning_graph, render, resolve_cluster,
+    with_dapple_reference,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pipec_compiler::program::Program;
@@ -40,6 +43,10 @@ pub struct CompileArgs {
     /// Planner: gpp, dapple, pipedream, bapipe, dp, straight, gpp-seq.
     #[arg(long, required_unless_present = "stages", conflicts_with = "stages")]
     pub planner: Option<String>,
+    /// With `--planner dapple`: `hpgo` plans with DAPPLE's published planner reproduced
+    /// (see `pipec plan --help`).
+    #[arg(long = "dapple-reference", value_name = "IMPL")]
+    pub dapple_reference: Option<String>,
     /// Compile stages you write instead of a planner's: stages separated by `;`, each
     /// `ITEMS[@R]` (R replicas on the next R devices, default 1), ITEMS comma-separated node
     /// ranges `A..B` (positions in the model's node order, half-open; `A..` to the end), node
@@ -98,7 +105,10 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if let Some(mb) = a.micro_batch {
         pipec_passes::plan::check_micro_batch(a.batch, mb)?;
     }
-    let planner_name = planner_name(a.planner.as_deref(), a.stages.as_deref())?;
+    let planner_name = with_dapple_reference(
+        planner_name(a.planner.as_deref(), a.stages.as_deref())?,
+        a.dapple_reference.as_deref(),
+    )?;
     let label = plan_label(&planner_name);
     let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &planner_name)?;
     planners::by_name(&planner_name)?; // an unknown name fails before any work

@@ -41,6 +41,13 @@ pub struct PlanArgs {
     /// sequential planners' plans, so it never loses to them on this cost model.
     #[arg(long, conflicts_with = "stages")]
     pub planner: Option<String>,
+    /// With `--planner dapple`: run a reference implementation instead of pipec's search.
+    /// `hpgo`: DAPPLE's published planner (HPGO 0.9.1) reproduced: its candidates (data
+    /// parallelism, straight pipelines, every two-way split), its constants (25 GB/s NVLink,
+    /// 1/3 GB/s Ethernet), one-sample micro-batches, no memory check, and its choice; the
+    /// cluster gives only the servers (its level-0 groups).
+    #[arg(long = "dapple-reference", value_name = "IMPL")]
+    pub dapple_reference: Option<String>,
     /// Evaluate stages you write instead of running a planner: stages separated by `;`, each
     /// `ITEMS[@R]` (R replicas on the next R devices, default 1), ITEMS comma-separated node
     /// ranges `A..B` (positions in the model's node order, half-open; `A..` to the end), node
@@ -179,6 +186,20 @@ pub fn planner_name(planner: Option<&str>, stages: Option<&str>) -> Result<Strin
             "--planner: missing (one of {}; or --stages SPEC)",
             planners::PLANNER_NAMES.join(", ")
         ),
+    }
+}
+
+/// `--dapple-reference R` applied to the planner name: `hpgo` with `--planner dapple` is the
+/// internal planner [`planners::DAPPLE_HPGO`]; anything else is a usage error naming the flag.
+pub fn with_dapple_reference(name: String, reference: Option<&str>) -> Result<String> {
+    match reference {
+        None => Ok(name),
+        Some("hpgo") if name == "dapple" => Ok(planners::DAPPLE_HPGO.to_string()),
+        Some("hpgo") => bail!(
+            "--dapple-reference hpgo: only with --planner dapple (got '{}')",
+            plan_label(&name)
+        ),
+        Some(r) => bail!("--dapple-reference {r}: unknown reference (one of: hpgo)"),
     }
 }
 
@@ -333,7 +354,10 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         .cluster
         .as_deref()
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
-    let planner_name = &planner_name(a.planner.as_deref(), a.stages.as_deref())?;
+    let planner_name = &with_dapple_reference(
+        planner_name(a.planner.as_deref(), a.stages.as_deref())?,
+        a.dapple_reference.as_deref(),
+    )?;
     let label = plan_label(planner_name);
     planners::by_name(planner_name)?; // an unknown name fails before any work
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;

@@ -85,6 +85,19 @@ impl BitSet {
     }
 }
 
+/// How [`Linearization::antichain_dag_ordered`] numbers the states (a depth-first topological
+/// sort either way: reverse post-order, roots in the state table's order, i.e. first appearance
+/// in an edge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateOrder {
+    /// Successors in the order their edges were found (pipec's PipeDream planner).
+    PipeDream,
+    /// Roots and successors stably sorted by the module description (`op`) of the first node of
+    /// the state's antichain, as `Graph.topological_sort` in HPGO's importer does
+    /// (`--dapple-reference hpgo`).
+    Descriptions,
+}
+
 /// One state: a cut of the graph.
 #[derive(Clone, Debug)]
 pub struct State {
@@ -220,6 +233,16 @@ impl Linearization {
         excluded: &[bool],
         max_states: usize,
     ) -> Option<Linearization> {
+        Linearization::antichain_dag_ordered(g, excluded, max_states, StateOrder::PipeDream)
+    }
+
+    /// [`Linearization::antichain_dag`] with the states numbered by `order`.
+    pub fn antichain_dag_ordered(
+        g: &CostGraph,
+        excluded: &[bool],
+        max_states: usize,
+        order_by: StateOrder,
+    ) -> Option<Linearization> {
         let n = g.len();
         let (pred, succ) = closures(g, excluded);
         let first = (0..n).find(|&u| !excluded[u] && g.preds(u).all(|v| excluded[v]))?;
@@ -324,6 +347,15 @@ impl Linearization {
         let mut adj = vec![Vec::new(); s_count];
         for &(a, b) in &edges {
             adj[a].push(b);
+        }
+        if order_by == StateOrder::Descriptions {
+            // HPGO's importer: roots and successors stably sorted by the module description of
+            // the first node of each state's antichain.
+            let desc = |s: usize| g.nodes[antichains[s][0]].op.as_str();
+            order.sort_by(|&a, &b| desc(a).cmp(desc(b)));
+            for v in &mut adj {
+                v.sort_by(|&a, &b| desc(a).cmp(desc(b)));
+            }
         }
         // Depth-first topological sort: reverse post-order, roots in table order.
         let mut marked = vec![false; s_count];

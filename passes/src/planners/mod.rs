@@ -3,7 +3,8 @@
 //! A planner decides the stages (which nodes, which devices), the micro-batch size and its
 //! schedule, and reports its own objective; [`Plan::assemble`] then runs the shared simulator so
 //! every planner's `iteration_time_s` is comparable. `straight` and `dp` are the trivial baselines;
-//! `pipedream` is PipeDream's hierarchical DP ([`pipedream`]).
+//! `pipedream` is PipeDream's hierarchical DP ([`pipedream`]). [`dapple_hpgo`] reproduces
+//! DAPPLE's published planner (HPGO) for comparison (`--planner dapple --dapple-reference hpgo`).
 //!
 //! # Writing a planner
 //! 1. Read costs from the [`CostGraph`]: per node [`CostGraph::times`] (seconds at any batch on a
@@ -28,6 +29,7 @@
 
 pub mod bapipe;
 pub mod dapple;
+pub mod dapple_hpgo;
 pub mod dp;
 pub mod gpp;
 pub mod gpp_per_stage;
@@ -50,6 +52,9 @@ pub trait Planner {
 /// The planner name `stages:SPEC` is the user's own stages ([`stages`], `--stages SPEC`).
 pub const STAGES_PREFIX: &str = "stages:";
 
+/// The internal planner name of `--planner dapple --dapple-reference hpgo` ([`dapple_hpgo`]).
+pub const DAPPLE_HPGO: &str = "dapple-hpgo";
+
 /// Every planner name the CLI accepts.
 pub const PLANNER_NAMES: &[&str] = &[
     "gpp",
@@ -68,6 +73,8 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         "straight" => Ok(Box::new(straight::Straight)),
         "pipedream" => Ok(Box::new(pipedream::PipeDream::default())),
         "dapple" => Ok(Box::new(dapple::Dapple::default())),
+        // `--planner dapple --dapple-reference hpgo` (not in PLANNER_NAMES: a reference mode).
+        DAPPLE_HPGO => Ok(Box::new(dapple_hpgo::DappleHpgo)),
         "bapipe" => Ok(Box::new(bapipe::BaPipe)),
         "gpp" => Ok(Box::new(gpp::Gpp::default())),
         "gpp-seq" => Ok(Box::new(gpp::Gpp::sequential())),

@@ -3,31 +3,9 @@
 //! profiles (BENCHMARKS.md, "DAPPLE's own planner (HPGO)"): replicas per stage, nodes per stage
 //! and HPGO's estimated iteration time `L` (pipec's `objective_s`).
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn profile(name: &str) -> String {
-    root()
-        .join("onnx-models/profiles")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn pipec(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipec"))
-        .args(args)
-        .output()
-        .expect("run pipec")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{pipec, profile, stderr};
 
 /// The three topologies of 16 GPUs: servers of 8, 1 and 2 GPUs.
 const TWO_BY_EIGHT: &str = "8@25e9,2@3e9";

@@ -1,30 +1,9 @@
 //! `pipec plan` end to end: profiles, presets, JSON fields, and clear exit-2 errors.
 
-use std::path::PathBuf;
+mod common;
+
+use common::{pipec, profile, root, stderr};
 use std::process::{Command, Output};
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn profile(name: &str) -> String {
-    root()
-        .join("onnx-models/profiles")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn pipec(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_pipec"))
-        .args(args)
-        .output()
-        .expect("run pipec")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 #[test]
 fn plan_vgg16_dp_and_straight() {

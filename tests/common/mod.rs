@@ -31,6 +31,20 @@ pub fn model(name: &str) -> PathBuf {
     root().join("onnx-models").join(name)
 }
 
+/// A PipeDream `graph.txt` profile bundled in `onnx-models/profiles/`, as a CLI argument.
+pub fn profile(name: &str) -> String {
+    root()
+        .join("onnx-models/profiles")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// A command's stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
 /// The four dev models.
 pub const DEV_MODELS: [&str; 4] = ["mlp4", "inception_mini", "resnet18", "gpt2_tiny"];
 

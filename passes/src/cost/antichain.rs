@@ -548,6 +548,31 @@ impl Linearization {
     }
 }
 
+/// The stage of every node when stage `s` ends at state `ends[s]` (increasing state indices):
+/// each stage takes the nodes of its end state's down-set that no earlier stage took; nodes in
+/// no down-set (excluded inputs and sources) go to the first stage, anything else left over to
+/// the stage of its latest producer.
+pub fn stage_of_nodes(g: &CostGraph, lin: &Linearization, ends: &[usize]) -> Vec<usize> {
+    let mut stage_of = vec![usize::MAX; g.len()];
+    for (s, &end) in ends.iter().enumerate() {
+        for x in lin.states[end].down.iter() {
+            if stage_of[x] == usize::MAX {
+                stage_of[x] = s;
+            }
+        }
+    }
+    for &u in g.topo_order() {
+        if stage_of[u] == usize::MAX {
+            stage_of[u] = if g.nodes[u].is_input || g.preds(u).next().is_none() {
+                0
+            } else {
+                g.preds(u).map(|p| stage_of[p]).max().unwrap_or(0)
+            };
+        }
+    }
+    stage_of
+}
+
 /// Cut candidates for planners that cut a DAG into a sequence of stages `D(p_1) \ D(p_0)`,
 /// `D(p_2) \ D(p_1)`, ... with nested down-sets `∅ = D(p_0) ⊊ D(p_1) ⊊ ... ⊊ D(p_k) = V`
 /// (DAPPLE, §4: "contiguous" stages of a DAG). Positions are sorted by down-set size, so `i < j`

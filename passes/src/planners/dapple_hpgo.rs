@@ -80,7 +80,7 @@
 //! iteration time is pipec's as for every plan.
 
 use super::Planner;
-use crate::cost::antichain::{pipedream_exclusions, Linearization, StateOrder};
+use crate::cost::antichain::{pipedream_exclusions, stage_of_nodes, Linearization, StateOrder};
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{micro_batches, Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
@@ -901,29 +901,19 @@ pub fn orchestrate(d: &Devices, m: &Model) -> Result<Outcome> {
 /// The node sets of `stages` (HPGO's tuples), as pipec stage specs on HPGO's GPU ids.
 pub fn specs(g: &CostGraph, m: &Model, stages: &[HStage]) -> Vec<StageSpec> {
     let l = m.len();
-    let mut stage_of = vec![usize::MAX; g.len()];
-    for (s, st) in stages.iter().enumerate() {
-        // A non-last stage ends before the next one's first state; the last at the last state.
-        let last = if s + 1 == stages.len() {
-            l - 1
-        } else {
-            st.end - 1
-        };
-        for x in m.lin.states[last].down.iter() {
-            if stage_of[x] == usize::MAX {
-                stage_of[x] = s;
-            }
-        }
-    }
-    for &u in g.topo_order() {
-        if stage_of[u] == usize::MAX {
-            stage_of[u] = if g.nodes[u].is_input || g.preds(u).next().is_none() {
-                0
+    // A non-last stage ends before the next one's first state; the last at the last state.
+    let ends: Vec<usize> = stages
+        .iter()
+        .enumerate()
+        .map(|(s, st)| {
+            if s + 1 == stages.len() {
+                l - 1
             } else {
-                g.preds(u).map(|p| stage_of[p]).max().unwrap_or(0)
-            };
-        }
-    }
+                st.end - 1
+            }
+        })
+        .collect();
+    let stage_of = stage_of_nodes(g, &m.lin, &ends);
     let mut out: Vec<StageSpec> = stages
         .iter()
         .map(|st| StageSpec {

@@ -47,7 +47,7 @@
 //! Default micro-batch: `M ≥ 4·stages`.
 
 use super::Planner;
-use crate::cost::antichain::{pipedream_exclusions, Linearization};
+use crate::cost::antichain::{pipedream_exclusions, stage_of_nodes, Linearization};
 use crate::cost::{Cluster, CostGraph, NodeId};
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
@@ -512,24 +512,8 @@ impl Planner for PipeDream {
         }
         let leaves = solver.stages()?;
         // Nodes: each stage takes the not yet placed nodes of its end state's down-set.
-        let mut stage_of = vec![usize::MAX; g.len()];
-        for (s, (_, b, _)) in leaves.iter().enumerate() {
-            for x in lin.states[b - 1].down.iter() {
-                if stage_of[x] == usize::MAX {
-                    stage_of[x] = s;
-                }
-            }
-        }
-        // Inputs go to the first stage, everything else left over to its latest producer.
-        for &u in g.topo_order() {
-            if stage_of[u] == usize::MAX {
-                stage_of[u] = if g.nodes[u].is_input || g.preds(u).next().is_none() {
-                    0
-                } else {
-                    g.preds(u).map(|p| stage_of[p]).max().unwrap_or(0)
-                };
-            }
-        }
+        let ends: Vec<usize> = leaves.iter().map(|(_, b, _)| b - 1).collect();
+        let stage_of = stage_of_nodes(g, &lin, &ends);
         let mut specs: Vec<StageSpec> = leaves
             .into_iter()
             .map(|(_, _, devices)| StageSpec {

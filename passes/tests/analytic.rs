@@ -170,3 +170,36 @@ fn conv_and_pool_counts() {
         assert!(plan.iteration_time_s > 0.0);
     }
 }
+
+/// The planning graph's saved activations are what the emitted backward reads of the forward,
+/// not every output: on x → Gemm → Relu → MatMul → Softmax the backward reads x (the Gemm's
+/// weight gradient), one of the Relu's tensors (its mask), the MatMul's input r (weight
+/// gradient) and the Softmax output (its gradient and the loss), never the Gemm's or MatMul's
+/// own outputs beyond that.
+#[test]
+fn saved_bytes_are_what_backward_reads() {
+    use pipec_passes::cost::analytic::planning_graph;
+    let m = mlp(DType::F32);
+    let opts = AnalyticOptions {
+        dims: BTreeMap::from([("batch".to_string(), 8)]),
+    };
+    let (g, note) = planning_graph(&m, &opts, "mlp").expect("planning graph");
+    assert!(note.is_none(), "{note:?}");
+    let saved: Vec<(String, f64)> = g
+        .nodes
+        .iter()
+        .map(|n| (n.name.clone(), n.saved_bytes / 8.0 / 4.0))
+        .collect();
+    let all_outputs: f64 = g.nodes.iter().map(|n| n.activation_bytes).sum();
+    let total: f64 = g.nodes.iter().map(|n| n.saved_bytes).sum();
+    // Floats per sample: x 64, h or r 128 (the Relu's mask), r 128 (MatMul's dW), p 10.
+    assert!(
+        total < all_outputs + 8.0 * 64.0 * 4.0,
+        "saved {saved:?} vs outputs {all_outputs}"
+    );
+    let get = |name: &str| saved.iter().find(|s| s.0 == name).map(|s| s.1).unwrap();
+    assert_eq!(get("fc1"), 64.0, "{saved:?}");
+    assert!(get("sm") >= 10.0, "{saved:?}");
+    assert!(get("relu") + get("fc2") >= 128.0, "{saved:?}");
+    assert!(total / 32.0 <= 64.0 + 128.0 * 2.0 + 10.0 * 2.0, "{saved:?}");
+}

@@ -384,7 +384,12 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
                 bwd_flops: c.bwd_flops,
                 fwd_bytes: c.fwd_bytes,
                 bwd_bytes: c.bwd_bytes,
-                fwd_fixed_bytes: c.weight_bytes,
+                // A lookup reads the rows it gathers (counted in `fwd_bytes`), not its table.
+                fwd_fixed_bytes: if d.op_type == "Gather" {
+                    0.0
+                } else {
+                    c.weight_bytes
+                },
                 bwd_fixed_bytes: 2.0 * c.weight_bytes,
                 precision: op_precision(d, &ty),
                 bwd_kernels: Vec::new(),
@@ -439,6 +444,10 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
 /// symbolic dim (a model exported at a fixed batch) activations count as proportional and weights
 /// as fixed, as in [`from_module`].
 ///
+/// Each node's `saved_bytes` becomes what the emitted backward reads of the forward: every
+/// forward value or graph input a backward op reads, counted once at the last node whose
+/// backward reads it (not every output of every op, which the factor model assumes).
+///
 /// Fails (leaving `g` unchanged) when the model cannot be differentiated; callers then keep the
 /// factor model and say so.
 pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOptions) -> Result<()> {
@@ -483,6 +492,13 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     let param_set = float_initializers(tgr);
     let is_param = |v: Value| param_set.contains(&v);
     let mut kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.len()];
+    // Saved activations: the forward values (and graph inputs) that backward ops read, which
+    // codegen's forward piece hands to the backward piece and the runtime keeps alive in between.
+    // Each is counted once, at the last node (in forward order) whose backward reads it: that
+    // node's stage holds it (received there when it crosses a cut).
+    let role_of: HashMap<Op, &Role> = tgr.order.iter().copied().zip(&roles).collect();
+    // Ordered, so the sums below are the same on every run.
+    let mut reader: BTreeMap<Value, usize> = BTreeMap::new();
     for (&op, role) in tgr.order.iter().zip(&roles) {
         let node = match role {
             Role::Bwd(n) => *n,
@@ -492,6 +508,19 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             },
             Role::Fwd(_) => continue,
         };
+        for &v in tgr.ops[op].inputs.iter().flatten() {
+            let forward = match tgr.values[v].def {
+                ValueDef::Result(p, _) => match role_of.get(&p) {
+                    Some(Role::Fwd(n)) => !g.nodes[*n].side,
+                    _ => false,
+                },
+                _ => tgr.inputs.contains(&v) && !tgr.initializers.contains_key(&v),
+            };
+            if forward {
+                let e = reader.entry(v).or_insert(node);
+                *e = (*e).max(node);
+            }
+        }
         let d = &tgr.ops[op];
         let c1 = op_cost(d, &ty, &is_param, env1);
         let (flops, fixed_flops, bytes, fixed_bytes) = if symbolic {
@@ -516,6 +545,13 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             fixed_bytes,
             precision: op_precision(d, &ty),
         });
+    }
+    let mut saved = vec![0.0; g.len()];
+    for (v, n) in reader {
+        saved[n] += bytes_of(tgr.ty(v), env1);
+    }
+    for (node, b) in g.nodes.iter_mut().zip(saved) {
+        node.saved_bytes = b;
     }
     for (node, ks) in g.nodes.iter_mut().zip(kernels) {
         if let Work::Counted {

@@ -116,7 +116,9 @@ pub struct CostNode {
     pub work: Work,
     /// Bytes of the node's output(s).
     pub activation_bytes: f64,
-    /// Bytes kept alive from forward to backward for this node (defaults to its output).
+    /// Bytes kept alive from forward to backward for this node: its output by default; in the
+    /// planning graph of an ONNX model, the forward values its backward reads as autodiff emits it
+    /// ([`analytic::with_autodiff_backward`]).
     pub saved_bytes: f64,
     /// Bytes of trainable parameters (independent of the batch).
     pub parameter_bytes: f64,

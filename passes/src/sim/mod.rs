@@ -36,8 +36,10 @@
 //!
 //! Outputs ([`SimResult`]): iteration time (last task end), bubble fraction (idle share of the used
 //! devices' compute streams: `1 − Σ busy / (devices × T)`), per-device busy time, peak memory and
-//! the memory-over-time curve ([`crate::cost::memory`]: static memory from t = 0, a micro-batch's
-//! saved activations from the start of its forward to the end of its backward), the most
+//! the memory-over-time curve ([`crate::cost::memory`]: static memory less the gradients from
+//! t = 0, the gradients from a device's first backward to its optimizer step as the runtime holds
+//! them, a micro-batch's saved activations from the start of its forward to the end of its
+//! backward), the most
 //! micro-batches in flight per stage, and every task's start and end for the Chrome trace
 //! ([`trace::chrome_trace`]).
 
@@ -1093,7 +1095,37 @@ pub fn simulate(
     for (d, p) in place.iter().enumerate() {
         if let Some((s, _)) = p {
             devices[d].used = !sched.programs.get(d).is_none_or(|p| p.is_empty());
-            mem_events[d].push((0.0, sg.stages[*s].static_bytes));
+            // Gradient buffers are held from the device's first backward (its outputs exist while
+            // its saved inputs do) to its step (the runtime's global buffers), not for the whole
+            // iteration.
+            mem_events[d].push((
+                0.0,
+                sg.stages[*s].static_bytes - sg.stages[*s].parameter_bytes,
+            ));
+        }
+    }
+    let mut grads_from = vec![f64::INFINITY; ndev];
+    let mut grads_to = vec![f64::NEG_INFINITY; ndev];
+    for i in 0..n {
+        match &kinds[i] {
+            TaskKind::Backward { device, .. } => {
+                grads_from[*device] = grads_from[*device].min(start[i]);
+            }
+            TaskKind::Step { device, .. } => grads_to[*device] = grads_to[*device].max(end[i]),
+            _ => {}
+        }
+    }
+    for (d, p) in place.iter().enumerate() {
+        if let Some((s, _)) = p {
+            let b = sg.stages[*s].parameter_bytes;
+            if grads_from[d].is_finite() {
+                mem_events[d].push((grads_from[d], b));
+                if grads_to[d] >= grads_from[d] {
+                    mem_events[d].push((grads_to[d], -b));
+                }
+            } else {
+                mem_events[d].push((0.0, b));
+            }
         }
     }
     for i in 0..n {

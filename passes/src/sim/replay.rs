@@ -34,13 +34,15 @@
 //! the iteration time (the last stream's end), as in [`super::SimResult`].
 //!
 //! # Memory model (an estimate)
-//! Static: parameters (their shapes from the forward piece's inputs), one gradient buffer per
-//! parameter, and one buffer per optimizer-state entry ([`StageProgram::state_init`]). Dynamic:
-//! every live micro-batch buffer, tracked exactly as the program model defines them: `Load`,
-//! `Recv` and piece outputs create buffers (piece outputs at the slice's sample count), `Concat` /
-//! `Sum` replace their inputs by their output, `Accumulate` and `Free` drop them. Workspace inside
-//! a piece and the send buffers (sends are taken as zero-copy) are not counted. The peak is the
-//! largest static + live total after any instruction.
+//! Static: parameters (their shapes from the forward piece's inputs) and one buffer per
+//! optimizer-state entry ([`StageProgram::state_init`]). Gradients: as the runtime holds them, a
+//! global buffer per gradient from its first `Accumulate` after a step (the micro-batch's buffer
+//! moves into it) to the `Step`. Dynamic: every live micro-batch buffer, tracked exactly as the
+//! program model defines them: `Load`, `Recv` and piece outputs create buffers (piece outputs at
+//! the slice's sample count), `Concat` / `Sum` replace their inputs by their output, `Accumulate`
+//! and `Free` drop them. Workspace inside a piece and the send buffers (sends are taken as
+//! zero-copy) are not counted. The peak is the largest static + gradients + live total after any
+//! instruction.
 
 use crate::cost::analytic::{from_module, AnalyticOptions};
 use crate::cost::cluster::DeviceKind;
@@ -171,7 +173,8 @@ pub struct DeviceReplay {
     pub busy_s: f64,
     /// Seconds the stream spent in all-reduce.
     pub allreduce_s: f64,
-    /// Parameters + gradients + optimizer state.
+    /// Parameters + optimizer state (gradient buffers are counted while they hold a sum: from a
+    /// device's first `Accumulate` after a step to the step, as the runtime keeps them).
     pub static_bytes: f64,
     pub peak_memory_bytes: f64,
 }
@@ -280,6 +283,8 @@ pub fn replay(
     let mut collectives: HashMap<u32, (u32, Vec<usize>, usize)> = HashMap::new();
     let mut bufs: Vec<HashMap<(String, u32), Buf>> = vec![HashMap::new(); n];
     let mut live = vec![0.0f64; n];
+    // Bytes of the global gradient buffers each device holds (see `Accumulate`, `Step`).
+    let mut grads = vec![0.0f64; n];
     let mut devs: Vec<DeviceReplay> = Vec::with_capacity(n);
     for d in &p.devices {
         let st = p
@@ -292,7 +297,7 @@ pub fn replay(
             .iter()
             .map(|(_, q)| param_bytes(st.id, q))
             .sum();
-        let stat = 2.0 * params + state;
+        let stat = params + state;
         devs.push(DeviceReplay {
             device: d.device,
             stage: d.stage,
@@ -479,7 +484,10 @@ pub fn replay(
                     let mut bytes = 0.0;
                     for t in tensors {
                         if let Some(b) = take(&mut bufs[d], &mut live[d], t, *mb) {
-                            if !accumulated.insert(t.as_str()) {
+                            if accumulated.insert(t.as_str()) {
+                                // Moved into the empty global buffer, which it now is.
+                                grads[d] += b.bytes;
+                            } else {
                                 bytes += b.bytes;
                             }
                         }
@@ -523,6 +531,7 @@ pub fn replay(
                 }
                 Instr::Step => {
                     accumulated.clear();
+                    grads[d] = 0.0;
                     let t = match pieces.get_mut(&(stage.id, 2)) {
                         Some(pm) => pm.time(&kind, 1)?,
                         None => 0.0,
@@ -539,7 +548,7 @@ pub fn replay(
             }
             devs[d].peak_memory_bytes = devs[d]
                 .peak_memory_bytes
-                .max(devs[d].static_bytes + live[d]);
+                .max(devs[d].static_bytes + live[d] + grads[d]);
         }
     }
     if let Some((tag, _)) = tasks.messages.iter().find(|(t, _)| !sent.contains(t)) {

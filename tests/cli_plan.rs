@@ -499,3 +499,50 @@ fn plan_repeat_reports_the_same_plan() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--repeat 0"), "{}", stderr(&o));
 }
+
+/// `--time-limit`: a search cut short returns a valid plan marked `time_limited` (JSON field and
+/// a warning), never worse than data parallelism for DAPPLE (its first candidate); without the
+/// flag the field is absent; a negative limit is a usage error.
+#[test]
+fn time_limit_returns_the_best_plan_so_far() {
+    let model = root().join("onnx-models/resnet18.onnx");
+    let model = model.to_str().expect("utf-8 path");
+    let base = [
+        "plan",
+        model,
+        "--cluster",
+        "summit",
+        "--devices",
+        "16",
+        "--batch",
+        "64",
+        "--json",
+    ];
+    let json = |o: &Output| -> serde_json::Value {
+        assert!(o.status.success(), "{}", stderr(o));
+        serde_json::from_slice(&o.stdout).expect("plan JSON")
+    };
+    for planner in ["dapple", "gpp"] {
+        let full = json(&pipec(&[&base[..], &["--planner", planner]].concat()));
+        assert!(full.get("time_limited").is_none(), "{full}");
+        let o = pipec(&[&base[..], &["--planner", planner, "--time-limit", "0"]].concat());
+        let cut = json(&o);
+        assert_eq!(cut["time_limited"], serde_json::Value::Bool(true), "{cut}");
+        assert!(
+            stderr(&o).contains("--time-limit 0 s reached"),
+            "{}",
+            stderr(&o)
+        );
+        let stages = cut["stages"].as_array().expect("stages");
+        let devices: usize = stages
+            .iter()
+            .map(|s| s["devices"].as_array().map_or(0, |d| d.len()))
+            .sum();
+        assert!((1..=16).contains(&devices), "{cut}");
+        let t = |v: &serde_json::Value| v["iteration_time_s"].as_f64().expect("time");
+        assert!(t(&cut) >= t(&full) * (1.0 - 1e-9), "{cut} vs {full}");
+    }
+    let o = pipec(&[&base[..], &["--planner", "dapple", "--time-limit", "-1"]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--time-limit"), "{}", stderr(&o));
+}

@@ -69,6 +69,10 @@ pub struct Plan {
     /// node was rewritten by [`crate::split_layer`] and its halves are in different stages.
     #[serde(default)]
     pub intra_splits: Vec<IntraSplitReport>,
+    /// The search stopped at `--time-limit`: the best plan found by then, not the planner's
+    /// optimum (absent from the JSON when false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub time_limited: bool,
 }
 
 /// One emitted intra-layer split, as `plan.json` reports it.
@@ -144,6 +148,9 @@ pub struct PlanOptions {
     pub schedule: Option<ScheduleKind>,
     pub optimizer: Optimizer,
     pub allreduce: AllReduceAlgo,
+    /// `--time-limit`: planners that can stop early return the best plan found by then, marked
+    /// [`Plan::time_limited`]. `None`: search to the end.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl PlanOptions {
@@ -155,7 +162,14 @@ impl PlanOptions {
             schedule: None,
             optimizer: Optimizer::Sgd,
             allreduce: AllReduceAlgo::Auto,
+            deadline: None,
         }
+    }
+
+    /// Whether the `--time-limit` deadline has passed.
+    pub fn out_of_time(&self) -> bool {
+        self.deadline
+            .is_some_and(|d| std::time::Instant::now() >= d)
     }
 
     /// The micro-batch to use: the requested one (checked by [`check_micro_batch`]), else the largest
@@ -439,6 +453,7 @@ impl Plan {
             cluster: cluster.name.clone(),
             out_of_memory: res.out_of_memory(cluster),
             intra_splits: Vec::new(),
+            time_limited: false,
         })
     }
 }

@@ -42,6 +42,14 @@ pub struct CompareArgs {
     /// Optimizer for the memory model and the step time: sgd, sgd:momentum=0.9, adam.
     #[arg(long, default_value = "sgd")]
     pub optimizer: String,
+    /// Stop each planner's search after SECONDS and take its best plan found by then (as
+    /// `pipec plan --time-limit`).
+    #[arg(
+        long = "time-limit",
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
+    pub time_limit: Option<f64>,
     #[arg(long = "dim", value_name = "NAME=VALUE", help = super::DIM_HELP)]
     pub dims: Vec<String>,
     /// Print a JSON list of `plan --json` objects.
@@ -146,6 +154,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     );
     for &name in planners::PLANNER_NAMES {
         bar.set_message(format!("compare on {} devices: {name}", cluster.len()));
+        opts.deadline = super::plan::deadline(a.time_limit)?;
         let result = plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
             .and_then(|(p, g, _)| {
                 p.verify(&g, &cluster)?;

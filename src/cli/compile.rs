@@ -72,6 +72,14 @@ pub struct CompileArgs {
     /// Optimizer: sgd:lr=0.01[,momentum=0.9][,weight_decay=0] or adam:lr=0.001[,beta1=..].
     #[arg(long, default_value = "sgd:lr=0.01")]
     pub optimizer: String,
+    /// Stop the planner's search after SECONDS and compile the best plan found by then (as
+    /// `pipec plan --time-limit`; plan.json then says `"time_limited": true`).
+    #[arg(
+        long = "time-limit",
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
+    pub time_limit: Option<f64>,
     /// Device kind for an inline `N@BW` cluster (default V100-16GB).
     #[arg(long = "device-kind")]
     pub device_kind: Option<String>,
@@ -137,8 +145,10 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         label,
         cluster.len()
     ));
+    opts.deadline = super::plan::deadline(a.time_limit)?;
     let (plan, g, rewritten) = plan_model(&planner_name, with_module, g, &cluster, &opts)
         .with_context(|| format!("{name}: planner '{label}' failed"))?;
+    super::plan::warn_time_limited(&plan, a.time_limit);
     let imported = &m;
     let m = rewritten.as_ref().unwrap_or(&m);
     plan.verify(&g, &cluster)

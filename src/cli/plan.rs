@@ -78,6 +78,17 @@ pub struct PlanArgs {
     /// Optimizer for the memory model and the step time: sgd, sgd:momentum=0.9, adam.
     #[arg(long, default_value = "sgd")]
     pub optimizer: String,
+    /// Stop the planner's search after SECONDS and take the best plan found by then, marked
+    /// `"time_limited": true` in the JSON (and in OUTDIR/plan.json): DAPPLE stops extending its
+    /// partial plans and trying further micro-batch sizes, GPP leaves out its searches on fewer
+    /// devices and the sequential planners' plans (its search on all devices always completes);
+    /// the other planners' searches are short and always complete.
+    #[arg(
+        long = "time-limit",
+        value_name = "SECONDS",
+        allow_negative_numbers = true
+    )]
+    pub time_limit: Option<f64>,
     /// All-reduce algorithm: ring, hierarchical, auto.
     #[arg(long, default_value = "auto")]
     pub allreduce: String,
@@ -128,6 +139,28 @@ pub fn load_cost_graph(
 /// A PipeDream `graph.txt` profile (by extension), not a model.
 pub(crate) fn is_profile_path(model: &Path) -> bool {
     model.extension().is_some_and(|e| e == "txt")
+}
+
+/// `--time-limit SECONDS` as a deadline from now.
+pub fn deadline(limit: Option<f64>) -> Result<Option<std::time::Instant>> {
+    let Some(s) = limit else { return Ok(None) };
+    if !(0.0..=1e9).contains(&s) {
+        bail!("--time-limit {s}: must be a number of seconds >= 0");
+    }
+    Ok(Some(
+        std::time::Instant::now() + std::time::Duration::from_secs_f64(s),
+    ))
+}
+
+/// Say on stderr that `plan` is the best found by `--time-limit`, not the planner's optimum.
+pub fn warn_time_limited(plan: &Plan, limit: Option<f64>) {
+    if plan.time_limited {
+        eprintln!(
+            "warning: --time-limit {} s reached: planner '{}' returns the best plan found by then",
+            limit.unwrap_or(0.0),
+            plan.planner
+        );
+    }
 }
 
 /// Run the planner `name` on `g`. For `bapipe` with the module `m` that `g` was built from
@@ -380,6 +413,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     opts.schedule = schedule;
     opts.optimizer = Optimizer::parse(&a.optimizer)?;
     opts.allreduce = parse_allreduce(&a.allreduce)?;
+    opts.deadline = deadline(a.time_limit)?;
     // BaPipe emits its intra-layer splits on an ONNX model costed analytically.
     let module = if planner_name == "bapipe" && a.profile.is_none() && !is_profile_path(model) {
         Some(super::load_module_dims(model, &dims)?)
@@ -388,6 +422,9 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     };
     if a.repeat == 0 {
         bail!("--repeat 0: must be >= 1");
+    }
+    if a.repeat > 1 && a.time_limit.is_some() {
+        bail!("--repeat with --time-limit: a search cut short by time returns other plans on other runs");
     }
     let first = (a.repeat > 1).then(|| g.clone());
     let spin = super::progress::spinner(format!(
@@ -429,6 +466,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         );
     }
     drop(spin);
+    warn_time_limited(&plan, a.time_limit);
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     if let Some(path) = &a.trace {

@@ -463,6 +463,8 @@ struct Found {
     m: usize,
     states: usize,
     fits: bool,
+    /// The search stopped extending states at `--time-limit`.
+    time_limited: bool,
 }
 
 /// [`search_with`], leaving out every plan whose `L` exceeds `bound` (the candidates may then be
@@ -515,7 +517,7 @@ fn search_bounded(
         fits = false;
         found = run_search(&mut ctx);
     }
-    let (top, states, _) = found;
+    let (top, states, _, time_limited) = found;
     let all: u128 = if ndev == 128 {
         u128::MAX
     } else {
@@ -551,6 +553,7 @@ fn search_bounded(
         m,
         states,
         fits,
+        time_limited,
     })
 }
 
@@ -815,7 +818,7 @@ impl Bound {
 /// extending it exceeds the incumbent is not extended. The incumbent is the `TOP`-th best
 /// complete `L` of this search (such a plan cannot enter `top`) or `ctx.bound` (it cannot enter
 /// the planner's pool), whichever is smaller.
-fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool) {
+fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool, bool) {
     let ndev = ctx.cluster.len();
     let all: u128 = if ndev == 128 {
         u128::MAX
@@ -876,6 +879,10 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool) {
     let mut top: Vec<State> = Vec::with_capacity(TOP + 1);
     let mut count = 0usize;
     let mut any_pruned = false;
+    // `--time-limit`: once it has passed, states are still collected as complete plans (every
+    // state is one: its last stage takes the free devices) but no longer extended.
+    let mut out_of_time = false;
+    let mut visited = 0usize;
     for c in 0..k {
         let mut here: Vec<State> = states[c].drain().map(|(_, s)| s).collect();
         here.sort_by_key(|s| s.used);
@@ -904,6 +911,13 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool) {
                         top.truncate(TOP);
                     }
                 }
+            }
+            if !out_of_time && visited.is_multiple_of(64) {
+                out_of_time = ctx.opts.out_of_time();
+            }
+            visited += 1;
+            if out_of_time {
+                continue;
             }
             let free = all & !used;
             let nfree = free.count_ones() as usize;
@@ -1075,7 +1089,7 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool) {
             }
         }
     }
-    (top, count, any_pruned)
+    (top, count, any_pruned, out_of_time)
 }
 
 /// The default micro-batch (see the module doc).
@@ -1144,7 +1158,13 @@ impl Planner for Dapple {
         order.sort_by(|&a, &b| dp_l[a].total_cmp(&dp_l[b]));
         let mut found: Vec<Vec<(StagePlan, f64)>> = vec![Vec::new(); mbs.len()];
         let mut ls: Vec<f64> = Vec::new();
+        let mut time_limited = false;
         for x in order {
+            // `--time-limit`: the micro-batches not searched yet are left out once a plan is known.
+            if !ls.is_empty() && opts.out_of_time() {
+                time_limited = true;
+                break;
+            }
             let bound = if ls.len() >= keep {
                 ls.sort_by(f64::total_cmp);
                 ls[keep - 1]
@@ -1155,6 +1175,7 @@ impl Planner for Dapple {
             if s.candidates.is_empty() && bound == f64::INFINITY {
                 return Err(Error::msg("dapple: no plan found"));
             }
+            time_limited |= s.time_limited;
             ls.extend(s.candidates.iter().map(|c| c.1));
             found[x] = s.candidates;
         }
@@ -1207,6 +1228,7 @@ impl Planner for Dapple {
         }
         let mut plan = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
         plan.search_time_s = t0.elapsed().as_secs_f64();
+        plan.time_limited = time_limited;
         Ok(plan)
     }
 }

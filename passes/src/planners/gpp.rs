@@ -560,11 +560,14 @@ impl Planner for Gpp {
             return self.search(g, cluster, opts, t0);
         }
         let mut best = self.search(g, cluster, opts, t0);
-        self.fewer_devices(g, cluster, opts, t0, &mut best);
-        seeds(g, cluster, opts, t0, &mut best);
+        // `--time-limit`: the searches on fewer devices and the seeds are left out once it has
+        // passed (the search on all devices always completes).
+        let mut time_limited = self.fewer_devices(g, cluster, opts, t0, &mut best);
+        time_limited |= seeds(g, cluster, opts, t0, &mut best);
         let mut plan = best?;
         plan.planner = self.name().to_string();
         plan.search_time_s = t0.elapsed().as_secs_f64();
+        plan.time_limited |= time_limited;
         Ok(plan)
     }
 }
@@ -590,18 +593,22 @@ pub const SEQUENTIAL_SEEDS: &[(&str, usize)] = &[
 
 /// Replace `best` by the fastest of it and the sequential planners' plans ([`SEQUENTIAL_SEEDS`]).
 /// A planner that finds no plan (too few nodes for `straight`, a schedule it does not take) is
-/// skipped; when every planner failed, the first error stays.
+/// skipped; when every planner failed, the first error stays. Returns whether `--time-limit`
+/// left seeds out.
 fn seeds(
     g: &CostGraph,
     cluster: &Cluster,
     opts: &PlanOptions,
     t0: Instant,
     best: &mut Result<Plan>,
-) {
+) -> bool {
     let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
     for &(name, max_devices) in SEQUENTIAL_SEEDS {
         if cluster.len() > max_devices {
             continue;
+        }
+        if best.is_ok() && opts.out_of_time() {
+            return true;
         }
         let Ok(planner) = super::by_name(name) else {
             continue;
@@ -621,6 +628,7 @@ fn seeds(
         }
         keep_faster(best, got);
     }
+    false
 }
 
 /// Keep the faster of `best` and `other` (ties keep `best`). A plan that does not fit in
@@ -646,7 +654,8 @@ impl Gpp {
     /// the compute bound of a plan on them ([`ComputeBound`]) is below the best time so far.
     /// Small models on fast, high-latency clusters train fastest on fewer devices than they are
     /// given (the all-reduce and the transfers cost more than the compute they spread), which a
-    /// search that must use all `D` devices (constraint C3) cannot return.
+    /// search that must use all `D` devices (constraint C3) cannot return. Returns whether
+    /// `--time-limit` cut this short.
     fn fewer_devices(
         &self,
         g: &CostGraph,
@@ -654,7 +663,7 @@ impl Gpp {
         opts: &PlanOptions,
         t0: Instant,
         best: &mut Result<Plan>,
-    ) {
+    ) -> bool {
         let bound_on = ComputeBound::new(g, cluster, opts);
         let mut d = cluster.len() / 2;
         while d >= 1 {
@@ -664,12 +673,16 @@ impl Gpp {
                     // The bound only grows as devices are taken away.
                     break;
                 }
+                if opts.out_of_time() {
+                    return true;
+                }
             }
             if let Ok(sub) = cluster.clone().take(d) {
                 keep_faster(best, self.search(g, &sub, opts, t0));
             }
             d /= 2;
         }
+        false
     }
 
     /// The search proper on all of `cluster`'s devices (see the module doc).

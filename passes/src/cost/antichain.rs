@@ -587,6 +587,11 @@ pub struct Cuts {
     below: Vec<BitSet>,
     /// How many positions are antichain-DAG states (0 when the DAG was over its budget).
     pub antichain_states: usize,
+    /// `boundary[p]`: the nodes of `D(p)` with a successor outside it (whose output crosses the
+    /// cut); with `params` (of `D(p)`) the parts of [`Cuts::sums`] that do not depend on the
+    /// batch, computed once.
+    boundary: Vec<Vec<NodeId>>,
+    params: Vec<f64>,
 }
 
 /// Prefix sums over the positions of a [`Cuts`] family at one batch and device kind: the same
@@ -681,10 +686,24 @@ impl Cuts {
                 b
             })
             .collect();
+        let boundary = down
+            .iter()
+            .map(|d| {
+                d.iter()
+                    .filter(|&u| g.succs(u).any(|v| !d.contains(v)))
+                    .collect()
+            })
+            .collect();
+        let params = down
+            .iter()
+            .map(|d| d.iter().fold(0.0, |a, u| a + g.nodes[u].parameter_bytes))
+            .collect();
         Cuts {
             down,
             below,
             antichain_states,
+            boundary,
+            params,
         }
     }
 
@@ -733,22 +752,19 @@ impl Cuts {
             saved: Vec::with_capacity(p),
             cut: Vec::with_capacity(p),
         };
-        for d in &self.down {
-            let (mut f, mut b, mut pa, mut sa, mut c) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for (p, d) in self.down.iter().enumerate() {
+            let (mut f, mut b, mut sa) = (0.0, 0.0, 0.0);
             for u in d.iter() {
                 f += per[u].0;
                 b += per[u].1;
-                pa += g.nodes[u].parameter_bytes;
                 sa += g.nodes[u].saved_bytes * s;
-                if g.succs(u).any(|v| !d.contains(v)) {
-                    c += out_bytes[u];
-                }
             }
             out.fwd.push(f);
             out.bwd.push(b);
-            out.params.push(pa);
+            out.params.push(self.params[p]);
             out.saved.push(sa);
-            out.cut.push(c);
+            out.cut
+                .push(self.boundary[p].iter().fold(0.0, |c, &u| c + out_bytes[u]));
         }
         out
     }

@@ -526,7 +526,11 @@ impl Planner for PipeDream {
         }
         // A stage can come out empty when a range adds no node; merge it away.
         specs.retain(|s| !s.nodes.is_empty());
-        let mb = opts.micro_batch_or(4 * specs.len() as u64)?;
+        // Four micro-batches per stage, and under 1F1B-RR (replicas take whole micro-batches in
+        // turn) a multiple of every stage's replica count, so no replica idles for want of one.
+        let turn = specs.iter().map(|s| s.devices.len() as u64).fold(1, lcm);
+        let want = 4 * specs.len() as u64;
+        let mb = opts.micro_batch_or(want.div_ceil(turn) * turn)?;
         let search = t0.elapsed().as_secs_f64();
         Plan::assemble(
             self.name(),
@@ -540,4 +544,15 @@ impl Planner for PipeDream {
             search,
         )
     }
+}
+
+/// Least common multiple (1 for an overflow, where no micro-batch count could be one).
+fn lcm(a: u64, b: u64) -> u64 {
+    let gcd = |mut x: u64, mut y: u64| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    (a / gcd(a, b).max(1)).checked_mul(b).unwrap_or(1)
 }

@@ -231,6 +231,10 @@ pub struct Search {
 /// How many of the best complete plans the search keeps (for re-ranking by simulation).
 pub const TOP: usize = 32;
 
+/// How many of each micro-batch size's best plans by Eq. 2 the simulator re-ranks besides the
+/// [`TOP`] best over all sizes.
+pub const PER_MICRO_BATCH: usize = 4;
+
 struct Ctx<'a> {
     cluster: &'a Cluster,
     opts: &'a PlanOptions,
@@ -1179,13 +1183,26 @@ impl Planner for Dapple {
             ls.extend(s.candidates.iter().map(|c| c.1));
             found[x] = s.candidates;
         }
-        for (x, cands) in found.into_iter().enumerate() {
-            for (st, l) in cands {
+        // Eq. 2 ranks plans at one micro-batch size well but not across sizes (it leaves out
+        // the bubbles inside the pivot stage, whose share changes with M): besides the best
+        // `rerank` over all sizes, each size's own best [`PER_MICRO_BATCH`] are re-ranked.
+        let mut own: Vec<(u64, StagePlan, f64)> = Vec::new();
+        for (x, mut cands) in found.into_iter().enumerate() {
+            cands.sort_by(|a, b| a.1.total_cmp(&b.1));
+            for (k, (st, l)) in cands.into_iter().enumerate() {
+                if k < PER_MICRO_BATCH && self.rerank > 1 {
+                    own.push((mbs[x], st.clone(), l));
+                }
                 pool.push((mbs[x], st, l));
             }
         }
         pool.sort_by(|a, b| a.2.total_cmp(&b.2));
         pool.truncate(self.rerank.max(1));
+        for c in own {
+            if !pool.iter().any(|p| p.0 == c.0 && p.1 == c.1) {
+                pool.push(c);
+            }
+        }
         if self.rerank > 1 {
             // Pure data parallelism (the search's base state) is always re-ranked too, at every
             // micro-batch tried.

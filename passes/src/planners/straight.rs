@@ -6,8 +6,10 @@
 //! `T_s = max(Σ_{l∈s}(F_l + B_l), cut_in/β_{s−1,s} + cut_out/β_{s,s+1})`, where `cut` is the bytes
 //! crossing the stage boundary (activations forward, the same bytes of gradients backward, both
 //! through the stage's one send channel) and β the path bandwidth between neighbouring devices.
-//! An exact DP over (stage, end position) minimizes `max_s T_s` in `O(S·n²)`. `Input` nodes come
-//! first in the order, so they land in the first stage. The default micro-batch gives `M ≈ 4·S`
+//! An exact DP over (stage, end position) minimizes `max_s T_s` in `O(S·n²)` at worst; a stage's
+//! start is searched from the latest down and stops once the stage's compute alone exceeds the
+//! best bottleneck, about `O(n²)` on balanced chains. `Input` nodes come first in the order, so
+//! they land in the first stage. The default micro-batch gives `M ≈ 4·S`
 //! micro-batches and the default schedule is 1F1B.
 //!
 //! Objective: `max_s T_s` at the whole batch, PipeDream's "time per stage" for a pipeline without
@@ -105,13 +107,20 @@ pub fn comm_aware_partition(ch: &crate::cost::Chain, k: usize, bw: &[f64]) -> (V
     }
     for s in 1..k {
         for j in s + 1..=n + 1 - (k - s) {
+            // Starts `i` from the latest down: stage `s`'s compute only grows as `i` moves
+            // earlier, so once it exceeds the best bottleneck no earlier start can do better.
+            // Ties go to the earliest start.
             let (mut b, mut a) = (f64::INFINITY, s);
-            for (i, &prev) in best[s - 1].iter().enumerate().take(j).skip(s) {
-                if prev >= b {
+            for i in (s..j).rev() {
+                if ch.compute(i, j) > b {
+                    break;
+                }
+                let prev = best[s - 1][i];
+                if prev > b {
                     continue;
                 }
                 let t = prev.max(stage_time(s, i, j));
-                if t < b {
+                if t <= b {
                     b = t;
                     a = i;
                 }

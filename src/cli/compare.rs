@@ -139,6 +139,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     };
     let mut opts = PlanOptions::new(batch);
     opts.optimizer = Optimizer::parse(&a.optimizer)?;
+    let limit = super::plan::time_limit(a.time_limit)?;
     // The same plans `pipec plan` makes: BaPipe emits its intra-layer splits on an ONNX model
     // costed analytically.
     let module = if a.profile.is_none() && !is_profile_path(model) {
@@ -154,7 +155,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     );
     for &name in planners::PLANNER_NAMES {
         bar.set_message(format!("compare on {} devices: {name}", cluster.len()));
-        opts.deadline = super::plan::deadline(a.time_limit)?;
+        opts.deadline = super::plan::deadline(limit);
         let result = plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
             .and_then(|(p, g, _)| {
                 p.verify(&g, &cluster)?;

@@ -103,6 +103,7 @@ pub struct CompileArgs {
 /// Run `pipec compile`.
 pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let loss: LossKind = a.loss.parse().map_err(|e| anyhow!("--loss: {e}"))?;
+    let limit = super::plan::time_limit(a.time_limit)?;
     let optimizer: OptimizerKind = a
         .optimizer
         .parse()
@@ -145,7 +146,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         label,
         cluster.len()
     ));
-    opts.deadline = super::plan::deadline(a.time_limit)?;
+    opts.deadline = super::plan::deadline(limit);
     let (plan, g, rewritten) = plan_model(&planner_name, with_module, g, &cluster, &opts)
         .with_context(|| format!("{name}: planner '{label}' failed"))?;
     super::plan::warn_time_limited(&plan, a.time_limit);

@@ -141,15 +141,19 @@ pub(crate) fn is_profile_path(model: &Path) -> bool {
     model.extension().is_some_and(|e| e == "txt")
 }
 
-/// `--time-limit SECONDS` as a deadline from now.
-pub fn deadline(limit: Option<f64>) -> Result<Option<std::time::Instant>> {
+/// `--time-limit SECONDS`, checked (before any slow work); the clock starts with [`deadline`].
+pub fn time_limit(limit: Option<f64>) -> Result<Option<std::time::Duration>> {
     let Some(s) = limit else { return Ok(None) };
     if !(0.0..=1e9).contains(&s) {
         bail!("--time-limit {s}: must be a number of seconds >= 0");
     }
-    Ok(Some(
-        std::time::Instant::now() + std::time::Duration::from_secs_f64(s),
-    ))
+    Ok(Some(std::time::Duration::from_secs_f64(s)))
+}
+
+/// The planner's deadline for a `--time-limit` starting now (just before the planner runs, so
+/// importing and costing the model do not count against it).
+pub fn deadline(limit: Option<std::time::Duration>) -> Option<std::time::Instant> {
+    limit.map(|d| std::time::Instant::now() + d)
 }
 
 /// Say on stderr that `plan` is the best found by `--time-limit`, not the planner's optimum.
@@ -413,7 +417,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     opts.schedule = schedule;
     opts.optimizer = Optimizer::parse(&a.optimizer)?;
     opts.allreduce = parse_allreduce(&a.allreduce)?;
-    opts.deadline = deadline(a.time_limit)?;
+    let limit = time_limit(a.time_limit)?;
     // BaPipe emits its intra-layer splits on an ONNX model costed analytically.
     let module = if planner_name == "bapipe" && a.profile.is_none() && !is_profile_path(model) {
         Some(super::load_module_dims(model, &dims)?)
@@ -432,6 +436,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         model.display(),
         cluster.len()
     ));
+    opts.deadline = deadline(limit);
     let (mut plan, g, _) = plan_model(planner_name, module.as_ref(), g, &cluster, &opts)
         .with_context(|| format!("{}: planner '{label}' failed", model.display()))?;
     if let Some(g0) = first {

@@ -1092,42 +1092,10 @@ pub fn simulate(
     let mut devices = vec![DeviceStats::default(); ndev];
     let mut mem_events: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ndev];
     let mut flight_events: Vec<Vec<(f64, i64)>> = vec![Vec::new(); ndev];
-    for (d, p) in place.iter().enumerate() {
-        if let Some((s, _)) = p {
-            devices[d].used = !sched.programs.get(d).is_none_or(|p| p.is_empty());
-            // Gradient buffers are held from the device's first backward (its outputs exist while
-            // its saved inputs do) to its step (the runtime's global buffers), not for the whole
-            // iteration.
-            mem_events[d].push((
-                0.0,
-                sg.stages[*s].static_bytes - sg.stages[*s].parameter_bytes,
-            ));
-        }
-    }
+    // Gradient buffers are held from the device's first backward (its outputs exist while its
+    // saved inputs do) to its step (the runtime's global buffers), not for the whole iteration.
     let mut grads_from = vec![f64::INFINITY; ndev];
     let mut grads_to = vec![f64::NEG_INFINITY; ndev];
-    for i in 0..n {
-        match &kinds[i] {
-            TaskKind::Backward { device, .. } => {
-                grads_from[*device] = grads_from[*device].min(start[i]);
-            }
-            TaskKind::Step { device, .. } => grads_to[*device] = grads_to[*device].max(end[i]),
-            _ => {}
-        }
-    }
-    for (d, p) in place.iter().enumerate() {
-        if let Some((s, _)) = p {
-            let b = sg.stages[*s].parameter_bytes;
-            if grads_from[d].is_finite() {
-                mem_events[d].push((grads_from[d], b));
-                if grads_to[d] >= grads_from[d] {
-                    mem_events[d].push((grads_to[d], -b));
-                }
-            } else {
-                mem_events[d].push((0.0, b));
-            }
-        }
-    }
     for i in 0..n {
         let dt = end[i] - start[i];
         match &kinds[i] {
@@ -1140,14 +1108,33 @@ pub fn simulate(
                 devices[*device].busy_s += dt;
                 mem_events[*device].push((end[i], -sg.stages[*stage].saved_bytes));
                 flight_events[*device].push((end[i], -1));
+                grads_from[*device] = grads_from[*device].min(start[i]);
             }
-            TaskKind::Step { device, .. } => devices[*device].busy_s += dt,
+            TaskKind::Step { device, .. } => {
+                devices[*device].busy_s += dt;
+                grads_to[*device] = grads_to[*device].max(end[i]);
+            }
             TaskKind::AllReduce { devices: g, .. } => {
                 for &d in g {
                     devices[d].allreduce_s += dt;
                 }
             }
             TaskKind::Transfer { .. } | TaskKind::Memory { .. } => {}
+        }
+    }
+    for (d, p) in place.iter().enumerate() {
+        if let Some((s, _)) = p {
+            devices[d].used = !sched.programs.get(d).is_none_or(|p| p.is_empty());
+            let b = sg.stages[*s].parameter_bytes;
+            mem_events[d].push((0.0, sg.stages[*s].static_bytes - b));
+            if grads_from[d].is_finite() {
+                mem_events[d].push((grads_from[d], b));
+                if grads_to[d] >= grads_from[d] {
+                    mem_events[d].push((grads_to[d], -b));
+                }
+            } else {
+                mem_events[d].push((0.0, b));
+            }
         }
     }
     let mut stage_in_flight = vec![0usize; sg.stages.len()];

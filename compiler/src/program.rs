@@ -293,6 +293,37 @@ impl Program {
     }
 }
 
+/// The last instruction (index into `list`) reading each micro-batch buffer `(name, mb)`: the
+/// computes (every input of the forward piece `fwd_inputs`, of the backward piece
+/// `bwd_inputs`) and the sends. Frees do not count; concat and accumulate consume their inputs
+/// anyway. A runtime may move a buffer into the compute or send that is its last use, and
+/// `pipec simulate` counts its memory until then.
+pub fn last_uses(
+    list: &[Instr],
+    fwd_inputs: &[String],
+    bwd_inputs: Option<&[String]>,
+) -> HashMap<(String, u32), usize> {
+    let mut m = HashMap::new();
+    for (k, ins) in list.iter().enumerate() {
+        match ins {
+            Instr::Compute { pass, mb } => {
+                let inputs = match pass {
+                    PieceKind::Fwd => Some(fwd_inputs),
+                    PieceKind::Bwd => bwd_inputs,
+                };
+                for x in inputs.into_iter().flatten() {
+                    m.insert((x.clone(), *mb), k);
+                }
+            }
+            Instr::Send { mb, tensor, .. } => {
+                m.insert((tensor.clone(), *mb), k);
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
 /// The static schedule verifier (run by codegen before it emits, and by the runtime on load).
 ///
 /// Checks, naming devices and instruction indices on failure:

@@ -13,8 +13,10 @@
 //!   costed with the analytic model ([`crate::cost::analytic::from_module`]); its time is the sum
 //!   of the *forward* roofline time of every op at the slice's sample count (a backward piece's ops
 //!   already are the backward computation, so their own forward work is what runs). The slice's
-//!   samples are the rows of the first batch-carrying micro-batch buffer the piece reads
-//!   (from `Load` sample ranges, `Recv` shapes and `Concat` sums), else `micro_batch / replicas`.
+//!   samples are those of the first batch-carrying micro-batch buffer the piece reads
+//!   (from `Load` sample ranges, `Recv` shapes — axis 0 over its per-sample factor, so a
+//!   `[batch·seq, d]` value counts samples, not rows — and `Concat` sums), else
+//!   `micro_batch / replicas`.
 //!   Every symbolic dim of the piece is set to that sample count.
 //! - `Step`: the step piece costed the same way (no batch).
 //! - `Send`: never blocks the stream. The message is ready when the stream reaches the send; it
@@ -40,9 +42,11 @@
 //! moves into it) to the `Step`. Dynamic: every live micro-batch buffer, tracked exactly as the
 //! program model defines them: `Load`, `Recv` and piece outputs create buffers (piece outputs at
 //! the slice's sample count), `Concat` / `Sum` replace their inputs by their output, `Accumulate`
-//! and `Free` drop them. Workspace inside a piece and the send buffers (sends are taken as
-//! zero-copy) are not counted. The peak is the largest static + gradients + live total after any
-//! instruction.
+//! and `Free` drop them, and, as in the runtime, a buffer's last reader (a compute, or a whole
+//! send) moves it out: a compute's inputs are dropped once its outputs exist, a sent value the
+//! backward does not read is dropped at the send. Workspace inside a piece and the send buffers
+//! (sends are taken as zero-copy) are not counted. The peak is the largest static + gradients +
+//! live total after any instruction and at the end of every compute (inputs and outputs live).
 
 use crate::cost::analytic::{from_module, AnalyticOptions};
 use crate::cost::cluster::DeviceKind;
@@ -82,6 +86,16 @@ impl Port {
     /// Whether axis 0 carries the batch (is symbolic).
     fn batched(&self) -> bool {
         matches!(self.dims.as_deref(), Some([(_, pow), ..]) if *pow > 0)
+    }
+
+    /// The samples a buffer of this port holds whose axis 0 has `len` entries (axis 0 is
+    /// `coeff · samples`: a `[batch·seq, d]` tensor of 4 samples has 4·seq rows).
+    fn samples_of(&self, len: i64) -> Option<u64> {
+        match self.dims.as_deref() {
+            Some([(c, 1), ..]) if *c > 0 => Some(len.max(0) as u64 / c),
+            Some([(_, pow), ..]) if *pow > 0 => Some(len.max(0) as u64),
+            _ => None,
+        }
     }
 
     /// Bytes with every symbol = `samples`.
@@ -315,7 +329,12 @@ pub fn replay(
         tasks.pending.clear();
         // Gradient buffers that hold a sum since the last optimizer step.
         let mut accumulated: FxHashSet<&str> = FxHashSet::default();
-        for ins in &dp.instructions {
+        let last_use = pipec_compiler::program::last_uses(
+            &dp.instructions,
+            &stage.fwd.inputs,
+            stage.bwd.as_ref().map(|p| p.inputs.as_slice()),
+        );
+        for (k_ins, ins) in dp.instructions.iter().enumerate() {
             match ins {
                 Instr::Load { mb, input, samples } => {
                     let rows = samples[1].saturating_sub(samples[0]);
@@ -368,6 +387,17 @@ pub fn replay(
                     for (name, b) in outs {
                         put(&mut bufs[d], &mut live[d], &name, *mb, b);
                     }
+                    // The piece's inputs and outputs exist together; then the inputs whose last
+                    // use this is are gone (the runtime moves them into the compute).
+                    devs[d].peak_memory_bytes = devs[d]
+                        .peak_memory_bytes
+                        .max(devs[d].static_bytes + live[d] + grads[d]);
+                    for i in &piece.inputs {
+                        let key = (i.clone(), *mb);
+                        if last_use.get(&key) == Some(&k_ins) {
+                            take(&mut bufs[d], &mut live[d], i, *mb);
+                        }
+                    }
                     let mbu = *mb as usize;
                     let (tk, name, cat) = if k == 0 {
                         let tk = TaskKind::Forward {
@@ -393,7 +423,7 @@ pub fn replay(
                     tag,
                     dtype,
                     shape,
-                    ..
+                    slice,
                 } => {
                     let bytes = shape_bytes(dtype, shape);
                     if *peer >= n || !sent.insert(*tag) {
@@ -404,6 +434,10 @@ pub fn replay(
                     let id = tasks.message(cluster, *tag, d, *peer, bytes);
                     tasks.shown[id as usize] =
                         Some((d, 1, format!("{tensor}[{mb}]->{peer}"), "send"));
+                    // A whole-buffer send that is the buffer's last use moves it out.
+                    if slice.is_none() && last_use.get(&(tensor.clone(), *mb)) == Some(&k_ins) {
+                        take(&mut bufs[d], &mut live[d], tensor, *mb);
+                    }
                     if let Some(&(p, _)) = tasks.streams[d].last() {
                         tasks.tb.edge(p, id);
                     }
@@ -425,17 +459,12 @@ pub fn replay(
                     }
                     let id = tasks.message(cluster, *tag, *peer, d, bytes);
                     tasks.pending.push((id, format!("wait {tensor}[{mb}]")));
-                    let batched = [0u8, 1].iter().any(|k| {
-                        pieces
-                            .get(&(stage.id, *k))
-                            .and_then(|pm| pm.inputs.get(tensor))
-                            .is_some_and(|port| port.batched())
+                    // A piece of a buffer that a concat joins is `name#r<replica>[m<mb>]`.
+                    let whole = tensor.rsplit_once("#r").map_or(tensor.as_str(), |(w, _)| w);
+                    let rows = [0u8, 1].iter().find_map(|k| {
+                        let port = pieces.get(&(stage.id, *k))?.inputs.get(whole)?;
+                        port.samples_of(*shape.first()?)
                     });
-                    let rows = if batched {
-                        shape.first().map(|&r| r.max(0) as u64)
-                    } else {
-                        None
-                    };
                     put(&mut bufs[d], &mut live[d], tensor, *mb, Buf { bytes, rows });
                 }
                 Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {

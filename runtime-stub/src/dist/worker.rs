@@ -154,7 +154,11 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         ctx,
         program,
         stage,
-        last_use: last_uses(&dp.instructions, &fwd, bwd.as_ref()),
+        last_use: pipec_compiler::program::last_uses(
+            &dp.instructions,
+            &fwd.inputs,
+            bwd.as_ref().map(|p| p.inputs.as_slice()),
+        ),
         fwd,
         bwd,
         step,
@@ -241,34 +245,6 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         timing,
         events,
     })
-}
-
-/// The last instruction reading each micro-batch buffer (compute inputs, sends); frees do not
-/// count, concat and accumulate consume their inputs anyway.
-fn last_uses(
-    list: &[Instr],
-    fwd: &PreparedPiece,
-    bwd: Option<&PreparedPiece>,
-) -> HashMap<(String, u32), usize> {
-    let mut m = HashMap::new();
-    for (k, ins) in list.iter().enumerate() {
-        match ins {
-            Instr::Compute { pass, mb } => {
-                let piece = match pass {
-                    PieceKind::Fwd => Some(fwd),
-                    PieceKind::Bwd => bwd,
-                };
-                for x in piece.into_iter().flat_map(|p| &p.inputs) {
-                    m.insert((x.clone(), *mb), k);
-                }
-            }
-            Instr::Send { mb, tensor, .. } => {
-                m.insert((tensor.clone(), *mb), k);
-            }
-            _ => {}
-        }
-    }
-    m
 }
 
 fn other(msg: impl Into<String>) -> CommError {

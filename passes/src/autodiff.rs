@@ -54,6 +54,11 @@ pub struct Autodiff {
     /// With `wrt_inputs`: only the graph inputs with these names (codegen differentiates a
     /// stage with respect to the activations it receives, not its data or cotangent inputs).
     pub wrt_only: Option<Vec<String>>,
+    /// Cotangent seeds `(value, cotangent input)`: the backward adds each cotangent to its
+    /// value's gradient, as if the loss had a term `Σ value ⊙ cotangent` but without computing
+    /// that term (codegen seeds a stage's backward with the cotangents of what it sends, and the
+    /// backward then reads no sent value it does not need).
+    pub seeds: Vec<(String, String)>,
 }
 
 impl Default for Autodiff {
@@ -62,6 +67,7 @@ impl Default for Autodiff {
             loss: Some(LossKind::MeanSquare),
             wrt_inputs: false,
             wrt_only: None,
+            seeds: Vec::new(),
         }
     }
 }
@@ -357,8 +363,24 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         }
         diff.insert(op, di);
     }
-    // Values the loss depends on through differentiable operands.
+    let names = if opts.seeds.is_empty() {
+        HashMap::new()
+    } else {
+        g.values_by_name()
+    };
+    let by_name = |n: &str| {
+        names
+            .get(n)
+            .copied()
+            .ok_or_else(|| Error::named(n, "autodiff: no such value to seed"))
+    };
+    let mut seeds: Vec<(Value, Value)> = Vec::with_capacity(opts.seeds.len());
+    for (v, c) in &opts.seeds {
+        seeds.push((by_name(v)?, by_name(c)?));
+    }
+    // Values the loss (and the seeded values) depend on through differentiable operands.
     let mut useful: HashSet<Value> = HashSet::from([loss]);
+    useful.extend(seeds.iter().map(|s| s.0));
     for &op in order.iter().rev() {
         let d = &g.ops[op];
         if d.outputs.iter().any(|o| useful.contains(o)) {
@@ -377,6 +399,9 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
     let dt = b.dt(loss);
     let seed = b.scalar(dt, 1.0)?;
     contrib.insert(loss, vec![seed]);
+    for &(v, c) in &seeds {
+        contrib.entry(v).or_default().push(c);
+    }
     let take = |b: &mut Builder, contrib: &mut HashMap<Value, Vec<Value>>, v: Value| {
         contrib.remove(&v).map(|vs| b.sum(&vs))
     };

@@ -175,20 +175,11 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
         terms.push(b.mul(l, c));
         loss_value = Some(l);
     }
-    {
-        let mut b = Builder::new(&mut t.graph, "loss");
-        b.prefix = "objective".into();
-        for &(v, c) in &cots {
-            let dt = b.dt(v);
-            let p = b.mul(v, c);
-            terms.push(b.op1("ReduceSum", &[p], vec![("keepdims", Attr::Int(0))], dt));
-        }
-    }
     let label = match spec.loss {
         Some((_, LossKind::CrossEntropy(l), _)) => Some(l.clone()),
         _ => None,
     };
-    if terms.is_empty() {
+    if terms.is_empty() && cots.is_empty() {
         // Nothing to differentiate: the forward piece is the whole stage.
         let mut outs = sent.clone();
         if let Some(l) = loss_value {
@@ -205,9 +196,17 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
             training: t,
         });
     }
+    // The objective: the loss term, if this stage computes the loss; the cotangents of what the
+    // stage sends seed its backward directly (`Autodiff::seeds`: the gradient of
+    // `Σ sent ⊙ cotangent` without computing that product, so the backward does not read the
+    // sent values).
     let total = {
         let mut b = Builder::new(&mut t.graph, "loss");
         b.prefix = "objective".into();
+        if terms.is_empty() {
+            let dt = b.dt(cots[0].1);
+            terms.push(b.scalar(dt, 0.0)?);
+        }
         let s = b.sum(&terms);
         let dt = b.dt(s);
         let o = b.op1("Identity", &[s], vec![], dt);
@@ -230,10 +229,15 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
     if let Some(l) = &label {
         wrt.retain(|w| w != l);
     }
+    let seeds = cots
+        .iter()
+        .map(|&(v, c)| (t.graph.name(v).to_string(), t.graph.name(c).to_string()))
+        .collect();
     let ad = Autodiff {
         loss: None,
         wrt_inputs: true,
         wrt_only: Some(wrt.clone()),
+        seeds,
     };
     let tg = differentiate(&mut t, &ad)?;
     // Forward piece: model ops + loss ops that do not read a cotangent.
@@ -242,6 +246,10 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
     let mut fwd_list: Vec<Op> = Vec::new();
     let mut bwd_list: Vec<Op> = Vec::new();
     let loss_set: HashSet<Op> = loss_ops.iter().copied().collect();
+    // Values the forward piece has: graph inputs, initializers and forward results.
+    let mut fwd_values: HashSet<Value> = t.graph.inputs.iter().copied().collect();
+    fwd_values.extend(t.graph.initializers.keys().copied());
+    fwd_values.retain(|v| !cot_set.contains(v));
     for &op in &t.graph.order {
         let d = &t.graph.ops[op];
         if fwd_ops.contains(&op) {
@@ -253,9 +261,18 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
             } else {
                 fwd_list.push(op);
             }
+        } else if matches!(d.op_type.as_str(), "Shape" | "Size")
+            && d.inputs.iter().flatten().all(|v| fwd_values.contains(v))
+        {
+            // The shape of a forward value: taken in the forward piece, so the backward holds
+            // a few integers instead of the value.
+            fwd_list.push(op);
         } else {
             // The backward (ops autodiff added).
             bwd_list.push(op);
+        }
+        if fwd_list.last() == Some(&op) {
+            fwd_values.extend(d.outputs.iter().copied());
         }
     }
     let g = &t.graph;

@@ -19,6 +19,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
             activation_bytes: 4e6,
             saved_bytes: 146e6,
+            saved_fixed_bytes: 0.0,
             parameter_bytes: 640e6 * 4.0 / n as f64,
             is_input: false,
             side: false,

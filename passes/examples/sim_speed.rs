@@ -21,6 +21,7 @@ fn graph(n: usize) -> CostGraph {
             },
             activation_bytes: 1e6 * (1 + i % 3) as f64,
             saved_bytes: 1e6,
+            saved_fixed_bytes: 0.0,
             parameter_bytes: 4e6,
             is_input: i == 0,
             side: false,

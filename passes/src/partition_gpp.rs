@@ -607,7 +607,9 @@ pub struct Search<'a> {
     p: SearchParams,
     m: i64,
     params: Vec<f64>,
+    /// Prefix sums over the units of saved bytes per sample and of saved bytes per micro-batch.
     saved: Vec<f64>,
+    saved_fixed: Vec<f64>,
     /// Stage evaluations at this micro-batch size (see [`StageTable`]).
     tab: StageTable,
     /// Each DP state's base case (its whole range as one stage on the state's `d` devices),
@@ -653,11 +655,14 @@ impl<'a> Search<'a> {
         let s = g.scale(1.0);
         let mut params = vec![0.0];
         let mut saved = vec![0.0];
+        let mut saved_fixed = vec![0.0];
         for u in &ug.units {
             let pb: f64 = u.iter().map(|&n| g.nodes[n].parameter_bytes).sum();
             let sb: f64 = u.iter().map(|&n| g.nodes[n].saved_bytes).sum::<f64>() * s;
+            let sf: f64 = u.iter().map(|&n| g.nodes[n].saved_fixed_bytes).sum();
             params.push(params.last().copied().unwrap_or(0.0) + pb);
             saved.push(saved.last().copied().unwrap_or(0.0) + sb);
+            saved_fixed.push(saved_fixed.last().copied().unwrap_or(0.0) + sf);
         }
         let devs: Vec<usize> = (0..p.devices).collect();
         let (bw, alpha) = match cluster.group_span_level(&devs) {
@@ -687,6 +692,7 @@ impl<'a> Search<'a> {
             p,
             params,
             saved,
+            saved_fixed,
             tab,
             ar,
             bw,
@@ -786,8 +792,9 @@ impl<'a> Search<'a> {
         );
         let bt = self.p.batch as f64;
         let sync = ar + step;
-        let static_bytes = params * (2.0 + self.p.optimizer.state_factor()) + 2.0 * bnd;
-        let saved = (self.saved[hi] - self.saved[lo]) * slice;
+        let static_bytes = params * (2.0 + self.p.optimizer.state_factor()) + bnd;
+        let saved = (self.saved[hi] - self.saved[lo]) * slice
+            + (self.saved_fixed[hi] - self.saved_fixed[lo]);
         let cap = if static_bytes > self.mem {
             -1
         } else if saved <= 0.0 {

@@ -35,6 +35,7 @@ fn counted_chain(n: usize, gflops: f64, act: f64, params: f64) -> CostGraph {
             },
             activation_bytes: act,
             saved_bytes: act,
+            saved_fixed_bytes: 0.0,
             parameter_bytes: params,
             is_input: false,
             side: false,

@@ -34,6 +34,7 @@ fn chain(layers: &[(f64, f64, f64, f64)]) -> CostGraph {
             },
             activation_bytes: a,
             saved_bytes: a,
+            saved_fixed_bytes: 0.0,
             parameter_bytes: p,
             is_input: false,
             side: false,
@@ -238,12 +239,17 @@ fn early_backward_vs_gpipe_and_recomputation() {
     };
     let gpipe = run(ScheduleKind::GPipe, 2);
     let eb2 = run(ScheduleKind::DappleA, 2);
+    let eb4 = run(ScheduleKind::DappleA, 4);
     let eb16 = run(ScheduleKind::DappleA, 16);
-    // Same bubbles as GPipe at equal M; early backward's memory does not grow with M.
+    // Same bubbles as GPipe at equal M; early backward's memory does not grow with M (once M
+    // exceeds the warm-up, so that a backward runs while the gradients of an earlier one are
+    // held).
     assert!((eb2.throughput_samples_per_s / gpipe.throughput_samples_per_s - 1.0).abs() < 0.02);
-    assert_eq!(eb2.peak_memory_bytes, eb16.peak_memory_bytes);
+    assert_eq!(eb4.peak_memory_bytes, eb16.peak_memory_bytes);
     assert!(eb16.throughput_samples_per_s > 1.3 * gpipe.throughput_samples_per_s);
-    assert!(avg(&eb16) < avg(&gpipe));
+    // GPipe holds all M micro-batches' activations; early backward at most the warm-up's.
+    let gpipe16 = run(ScheduleKind::GPipe, 16);
+    assert!(avg(&eb16) < avg(&gpipe16));
     // Re-computation: less memory, one more forward per backward.
     let sg = StageGraph::from_specs(&g, &c, &specs, 32.0, Optimizer::Adam);
     let rc = sg.with_recomputation();

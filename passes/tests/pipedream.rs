@@ -332,6 +332,7 @@ fn wide_graphs_fall_back_to_a_coarsened_chain() {
         },
         activation_bytes: 1e6,
         saved_bytes: 1e6,
+        saved_fixed_bytes: 0.0,
         parameter_bytes: 1e5 * (i % 3) as f64,
         is_input: false,
         side: false,

@@ -396,6 +396,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             },
             activation_bytes: if is_side { 0.0 } else { c.output_bytes },
             saved_bytes: if view || is_side { 0.0 } else { c.output_bytes },
+            saved_fixed_bytes: 0.0,
             parameter_bytes: params,
             is_input: false,
             side: is_side,
@@ -446,7 +447,9 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
 ///
 /// Each node's `saved_bytes` becomes what the emitted backward reads of the forward: every
 /// forward value or graph input a backward op reads, counted once at the last node whose
-/// backward reads it (not every output of every op, which the factor model assumes).
+/// backward reads it (not every output of every op, which the factor model assumes), except
+/// through `Shape`/`Size` (codegen takes those in the forward piece). What does not grow with
+/// the batch (a transposed weight) goes to `saved_fixed_bytes`.
 ///
 /// Fails (leaving `g` unchanged) when the model cannot be differentiated; callers then keep the
 /// factor model and say so.
@@ -508,7 +511,10 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             },
             Role::Fwd(_) => continue,
         };
-        for &v in tgr.ops[op].inputs.iter().flatten() {
+        // Codegen takes a `Shape` / `Size` of a forward value in the forward piece: the backward
+        // keeps the few integers, not the value.
+        let shape_only = matches!(tgr.ops[op].op_type.as_str(), "Shape" | "Size");
+        for &v in tgr.ops[op].inputs.iter().flatten().filter(|_| !shape_only) {
             let forward = match tgr.values[v].def {
                 ValueDef::Result(p, _) => match role_of.get(&p) {
                     Some(Role::Fwd(n)) => !g.nodes[*n].side,
@@ -546,12 +552,24 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             precision: op_precision(d, &ty),
         });
     }
-    let mut saved = vec![0.0; g.len()];
+    // Split like the kernels: the part that doubles with the batch, and the rest (a value
+    // computed from parameters alone is saved whole by every micro-batch).
+    let mut saved = vec![(0.0, 0.0); g.len()];
     for (v, n) in reader {
-        saved[n] += bytes_of(tgr.ty(v), env1);
+        let b1 = bytes_of(tgr.ty(v), env1);
+        let (prop, fixed) = if symbolic {
+            let b2 = bytes_of(tgr.ty(v), &env2);
+            let prop = (b2 - b1).max(0.0);
+            (prop, (b1 - prop).max(0.0))
+        } else {
+            (b1, 0.0)
+        };
+        saved[n].0 += prop;
+        saved[n].1 += fixed;
     }
-    for (node, b) in g.nodes.iter_mut().zip(saved) {
-        node.saved_bytes = b;
+    for (node, (prop, fixed)) in g.nodes.iter_mut().zip(saved) {
+        node.saved_bytes = prop;
+        node.saved_fixed_bytes = fixed;
     }
     for (node, ks) in g.nodes.iter_mut().zip(kernels) {
         if let Work::Counted {

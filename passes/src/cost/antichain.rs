@@ -757,7 +757,7 @@ impl Cuts {
             for u in d.iter() {
                 f += per[u].0;
                 b += per[u].1;
-                sa += g.nodes[u].saved_bytes * s;
+                sa += g.nodes[u].saved_bytes * s + g.nodes[u].saved_fixed_bytes;
             }
             out.fwd.push(f);
             out.bwd.push(b);

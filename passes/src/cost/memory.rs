@@ -9,8 +9,14 @@
 //!   bytes for one micro-batch slice and `in_flight` the most micro-batches whose forward has run and
 //!   whose backward has not (from the schedule: `M` for GPipe, `S−i` for 1F1B on a chain, DAPPLE's
 //!   `K_i`, BaPipe's `k(N−i+1)`);
-//! - **communication buffers**: one receive and one send buffer for each boundary tensor of one
-//!   micro-batch slice, for activations and for their gradients: `2·(in + out)`.
+//! - **communication buffers**: what a compute holds besides the saved activations: during a
+//!   forward the slice's received activations and its outputs to send, during a backward the
+//!   received cotangents and the gradients to send, `in + out` (the runtime moves a buffer into
+//!   the compute or send that is its last use, so no more than one micro-batch's are live).
+//!
+//! The simulator ([`crate::sim`]) adds what varies over the iteration: the gradients from the
+//! device's first backward to its step, and one more copy of them during every later backward
+//! (the micro-batch's gradients before they are added to the global buffer).
 
 use pipec_compiler::{Error, Result};
 
@@ -115,7 +121,7 @@ pub fn stage_memory(
         gradients: parameter_bytes,
         optimizer_state: parameter_bytes * opt.state_factor(),
         activations: saved_per_slice * in_flight as f64,
-        comm_buffers: 2.0 * boundary_per_slice,
+        comm_buffers: boundary_per_slice,
     }
 }
 

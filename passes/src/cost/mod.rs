@@ -120,6 +120,10 @@ pub struct CostNode {
     /// planning graph of an ONNX model, the forward values its backward reads as autodiff emits it
     /// ([`analytic::with_autodiff_backward`]).
     pub saved_bytes: f64,
+    /// Bytes saved for backward by every micro-batch whatever its size: values computed from
+    /// parameters alone (a transposed weight), which the forward piece hands to the backward
+    /// piece once per micro-batch. Not scaled with the batch.
+    pub saved_fixed_bytes: f64,
     /// Bytes of trainable parameters (independent of the batch).
     pub parameter_bytes: f64,
     /// A graph input (PipeDream's `Input*` nodes): planners pin it to a first stage.
@@ -234,9 +238,10 @@ impl CostGraph {
                     n.name
                 )));
             }
-            let vals: [(&str, f64); 3] = [
+            let vals: [(&str, f64); 4] = [
                 ("activation_size", n.activation_bytes),
                 ("saved bytes", n.saved_bytes),
+                ("fixed saved bytes", n.saved_fixed_bytes),
                 ("parameter_size", n.parameter_bytes),
             ];
             let work: Vec<(&str, f64)> = match &n.work {
@@ -454,7 +459,7 @@ impl CostGraph {
             c.fwd_s += f;
             c.bwd_s += b;
             c.parameter_bytes += self.nodes[n].parameter_bytes;
-            c.saved_bytes += self.nodes[n].saved_bytes * s;
+            c.saved_bytes += self.nodes[n].saved_bytes * s + self.nodes[n].saved_fixed_bytes;
         }
         for e in &self.edges {
             match (member[e.src], member[e.dst]) {
@@ -500,7 +505,7 @@ impl CostGraph {
             f += tf;
             b += tb;
             p += self.nodes[u].parameter_bytes;
-            a += self.nodes[u].saved_bytes * s;
+            a += self.nodes[u].saved_bytes * s + self.nodes[u].saved_fixed_bytes;
             fwd.push(f);
             bwd.push(b);
             params.push(p);

@@ -220,6 +220,7 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
                 },
                 activation_bytes: r.act,
                 saved_bytes: r.act,
+                saved_fixed_bytes: 0.0,
                 parameter_bytes: r.params,
             }
         })

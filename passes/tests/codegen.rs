@@ -86,3 +86,64 @@ fn a_parameter_free_activation_gets_no_cotangent() {
     // Stage 1 still trains `w`.
     assert_eq!(c.program.stages[1].params, vec!["w".to_string()]);
 }
+
+/// Stage 0 computes `a0` (read by stage 2) and `a1` (read by stage 1); stage 2 adds `a0` to
+/// stage 1's result. The backward pieces are seeded with the cotangents directly: stage 0's
+/// backward reads neither sent value (a `MatMul`'s backward reads its operands, not its
+/// result), so the runtime frees them at the send. Sends and receives are grouped by peer
+/// stage in stage order, as the plan's simulator sends one stage edge after another: stage 0
+/// sends to stage 1 before stage 2 although `a0` comes first.
+#[test]
+fn backward_reads_no_sent_value_and_sends_go_in_stage_order() {
+    let mut m = Module {
+        ir_version: 8,
+        opset_imports: [(String::new(), 17)].into(),
+        ..Default::default()
+    };
+    let x = m.graph.add_input("x", act(4));
+    let w = |m: &mut Module, n: &str, r: usize| {
+        m.graph.add_initializer(
+            n,
+            TensorData::from_f32(vec![r as i64, 3], &vec![0.25; r * 3]),
+        )
+    };
+    let (w0, w1, w2) = (w(&mut m, "w0", 4), w(&mut m, "w1", 4), w(&mut m, "w2", 3));
+    let a0 = op(&mut m, "MatMul", &[x, w0], act(3));
+    let a1 = op(&mut m, "MatMul", &[x, w1], act(3));
+    let z = op(&mut m, "MatMul", &[a1, w2], act(3));
+    let y = op(&mut m, "Add", &[a0, z], act(3));
+    m.graph.outputs.push(y);
+    let spec = |nodes: Vec<usize>, d: usize| StageSpec {
+        nodes,
+        devices: vec![d],
+    };
+    let specs = vec![spec(vec![0, 1], 0), spec(vec![2], 1), spec(vec![3], 2)];
+    let c = compile(&m, &specs, &options(4)).expect("compiles");
+    program::verify(&c.program).unwrap();
+    let bwd0 = c.program.stages[0]
+        .bwd
+        .as_ref()
+        .expect("stage 0 trains w0, w1");
+    for sent in ["matmul0_out", "matmul1_out"] {
+        assert!(!bwd0.inputs.iter().any(|i| i == sent), "{:?}", bwd0.inputs);
+    }
+    let peers = |d: usize, grad: bool| -> Vec<usize> {
+        c.program.devices[d]
+            .instructions
+            .iter()
+            .filter_map(|i| match i {
+                Instr::Send { peer, tensor, .. } if tensor.starts_with("grad/") == grad => {
+                    Some(*peer)
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    // Device 0: per micro-batch, a1 to stage 1, then a0 to stage 2.
+    let fwd = peers(0, false);
+    assert_eq!(fwd.len(), 4, "{fwd:?}");
+    assert!(fwd.chunks(2).all(|p| p == [1, 2]), "{fwd:?}");
+    // Device 2 (stage 2) sends the cotangents back: to stage 0 before stage 1.
+    let bwd = peers(2, true);
+    assert!(bwd.chunks(2).all(|p| p == [0, 1]), "{bwd:?}");
+}

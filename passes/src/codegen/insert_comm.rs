@@ -500,7 +500,9 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         });
                         keep.push(d.name.clone());
                     }
-                    // Activations in.
+                    // Activations in, grouped by producer stage in stage order (the plan's
+                    // simulator receives a stage edge's values together, edges in that order).
+                    let mut incoming: Vec<(usize, Vec<Instr>)> = Vec::new();
                     for &v in &cx.stage_inputs[s] {
                         let p = stage_of_value(v);
                         if p == usize::MAX {
@@ -520,15 +522,20 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                 shape: piece_shape(lay, h.at_c, own, ty, cx.batch_sym),
                             });
                         }
-                        recv_joined(&mut list, mb, vn, &ty.dtype.to_string(), pieces, false);
+                        let mut part = Vec::new();
+                        recv_joined(&mut part, mb, vn, &ty.dtype.to_string(), pieces, false);
+                        incoming.push((p, part));
                         keep.push(vn.to_string());
                     }
+                    incoming.sort_by_key(|x| x.0);
+                    list.extend(incoming.into_iter().flat_map(|x| x.1));
                     list.push(Instr::Compute {
                         pass: PieceKind::Fwd,
                         mb,
                     });
                     keep.extend(st.fwd.outputs.iter().cloned());
-                    // Activations out.
+                    // Activations out, grouped by consumer stage in stage order.
+                    let mut outgoing: Vec<(usize, Instr)> = Vec::new();
                     for (v, cs) in &cx.stage_outputs[s] {
                         let vn = g.name(*v);
                         let ty = g.ty(*v);
@@ -538,18 +545,23 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             for h in edge_hops(cx, lay, s, c, side, vn)? {
                                 let (slice, shape) =
                                     send_piece(lay, h.at_p, (olo, ohi), ty, cx.batch_sym);
-                                list.push(Instr::Send {
-                                    mb,
-                                    tensor: vn.to_string(),
-                                    peer: cx.stage_devices[c][h.j],
-                                    slice,
-                                    tag: tags.get(false, vn, c, h.i, h.j, h.mp, h.mc),
-                                    dtype: ty.dtype.to_string(),
-                                    shape,
-                                });
+                                outgoing.push((
+                                    c,
+                                    Instr::Send {
+                                        mb,
+                                        tensor: vn.to_string(),
+                                        peer: cx.stage_devices[c][h.j],
+                                        slice,
+                                        tag: tags.get(false, vn, c, h.i, h.j, h.mp, h.mc),
+                                        dtype: ty.dtype.to_string(),
+                                        shape,
+                                    },
+                                ));
                             }
                         }
                     }
+                    outgoing.sort_by_key(|x| x.0);
+                    list.extend(outgoing.into_iter().map(|x| x.1));
                     if st.bwd.is_none() {
                         let names = live.remove(&mb).unwrap_or_default();
                         list.push(Instr::Free {
@@ -560,7 +572,8 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                 } else {
                     let Some(bwd) = &st.bwd else { continue };
                     let keep = live.entry(mb).or_default();
-                    // Cotangents in.
+                    // Cotangents in, grouped by consumer stage in stage order.
+                    let mut incoming: Vec<(usize, Vec<Instr>)> = Vec::new();
                     for (v, _) in &cx.stage_outputs[s] {
                         let Some(cs) = cx.cot_from.get(&(s, *v)) else {
                             continue;
@@ -599,10 +612,14 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             }
                             // A batch-independent value's cotangent pieces are partial sums.
                             let sum = lay == Layout::Whole;
-                            recv_joined(&mut list, mb, &cot, &ty.dtype.to_string(), pieces, sum);
+                            let mut part = Vec::new();
+                            recv_joined(&mut part, mb, &cot, &ty.dtype.to_string(), pieces, sum);
+                            incoming.push((c, part));
                             keep.push(cot);
                         }
                     }
+                    incoming.sort_by_key(|x| x.0);
+                    list.extend(incoming.into_iter().flat_map(|x| x.1));
                     list.push(Instr::Compute {
                         pass: PieceKind::Bwd,
                         mb,
@@ -613,7 +630,9 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             .filter(|o| !param_grad_names.contains(o))
                             .cloned(),
                     );
-                    // Cotangents out, to the producers of what this stage received.
+                    // Cotangents out, to the producers of what this stage received, grouped by
+                    // producer stage in stage order.
+                    let mut outgoing: Vec<(usize, Instr)> = Vec::new();
                     for (vn, gn) in &cx.input_grads[s] {
                         let Some(&v) = cx.stage_inputs[s].iter().find(|v| g.name(**v) == vn) else {
                             continue;
@@ -625,17 +644,22 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         for h in edge_hops(cx, lay, p, s, side, vn)? {
                             let (slice, shape) =
                                 send_piece(lay, h.at_c, (olo, ohi), ty, cx.batch_sym);
-                            list.push(Instr::Send {
-                                mb,
-                                tensor: gn.clone(),
-                                peer: cx.stage_devices[p][h.i],
-                                slice,
-                                tag: tags.get(true, vn, s, h.i, h.j, h.mp, h.mc),
-                                dtype: ty.dtype.to_string(),
-                                shape,
-                            });
+                            outgoing.push((
+                                p,
+                                Instr::Send {
+                                    mb,
+                                    tensor: gn.clone(),
+                                    peer: cx.stage_devices[p][h.i],
+                                    slice,
+                                    tag: tags.get(true, vn, s, h.i, h.j, h.mp, h.mc),
+                                    dtype: ty.dtype.to_string(),
+                                    shape,
+                                },
+                            ));
                         }
                     }
+                    outgoing.sort_by_key(|x| x.0);
+                    list.extend(outgoing.into_iter().map(|x| x.1));
                     if !param_grad_names.is_empty() {
                         list.push(Instr::Accumulate {
                             mb,

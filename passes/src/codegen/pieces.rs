@@ -14,12 +14,15 @@
 //! the stage's share of the vector–Jacobian product of the whole model (the chain rule applied
 //! across the stage boundary), and `∂J_s/∂x` for a received activation `x` is the cotangent to
 //! send to its producer. [`crate::autodiff`] differentiates `J_s` (with respect to the
-//! parameters and the received float activations).
+//! parameters and the received float activations). The second term is not built: its gradient
+//! with respect to `v` is `ḡ_{v,u}`, which autodiff adds as a seed ([`Autodiff::seeds`]), so the
+//! backward does not read the values the stage sends.
 //!
-//! The training module is then cut into two **pieces**: forward = the model's ops and the loss
-//! ops that do not read a cotangent; backward = everything else. Values the backward reads from
-//! the forward become forward outputs (the saved activations); parameters become graph inputs of
-//! both pieces (the runtime owns their values).
+//! The training module is then cut into two **pieces**: forward = the model's ops, the loss
+//! ops that do not read a cotangent and the `Shape`/`Size` of forward values that the gradient
+//! rules read; backward = everything else. Values the backward reads from the forward become
+//! forward outputs (the saved activations); parameters become graph inputs of both pieces (the
+//! runtime owns their values).
 
 use crate::autodiff::builder::Builder;
 use crate::autodiff::{differentiate, Autodiff};
@@ -113,7 +116,7 @@ pub struct TrainSpec<'a> {
     pub forward: &'a Module,
     /// The model's first output `y0` if this stage computes the loss, with the loss and `c`.
     pub loss: Option<(&'a str, &'a LossKind, f64)>,
-    /// `(sent value, cotangent input name)`: one term `sum(v ⊙ cot)` each.
+    /// `(sent value, cotangent input name)`: one term `sum(v ⊙ cot)` each (a seed of the backward).
     pub cotangents: &'a [(String, String)],
     /// Received float activations to differentiate with respect to.
     pub wrt: &'a [String],

@@ -305,12 +305,17 @@ pub fn replay(
             .stages
             .get(d.stage)
             .ok_or_else(|| Error::msg(format!("schedule: device {} has no stage", d.device)))?;
-        let params: f64 = st.params.iter().map(|q| param_bytes(st.id, q)).sum();
-        let state: f64 = st
+        // Folded from +0.0: an empty `sum` of f64 is -0.0, printed as "-0.000 MB".
+        let params = st
+            .params
+            .iter()
+            .map(|q| param_bytes(st.id, q))
+            .fold(0.0, |a, b| a + b);
+        let state = st
             .state_init
             .iter()
             .map(|(_, q)| param_bytes(st.id, q))
-            .sum();
+            .fold(0.0, |a, b| a + b);
         let stat = params + state;
         devs.push(DeviceReplay {
             device: d.device,

@@ -90,3 +90,33 @@ fn compare_bad_input_is_exit_2() {
     ]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `compare` hands the plans of its other rows to `gpp` as its sequential candidates instead of
+/// planning them again: its `gpp` row is still exactly `pipec plan --planner gpp` (same stages,
+/// micro-batch, times), on a branchy model where the seeds matter.
+#[test]
+fn compare_gpp_row_is_plan_gpp() {
+    let model = path("onnx-models/inception_mini.onnx");
+    let cfg = ["--cluster", "dgx-h100", "--devices", "8", "--batch", "64"];
+    let mut args = vec!["compare", model.as_str(), "--json"];
+    args.extend_from_slice(&cfg);
+    let o = pipec(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mut row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["planner"] == "gpp")
+        .expect("gpp row")
+        .clone();
+    let mut args = vec!["plan", model.as_str(), "--planner", "gpp", "--json"];
+    args.extend_from_slice(&cfg);
+    let o = pipec(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut plan: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for v in [&mut row, &mut plan] {
+        v.as_object_mut().unwrap().remove("search_time_s");
+    }
+    assert_eq!(row, plan);
+}

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use pipec_passes::cost::Optimizer;
 use pipec_passes::plan::{Plan, PlanOptions};
-use pipec_passes::planners;
+use pipec_passes::planners::{self, Planner};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -153,12 +153,31 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         format!("compare on {} devices", cluster.len()),
         "planners",
     );
-    for &name in planners::PLANNER_NAMES {
+    // `gpp` last: the plans of the sequential planners it takes as candidates are the rows
+    // already made (on the same cost graph), not planned a second time. Rows keep their order.
+    let mut order: Vec<&str> = planners::PLANNER_NAMES.to_vec();
+    order.sort_by_key(|n| *n == "gpp");
+    let mut made: Vec<(String, Plan)> = Vec::new();
+    for name in order {
         bar.set_message(format!("compare on {} devices: {name}", cluster.len()));
         opts.deadline = super::plan::deadline(limit);
-        let result = plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
-            .and_then(|(p, g, _)| {
-                p.verify(&g, &cluster)?;
+        let planned = if name == "gpp" {
+            let gpp = planners::gpp::Gpp {
+                seed_plans: std::mem::take(&mut made),
+                ..Default::default()
+            };
+            gpp.plan(&g, &cluster, &opts)
+                .map(|p| (p, g.clone(), None))
+                .map_err(anyhow::Error::from)
+        } else {
+            plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
+        };
+        let result = planned
+            .and_then(|(p, g2, rewritten)| {
+                p.verify(&g2, &cluster)?;
+                if rewritten.is_none() && opts.deadline.is_none() {
+                    made.push((name.to_string(), p.clone()));
+                }
                 Ok(p)
             })
             .map_err(|e| format!("{e:#}"));
@@ -166,6 +185,12 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         bar.inc(1);
     }
     drop(bar);
+    rows.sort_by_key(|r| {
+        planners::PLANNER_NAMES
+            .iter()
+            .position(|n| *n == r.name)
+            .unwrap_or(usize::MAX)
+    });
     if a.json {
         let plans: Vec<&Plan> = rows.iter().filter_map(|r| r.result.as_ref().ok()).collect();
         println!("{}", serde_json::to_string_pretty(&plans)?);

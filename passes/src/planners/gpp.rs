@@ -69,6 +69,9 @@ pub struct Gpp {
     /// `gpp` only: also search on fewer devices and rank the sequential planners' plans
     /// ([`SEQUENTIAL_SEEDS`]); off, the plan is Algorithm 1's on all devices.
     pub seeds: bool,
+    /// Plans of [`SEQUENTIAL_SEEDS`] planners already made for the same graph, cluster and
+    /// options (by `pipec compare`, which runs them anyway): used instead of planning again.
+    pub seed_plans: Vec<(String, Plan)>,
 }
 
 impl Default for Gpp {
@@ -78,6 +81,7 @@ impl Default for Gpp {
             eps: 1e-3,
             units_per_device: 2.0,
             seeds: true,
+            seed_plans: Vec::new(),
         }
     }
 }
@@ -563,7 +567,7 @@ impl Planner for Gpp {
         // `--time-limit`: the searches on fewer devices and the seeds are left out once it has
         // passed (the search on all devices always completes).
         let mut time_limited = self.fewer_devices(g, cluster, opts, t0, &mut best);
-        time_limited |= seeds(g, cluster, opts, t0, &mut best);
+        time_limited |= seeds(g, cluster, opts, t0, &self.seed_plans, &mut best);
         let mut plan = best?;
         plan.planner = self.name().to_string();
         plan.search_time_s = t0.elapsed().as_secs_f64();
@@ -600,6 +604,7 @@ fn seeds(
     cluster: &Cluster,
     opts: &PlanOptions,
     t0: Instant,
+    made: &[(String, Plan)],
     best: &mut Result<Plan>,
 ) -> bool {
     let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
@@ -610,10 +615,15 @@ fn seeds(
         if best.is_ok() && opts.out_of_time() {
             return true;
         }
-        let Ok(planner) = super::by_name(name) else {
-            continue;
+        let got = match made.iter().find(|(n, _)| n == name) {
+            Some((_, p)) => Ok(p.clone()),
+            None => {
+                let Ok(planner) = super::by_name(name) else {
+                    continue;
+                };
+                planner.plan(g, cluster, opts)
+            }
         };
-        let got = planner.plan(g, cluster, opts);
         if debug {
             match &got {
                 Ok(p) => eprintln!(

@@ -3,7 +3,8 @@
 program `pipec compile` emits for it (`pipec simulate`, the same cost model)?
 
 For every model x planner x cluster preset x device count: `pipec plan --json` (the planner's
-own micro-batch), `pipec compile` with that micro-batch, `pipec simulate --json`, and the ratios
+own micro-batch), `pipec compile` (which takes the planner's micro-batch; a compile that plans
+differently is an error row), `pipec simulate --json`, and the ratios
 replay / plan of the iteration time and of the largest per-device peak memory. Prints one line
 per case, a summary (worst ratios per planner) and, with --md, a markdown table.
 
@@ -48,10 +49,19 @@ def case(a, model, planner, cluster, devices):
         return out
     plan = json.loads(so)
     with tempfile.TemporaryDirectory() as od:
-        _, err = run([a.pipec, "compile", path, *base, "--micro-batch", str(plan["micro_batch"]),
-                      "-o", od], a.timeout)
+        # `compile` without --micro-batch takes the planner's: the program of this very plan.
+        # (With `--micro-batch MB` it would plan again at MB, and DAPPLE's search at a fixed
+        # micro-batch can return another plan than its free search at that size.)
+        _, err = run([a.pipec, "compile", path, *base, "-o", od], a.timeout)
         if err:
             out["error"] = "compile: " + err
+            return out
+        with open(os.path.join(od, "plan.json")) as f:
+            compiled = json.load(f)
+        if (compiled["micro_batch"] != plan["micro_batch"]
+                or abs(compiled["iteration_time_s"] / plan["iteration_time_s"] - 1) > 1e-9):
+            out["error"] = (f"compile: planned another plan ({compiled['iteration_time_s']} s, "
+                            f"micro-batch {compiled['micro_batch']}) than `plan` did")
             return out
         so, err = run([a.pipec, "simulate", od, "--json"], a.timeout)
         if err:

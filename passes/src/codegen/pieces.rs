@@ -243,39 +243,24 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
         seeds,
     };
     let tg = differentiate(&mut t, &ad)?;
-    // Forward piece: model ops + loss ops that do not read a cotangent.
-    let cot_set: HashSet<Value> = cots.iter().map(|c| c.1).collect();
-    let mut tainted: HashSet<Value> = cot_set.clone();
+    // Forward piece: model ops, and the loss ops and `Shape`/`Size` ops (the shape of a
+    // forward value, which the gradient rules read: the backward then holds a few integers
+    // instead of the value) that read nothing of the backward. `tainted`: the cotangents and
+    // every backward result.
+    let mut tainted: HashSet<Value> = cots.iter().map(|c| c.1).collect();
     let mut fwd_list: Vec<Op> = Vec::new();
     let mut bwd_list: Vec<Op> = Vec::new();
     let loss_set: HashSet<Op> = loss_ops.iter().copied().collect();
-    // Values the forward piece has: graph inputs, initializers and forward results.
-    let mut fwd_values: HashSet<Value> = t.graph.inputs.iter().copied().collect();
-    fwd_values.extend(t.graph.initializers.keys().copied());
-    fwd_values.retain(|v| !cot_set.contains(v));
     for &op in &t.graph.order {
         let d = &t.graph.ops[op];
-        if fwd_ops.contains(&op) {
-            fwd_list.push(op);
-        } else if loss_set.contains(&op) {
-            if d.inputs.iter().flatten().any(|v| tainted.contains(v)) {
-                tainted.extend(d.outputs.iter().copied());
-                bwd_list.push(op);
-            } else {
-                fwd_list.push(op);
-            }
-        } else if matches!(d.op_type.as_str(), "Shape" | "Size")
-            && d.inputs.iter().flatten().all(|v| fwd_values.contains(v))
-        {
-            // The shape of a forward value: taken in the forward piece, so the backward holds
-            // a few integers instead of the value.
+        let forward = fwd_ops.contains(&op)
+            || ((loss_set.contains(&op) || matches!(d.op_type.as_str(), "Shape" | "Size"))
+                && !d.inputs.iter().flatten().any(|v| tainted.contains(v)));
+        if forward {
             fwd_list.push(op);
         } else {
-            // The backward (ops autodiff added).
+            tainted.extend(d.outputs.iter().copied());
             bwd_list.push(op);
-        }
-        if fwd_list.last() == Some(&op) {
-            fwd_values.extend(d.outputs.iter().copied());
         }
     }
     let g = &t.graph;

@@ -1092,22 +1092,11 @@ pub fn simulate(
     let mut devices = vec![DeviceStats::default(); ndev];
     let mut mem_events: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ndev];
     let mut flight_events: Vec<Vec<(f64, i64)>> = vec![Vec::new(); ndev];
-    // Gradient buffers are held from the device's first backward (its outputs exist while its
-    // saved inputs do) to its step (the runtime's global buffers), not for the whole iteration.
+    // Gradients as the runtime holds them: every backward writes its micro-batch's parameter
+    // gradients into fresh buffers, held while it runs; the first of an iteration then moves into
+    // the (empty) global buffer, held to the device's step, and each later one is added to it.
     let mut grads_from = vec![f64::INFINITY; ndev];
     let mut grads_to = vec![f64::NEG_INFINITY; ndev];
-    // A backward writes its micro-batch's parameter gradients into fresh buffers; the runtime
-    // moves the first of an iteration into the (empty) global buffer and adds each later one
-    // to it, so every backward but a device's first holds a second copy while it runs.
-    let mut first_bwd: Vec<Option<usize>> = vec![None; ndev];
-    for i in 0..n {
-        if let TaskKind::Backward { device, .. } = &kinds[i] {
-            let f = &mut first_bwd[*device];
-            if f.is_none_or(|j| start[i] < start[j]) {
-                *f = Some(i);
-            }
-        }
-    }
     for i in 0..n {
         let dt = end[i] - start[i];
         match &kinds[i] {
@@ -1119,13 +1108,11 @@ pub fn simulate(
             TaskKind::Backward { stage, device, .. } => {
                 devices[*device].busy_s += dt;
                 mem_events[*device].push((end[i], -sg.stages[*stage].saved_bytes));
-                if first_bwd[*device] != Some(i) {
-                    let b = sg.stages[*stage].parameter_bytes;
-                    mem_events[*device].push((start[i], b));
-                    mem_events[*device].push((end[i], -b));
-                }
+                let b = sg.stages[*stage].parameter_bytes;
+                mem_events[*device].push((start[i], b));
+                mem_events[*device].push((end[i], -b));
                 flight_events[*device].push((end[i], -1));
-                grads_from[*device] = grads_from[*device].min(start[i]);
+                grads_from[*device] = grads_from[*device].min(end[i]);
             }
             TaskKind::Step { device, .. } => {
                 devices[*device].busy_s += dt;

@@ -293,6 +293,22 @@ impl Program {
     }
 }
 
+/// The buffer of one received piece of `name` (joined by a [`Instr::Concat`] or [`Instr::Sum`]
+/// into `name`): from replica `r` (`name#r1`), and of the sender's micro-batch `theirs` when it
+/// differs from the receiver's `mine` (`name#r1m3`).
+pub fn piece_name(name: &str, r: usize, theirs: u32, mine: u32) -> String {
+    if theirs == mine {
+        format!("{name}#r{r}")
+    } else {
+        format!("{name}#r{r}m{theirs}")
+    }
+}
+
+/// The buffer a [`piece_name`] is a piece of (`name` itself when it is none).
+pub fn joined_name(piece: &str) -> &str {
+    piece.rsplit_once("#r").map_or(piece, |(whole, _)| whole)
+}
+
 /// The last instruction (index into `list`) reading each micro-batch buffer `(name, mb)`: the
 /// computes (every input of the forward piece `fwd_inputs`, of the backward piece
 /// `bwd_inputs`) and the sends. Frees do not count; concat and accumulate consume their inputs
@@ -776,6 +792,19 @@ pub fn host_core_map(devices: usize, cores: usize) -> Option<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_piece_name_gives_back_its_buffer() {
+        assert_eq!(piece_name("h.0/out", 1, 3, 3), "h.0/out#r1");
+        assert_eq!(piece_name("h.0/out", 1, 2, 3), "h.0/out#r1m2");
+        for p in [
+            piece_name("cot/x/s2", 0, 0, 0),
+            piece_name("cot/x/s2", 12, 4, 5),
+        ] {
+            assert_eq!(joined_name(&p), "cot/x/s2");
+        }
+        assert_eq!(joined_name("plain"), "plain");
+    }
 
     #[test]
     fn host_core_map_pairs_the_ends() {

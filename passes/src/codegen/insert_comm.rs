@@ -28,7 +28,9 @@ use super::{concrete_dims, layout, Layout};
 use crate::sim::schedule::{fb_order_grouped, round_robin_micro_batches};
 use crate::sim::{heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
-use pipec_compiler::program::{DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram};
+use pipec_compiler::program::{
+    piece_name, DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram,
+};
 use pipec_compiler::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -698,16 +700,6 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
         .enumerate()
         .map(|(d, p)| p.ok_or_else(|| Error::msg(format!("codegen: device {d} has no stage"))))
         .collect()
-}
-
-/// The buffer of one received piece: from replica `r` (`name#r1`), and of the sender's
-/// micro-batch `theirs` when it differs from the receiver's `mine` (`name#r1m3`).
-fn piece_name(name: &str, r: usize, theirs: u32, mine: u32) -> String {
-    if theirs == mine {
-        format!("{name}#r{r}")
-    } else {
-        format!("{name}#r{r}m{theirs}")
-    }
 }
 
 fn dedup(v: Vec<String>) -> Vec<String> {

@@ -464,8 +464,7 @@ pub fn replay(
                     }
                     let id = tasks.message(cluster, *tag, *peer, d, bytes);
                     tasks.pending.push((id, format!("wait {tensor}[{mb}]")));
-                    // A piece of a buffer that a concat joins is `name#r<replica>[m<mb>]`.
-                    let whole = tensor.rsplit_once("#r").map_or(tensor.as_str(), |(w, _)| w);
+                    let whole = pipec_compiler::program::joined_name(tensor);
                     let rows = [0u8, 1].iter().find_map(|k| {
                         let port = pieces.get(&(stage.id, *k))?.inputs.get(whole)?;
                         port.samples_of(*shape.first()?)

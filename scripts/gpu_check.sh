@@ -4,6 +4,7 @@
 # executors and PyTorch training the same model on the same GPU.
 #
 # Usage: scripts/gpu_check.sh [--wheels DIR] [--pipec BIN] [--steps N] [--models "M1 M2"]
+#                             [--big-batch B]
 #
 #   --wheels DIR  install from files that scripts/gpu_wheels.sh downloaded (for a machine without
 #                 network): an onnxruntime-gpu wheel or onnxruntime-gpu-libs.tar.xz, whole or in
@@ -15,6 +16,8 @@
 #                 target/release/pipec, built here if missing).
 #   --steps N     training steps per run (default 20; step times are the steady state).
 #   --models      bundled models (default "gpt2_tiny inception_mini").
+#   --big-batch B also time batch B in micro-batches of B/4 on the GPU, pipec vs PyTorch
+#                 (default 64; 0 skips it).
 #
 # cuBLAS, cuDNN 9, cuRAND and the CUDA runtime (CUDA 13) come from python3's nvidia-* packages
 # (PyTorch for CUDA 13 installs them) or from --wheels; their folders go on LD_LIBRARY_PATH.
@@ -28,12 +31,14 @@ WHEELS=
 PIPEC=target/release/pipec
 STEPS=20
 MODELS="gpt2_tiny inception_mini"
+BIG=64
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS=$2; shift 2 ;;
     --pipec) PIPEC=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --models) MODELS=$2; shift 2 ;;
+    --big-batch) BIG=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -122,6 +127,8 @@ run_log() { # name cmd... : run, keep the log, print its tail on failure
 }
 steady() { sed -n 's/^steady state: \([0-9.e-]*\) s\/step.*/\1/p' "$WORK/logs/$1.log" | tail -1; }
 rel() { sed -n 's/^max_rel_diff \(.*\)/\1/p' "$WORK/logs/$1.log" | tail -1; }
+# Bytes copied host -> GPU per step after the first (pipec prints the totals of a run).
+copies() { sed -n 's/^host -> ONNX Runtime: \([0-9]*\) bytes, ONNX Runtime -> host: \([0-9]*\) bytes.*/\1 \2/p' "$WORK/logs/$1.log" | tail -1; }
 # torch_step.py's median step (its last line is JSON).
 tj() { "$PY" -c "import json,sys; print('%.6f' % json.loads(open(sys.argv[1]).read().splitlines()[-1])['median_step_s'])" "$WORK/logs/$1.log" 2>/dev/null; }
 
@@ -147,7 +154,7 @@ for m in $MODELS; do
   say "$m: PIPEC_ORT_STRICT=1 (no CPU fallback), 1 step"
   PIPEC_ORT_STRICT=1 "$PIPEC" run "$out" --device cuda --steps 1 --no-pin > "$WORK/logs/$m.strict.log" 2>&1 \
     && echo "strict: ok" || echo "strict: $(grep -m1 -o 'This session contains.*' "$WORK/logs/$m.strict.log" || tail -1 "$WORK/logs/$m.strict.log")"
-  grep -E "^(step 1:|step $STEPS:|steady|max_rel|check)" "$WORK/logs/$cuda.log"
+  grep -E "^(step 1:|step $STEPS:|steady|max_rel|check|host -> )" "$WORK/logs/$cuda.log"
   say "$m: CPU executors"
   run_log "$m.ortcpu" "$PIPEC" run "$out" --executor ort --steps "$STEPS"
   run_log "$m.ref" "$PIPEC" run "$out" --steps 5
@@ -156,13 +163,32 @@ for m in $MODELS; do
   run_log "$m.torch-cpu" "$PY" scripts/torch_step.py "$m" --batch 8 --steps "$STEPS" --device cpu
   echo "| $m | $(steady "$m.ref") | $(steady "$m.ortcpu") | $(steady "$cuda") | $(rel "$cuda") | $(tj "$m.torch-cuda") | $(tj "$m.torch-cpu") |" >> "$SUMMARY"
 done
+BIGSUM=$WORK/summary_big.md
+if [ "$BIG" -gt 0 ]; then
+  {
+    echo "| model | batch | pipec ort CUDA s/step | PyTorch CUDA s/step | host -> GPU bytes, GPU -> host bytes (whole run) |"
+    echo "|---|---|---|---|---|"
+  } > "$BIGSUM"
+  for m in $MODELS; do
+    say "$m: batch $BIG on the GPU"
+    out=$WORK/$m.big.out
+    rm -rf "$out"
+    run_log "$m.big.compile" "$PIPEC" compile "onnx-models/$m.onnx" --cluster 2@1e10 --device-kind cpu-core \
+      --planner straight --batch "$BIG" --micro-batch $((BIG / 4)) --optimizer sgd:lr=0.01,momentum=0.9 -o "$out" || { status=1; continue; }
+    run_log "$m.big.cuda" "$PIPEC" run "$out" --device cuda --steps 10 --no-pin || status=1
+    run_log "$m.big.torch-cuda" "$PY" scripts/torch_step.py "$m" --batch "$BIG" --steps 10 --device cuda
+    echo "| $m | $BIG | $(steady "$m.big.cuda") | $(tj "$m.big.torch-cuda") | $(copies "$m.big.cuda") |" >> "$BIGSUM"
+  done
+fi
 say "NCCL"
 echo "the NCCL transport (--transport nccl) is not implemented yet: collectives run in-process"
 say "summary (batch 8 = 4 micro-batches of 2, 2 devices on one GPU, SGD momentum; s/step = steady state)"
 cat "$SUMMARY"
+[ -f "$BIGSUM" ] && cat "$BIGSUM"
 if [ -n "$OUTDIR" ]; then
   mkdir -p "$OUTDIR"
   cp "$SUMMARY" "$OUTDIR/"
+  [ -f "$BIGSUM" ] && cp "$BIGSUM" "$OUTDIR/"
   tar -C "$WORK" -czf "$OUTDIR/gpu_check_logs.tgz" logs
 fi
 exit $status

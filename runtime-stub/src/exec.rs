@@ -24,6 +24,7 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+use crate::value::Value;
 use pipec_compiler::ir::{Dim, Graph, Module, TensorData};
 use std::collections::HashMap;
 
@@ -34,6 +35,13 @@ pub trait Executor: Send + Sync {
     /// Check and compile the module (its main graph). Fails on ops the backend cannot run,
     /// naming the node and op.
     fn prepare(&self, module: &Module) -> Result<Box<dyn Prepared>>;
+
+    /// The value this executor computes on without copying `t` on every run: its own value
+    /// where it has one (ONNX Runtime: a value in the provider's memory, the GPU's for CUDA),
+    /// else the host tensor itself (the default).
+    fn upload(&self, t: Tensor) -> Result<Value> {
+        Ok(Value::Host(t))
+    }
 }
 
 /// A module ready to run on one backend.
@@ -41,6 +49,25 @@ pub trait Prepared: Send {
     /// Run on the given graph inputs (by name, any order; every graph input is required).
     /// Returns the graph outputs by name, in graph-output order.
     fn run(&mut self, inputs: &[(String, Tensor)]) -> Result<Vec<(String, Tensor)>>;
+
+    /// Like [`Prepared::run`] on [`Value`]s, which the caller moves in and gets back unchanged
+    /// (first of the pair) with the outputs (second, in graph-output order). An executor with
+    /// its own values binds them where they are and returns its outputs where it computed them
+    /// (ONNX Runtime on CUDA: on the GPU). The default moves host values in, copies others to
+    /// the host and returns host outputs.
+    fn run_values(&mut self, inputs: Vec<(String, Value)>) -> Result<ValuesRun> {
+        let feeds = inputs
+            .into_iter()
+            .map(|(n, v)| Ok((n, v.into_host()?)))
+            .collect::<Result<Vec<_>>>()?;
+        let outs = self.run(&feeds)?;
+        let back = feeds
+            .into_iter()
+            .map(|(n, t)| (n, Value::Host(t)))
+            .collect();
+        let outs = outs.into_iter().map(|(n, t)| (n, Value::Host(t))).collect();
+        Ok((back, outs))
+    }
 
     /// Like [`Prepared::run`], and also returns the wall-clock seconds each op took, indexed by
     /// its position in the graph's program order (`Graph::order`; 0 for ops the backend did not
@@ -53,6 +80,9 @@ pub trait Prepared: Send {
         ))
     }
 }
+
+/// The inputs of [`Prepared::run_values`] given back, and the outputs, by name.
+pub type ValuesRun = (Vec<(String, Value)>, Vec<(String, Value)>);
 
 /// Outputs of a run by name, and the seconds of each op by position in the program order.
 pub type ProfiledRun = (Vec<(String, Tensor)>, Vec<f64>);

@@ -13,7 +13,9 @@ pub mod ort_backend;
 pub mod reference;
 pub mod tensor;
 pub mod tract_backend;
+pub mod value;
 
 pub use error::{Error, Result};
 pub use exec::{default_executor, executor_by_name, run_graph, Executor, Prepared};
 pub use tensor::Tensor;
+pub use value::Value;

@@ -37,19 +37,33 @@
 //! the small int64 ops after them) on the CPU even when CUDA kernels exist, so disabling the
 //! fallback rejects every training graph (seen on gpt2_tiny and inception_mini). With
 //! `PIPEC_ORT_STRICT=1` it is disabled; `PIPEC_ORT_LOG=verbose` prints ONNX Runtime's node
-//! placement to tell which nodes run on the CPU. Inputs
-//! and outputs are host tensors copied to and from the GPU on every run: parameters do not stay
-//! on the GPU between pieces yet (see the module's limits in ARCHITECTURE.md).
+//! placement to tell which nodes run on the CPU.
+//!
+//! # Values stay where they are computed
+//!
+//! [`Executor::upload`] turns a host tensor into an [`OrtValue`] in the provider's memory (the
+//! GPU's for CUDA: one copy), and [`Prepared::run_values`] binds the values it is given where
+//! they are and binds every output to that memory (ONNX Runtime's `IoBinding`), so the worker's
+//! parameters, gradients, optimizer state and activations stay on the GPU from one piece to the
+//! next; only what the host needs (the loss, MPI messages, host all-reduces, the final
+//! parameters) is copied back ([`OrtValue::to_host`]). [`transfers`] counts the bytes copied
+//! each way.
 
 use crate::error::{Error, Result};
 use crate::exec::{bind_inputs, Executor, Prepared};
 use crate::tensor::Tensor;
+use crate::value::Value;
 use ndarray::{ArrayD, IxDyn};
 use ort::environment::Environment;
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{builder::GraphOptimizationLevel, Session};
-use ort::value::{DynValue, TensorElementType, ValueType};
+use ort::value::{
+    DynTensor, DynTensorValueType, DynValue, TensorElementType, TensorValueTypeMarker, ValueType,
+};
+use pipec_compiler::ir::DType;
 use pipec_compiler::ir::{Graph, Module};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// Where ONNX Runtime's computation runs.
@@ -191,8 +205,188 @@ impl Executor for Ort {
         Ok(Box::new(OrtProgram {
             graph: module.graph.clone(),
             session,
+            memory: self.memory_info()?,
         }))
     }
+
+    fn upload(&self, t: Tensor) -> Result<Value> {
+        environment()?;
+        let v = into_ort("upload", t)?;
+        let v = match self.device {
+            OrtDevice::Cpu => v,
+            OrtDevice::Cuda => {
+                let t =
+                    v.t.to(AllocationDevice::CUDA, cuda_device())
+                        .map_err(oerr)?;
+                OrtValue { t, ..v }
+            }
+        };
+        Ok(Value::Ort(v))
+    }
+}
+
+impl Ort {
+    /// Where this executor's values live.
+    fn memory_info(&self) -> Result<MemoryInfo<'static>> {
+        let (dev, id) = match self.device {
+            OrtDevice::Cpu => (AllocationDevice::CPU, 0),
+            OrtDevice::Cuda => (AllocationDevice::CUDA, cuda_device()),
+        };
+        MemoryInfo::new(dev, id, AllocatorType::Device, MemoryType::Default).map_err(oerr)
+    }
+}
+
+/// The GPU of `--device cuda`: `PIPEC_CUDA_DEVICE`, else (under OpenMPI's `mpirun`) the
+/// process's local rank, else 0.
+fn cuda_device() -> i32 {
+    ["PIPEC_CUDA_DEVICE", "OMPI_COMM_WORLD_LOCAL_RANK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+static UPLOADED: AtomicU64 = AtomicU64::new(0);
+static DOWNLOADED: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes this process handed from host tensors to ONNX Runtime (copied to the GPU for CUDA)
+/// and copied from ONNX Runtime values back to host tensors, so far: what crosses between the
+/// runtime's host memory and the executor's values.
+pub fn transfers() -> (u64, u64) {
+    (
+        UPLOADED.load(Ordering::Relaxed),
+        DOWNLOADED.load(Ordering::Relaxed),
+    )
+}
+
+/// A tensor held by ONNX Runtime, in the memory of the provider that made it.
+#[derive(Debug)]
+pub struct OrtValue {
+    t: DynTensor,
+    dtype: DType,
+    shape: Vec<usize>,
+    bytes: u64,
+}
+
+impl OrtValue {
+    fn new(name: &str, v: DynValue) -> Result<Self> {
+        let (ty, shape) = match v.dtype() {
+            ValueType::Tensor { ty, shape, .. } => (*ty, shape.clone()),
+            other => {
+                return Err(Error::input(
+                    name,
+                    format!("ONNX Runtime produced a {other}, not a tensor"),
+                ))
+            }
+        };
+        let dtype = dtype_of(name, ty)?;
+        let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+        let bytes = dtype
+            .bytes_for(shape.iter().product::<usize>() as u64)
+            .unwrap_or(0);
+        let t = v
+            .downcast::<DynTensorValueType>()
+            .map_err(|e| Error::input(name, format!("ONNX Runtime output: {e}")))?;
+        Ok(OrtValue {
+            t,
+            dtype,
+            shape,
+            bytes,
+        })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// Whether the data is in GPU memory.
+    pub fn on_device(&self) -> bool {
+        !self.t.memory_info().is_cpu_accessible()
+    }
+
+    /// A copy in the same memory (a GPU-to-GPU copy for a CUDA value).
+    pub fn try_clone(&self) -> Result<OrtValue> {
+        let m = self.t.memory_info();
+        let t = self
+            .t
+            .to(m.allocation_device(), m.device_id())
+            .map_err(oerr)?;
+        Ok(OrtValue {
+            t,
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            bytes: self.bytes,
+        })
+    }
+
+    /// A host copy (from the GPU for a CUDA value).
+    pub fn to_host(&self) -> Result<Tensor> {
+        DOWNLOADED.fetch_add(self.bytes, Ordering::Relaxed);
+        if self.on_device() {
+            let host = self.t.to(AllocationDevice::CPU, 0).map_err(oerr)?;
+            from_ort("value", &host)
+        } else {
+            from_ort("value", &self.t)
+        }
+    }
+}
+
+fn dtype_of(name: &str, ty: TensorElementType) -> Result<DType> {
+    Ok(match ty {
+        TensorElementType::Float32 => DType::F32,
+        TensorElementType::Float64 => DType::F64,
+        TensorElementType::Int64 => DType::I64,
+        TensorElementType::Int32 => DType::I32,
+        TensorElementType::Uint8 => DType::U8,
+        TensorElementType::Bool => DType::Bool,
+        other => {
+            return Err(Error::input(
+                name,
+                format!("ONNX Runtime produced an unsupported dtype {other}"),
+            ))
+        }
+    })
+}
+
+/// An ONNX Runtime value in host memory that owns `t`'s data (no copy for a contiguous array).
+fn into_ort(name: &str, t: Tensor) -> Result<OrtValue> {
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    let n: usize = t.shape().iter().product();
+    macro_rules! val {
+        ($a:expr) => {{
+            let a = $a;
+            // An owned contiguous array hands its buffer over; anything else is copied once.
+            let data = if a.is_standard_layout() {
+                let (mut v, off) = a.into_raw_vec_and_offset();
+                let off = off.unwrap_or(0);
+                if off != 0 || v.len() != n {
+                    v.drain(..off);
+                    v.truncate(n);
+                }
+                v
+            } else {
+                a.iter().cloned().collect()
+            };
+            ort::value::Tensor::from_array((shape, data)).map(|v| v.into_dyn())
+        }};
+    }
+    let v = match t {
+        Tensor::F32(a) => val!(a),
+        Tensor::F64(a) => val!(a),
+        Tensor::I64(a) => val!(a),
+        Tensor::I32(a) => val!(a),
+        Tensor::U8(a) => val!(a),
+        Tensor::Bool(a) => val!(a),
+    }
+    .map_err(|e| Error::input(name, format!("to ONNX Runtime: {e}")))?;
+    let v = OrtValue::new(name, v)?;
+    UPLOADED.fetch_add(v.bytes, Ordering::Relaxed);
+    Ok(v)
 }
 
 #[cfg(feature = "cuda")]
@@ -200,10 +394,7 @@ fn cuda_provider(
     b: ort::session::builder::SessionBuilder,
 ) -> Result<ort::session::builder::SessionBuilder> {
     use ort::ep::cuda::ConvAlgorithmSearch;
-    let device: i32 = ["PIPEC_CUDA_DEVICE", "OMPI_COMM_WORLD_LOCAL_RANK"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
-        .unwrap_or(0);
+    let device = cuda_device();
     let b = b
         .with_execution_providers([ort::ep::CUDA::default()
             .with_device_id(device)
@@ -242,6 +433,8 @@ fn cuda_provider(
 struct OrtProgram {
     graph: Graph,
     session: Session,
+    /// Where outputs are bound (the provider's memory).
+    memory: MemoryInfo<'static>,
 }
 
 fn to_ort(name: &str, t: &Tensor) -> Result<DynValue> {
@@ -263,7 +456,10 @@ fn to_ort(name: &str, t: &Tensor) -> Result<DynValue> {
     .map_err(|e| Error::input(name, format!("to ONNX Runtime: {e}")))
 }
 
-fn from_ort(name: &str, v: &DynValue) -> Result<Tensor> {
+fn from_ort<T: TensorValueTypeMarker + ?Sized>(
+    name: &str,
+    v: &ort::value::Value<T>,
+) -> Result<Tensor> {
     let bad = |e: ort::Error| Error::input(name, format!("ONNX Runtime output: {e}"));
     macro_rules! arr {
         ($ty:ty, $variant:ident) => {{
@@ -320,5 +516,47 @@ impl Prepared for OrtProgram {
             res.push((name, t));
         }
         Ok(res)
+    }
+
+    fn run_values(&mut self, inputs: Vec<(String, Value)>) -> Result<crate::exec::ValuesRun> {
+        let mut binding = self.session.create_binding().map_err(oerr)?;
+        let mut back = Vec::with_capacity(inputs.len());
+        for (name, v) in inputs {
+            // A host input is bound in host memory: ONNX Runtime copies it to the GPU only if
+            // a kernel wants it there (the worker uploads its buffers itself; what comes here
+            // are small host operands such as a slice's bounds, which CUDA kernels read on the
+            // CPU).
+            let v = match v {
+                Value::Host(t) => into_ort(&name, t)?,
+                Value::Ort(o) => o,
+            };
+            binding.bind_input(name.as_str(), &v.t).map_err(oerr)?;
+            back.push((name, v));
+        }
+        let names: Vec<String> = self
+            .graph
+            .outputs
+            .iter()
+            .map(|v| self.graph.values[*v].name.clone())
+            .collect();
+        for n in &names {
+            binding
+                .bind_output_to_device(n.as_str(), &self.memory)
+                .map_err(oerr)?;
+        }
+        let mut outs = self.session.run_binding(&binding).map_err(oerr)?;
+        let mut res = Vec::with_capacity(names.len());
+        for n in names {
+            let v = outs
+                .remove(n.as_str())
+                .ok_or_else(|| Error::input(&n, "ONNX Runtime did not return this graph output"))?;
+            let v = OrtValue::new(&n, v)?;
+            res.push((n, Value::Ort(v)));
+        }
+        drop(outs);
+        drop(binding);
+        // Host inputs converted above are ONNX Runtime values now.
+        let back = back.into_iter().map(|(n, o)| (n, Value::Ort(o))).collect();
+        Ok((back, res))
     }
 }

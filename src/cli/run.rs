@@ -279,6 +279,20 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
             t.device, t.prepare_s, t.compute_s, t.comm_s, t.other_s, t.total_s
         );
     }
+    if a.executor.starts_with("ort") {
+        // Values stay where ONNX Runtime computes them: after the first step's placement of
+        // the parameters and optimizer state, a step moves its data batches in and the losses
+        // (and any host all-reduce or MPI message) out.
+        let (into, out) = pipec_runtime::ort_backend::transfers();
+        println!(
+            "host -> ONNX Runtime: {into} bytes, ONNX Runtime -> host: {out} bytes ({})",
+            if a.executor == "ort-cuda" {
+                "copies to and from the GPU"
+            } else {
+                "host memory: hand-overs and copies"
+            }
+        );
+    }
     if let (Some(path), Some(t)) = (&a.trace, &r.trace) {
         let text = serde_json::to_string(&t.to_json())?;
         super::write_atomic(path, text.as_bytes())?;

@@ -1,9 +1,10 @@
 //! The in-process transport: one thread per device, messages moved through per-receiver
-//! mailboxes keyed by `(source, tag)` (zero copy: a sent [`Tensor`] is moved, its buffer is
-//! never copied or serialized).
+//! mailboxes keyed by `(source, tag)` (zero copy: a sent [`Tensor`] or [`Value`] is moved, its
+//! buffer is never copied or serialized; a GPU value stays on the GPU).
 
 use super::transport::{CommError, Endpoint, Tag};
 use crate::tensor::Tensor;
+use crate::value::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -14,12 +15,12 @@ const POLL: Duration = Duration::from_millis(100);
 
 #[derive(Default)]
 struct Mailbox {
-    queues: Mutex<HashMap<(usize, Tag), VecDeque<Tensor>>>,
+    queues: Mutex<HashMap<(usize, Tag), VecDeque<Value>>>,
     arrived: Condvar,
 }
 
 impl Mailbox {
-    fn lock(&self) -> MutexGuard<'_, HashMap<(usize, Tag), VecDeque<Tensor>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<(usize, Tag), VecDeque<Value>>> {
         // A panic while holding the lock cannot leave the map inconsistent (push/pop only).
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -60,6 +61,16 @@ impl Endpoint for InProcEndpoint {
     }
 
     fn send(&mut self, dst: usize, tag: Tag, t: Tensor) -> Result<(), CommError> {
+        self.send_value(dst, tag, Value::Host(t))
+    }
+
+    fn recv(&mut self, src: usize, tag: Tag, timeout: Duration) -> Result<Tensor, CommError> {
+        self.recv_value(src, tag, timeout)?
+            .into_host()
+            .map_err(|e| CommError::Other(format!("copying a received value to the host: {e}")))
+    }
+
+    fn send_value(&mut self, dst: usize, tag: Tag, t: Value) -> Result<(), CommError> {
         let mb = self
             .shared
             .boxes
@@ -70,7 +81,7 @@ impl Endpoint for InProcEndpoint {
         Ok(())
     }
 
-    fn recv(&mut self, src: usize, tag: Tag, timeout: Duration) -> Result<Tensor, CommError> {
+    fn recv_value(&mut self, src: usize, tag: Tag, timeout: Duration) -> Result<Value, CommError> {
         if src >= self.size() {
             return Err(CommError::Other(format!(
                 "receive from device {src}: no such device"

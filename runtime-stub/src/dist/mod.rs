@@ -37,6 +37,7 @@ pub mod inproc;
 pub mod mpi;
 pub mod trace;
 pub mod transport;
+pub mod value_ops;
 pub mod worker;
 
 pub use check::{check, CheckReport};

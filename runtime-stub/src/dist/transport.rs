@@ -11,8 +11,12 @@
 //!   an abort wakes every waiting receiver within a second.
 //! - Payloads are [`Tensor`]s, moved, never serialized by the in-process backend (zero copy);
 //!   an inter-process backend serializes them (dtype, shape, little-endian bytes).
+//! - [`Endpoint::send_value`] / [`Endpoint::recv_value`] carry a worker's [`Value`]: the
+//!   in-process backend hands it over as it is (a GPU buffer stays on the GPU: the devices of
+//!   one process share it); the default copies it through the host.
 
 use crate::tensor::Tensor;
+use crate::value::Value;
 use std::time::Duration;
 
 /// A message tag: the schedule's program-wide `u32` tag plus a sub-index `part` that
@@ -81,6 +85,17 @@ pub trait Endpoint: Send {
     fn send(&mut self, dst: usize, tag: Tag, t: Tensor) -> Result<(), CommError>;
     /// Take the next message `tag` from `src`, waiting at most `timeout`.
     fn recv(&mut self, src: usize, tag: Tag, timeout: Duration) -> Result<Tensor, CommError>;
+    /// Send a worker's value; by default copied to the host and sent as a [`Tensor`].
+    fn send_value(&mut self, dst: usize, tag: Tag, v: Value) -> Result<(), CommError> {
+        let t = v.into_host().map_err(|e| {
+            CommError::Other(format!("copying a value to the host to send it: {e}"))
+        })?;
+        self.send(dst, tag, t)
+    }
+    /// Receive a value sent with [`Endpoint::send_value`] (or a tensor sent with `send`).
+    fn recv_value(&mut self, src: usize, tag: Tag, timeout: Duration) -> Result<Value, CommError> {
+        self.recv(src, tag, timeout).map(Value::Host)
+    }
     /// Tell every rank to stop: their pending and future `recv`s fail with
     /// [`CommError::Aborted`].
     fn abort(&self);

@@ -5,9 +5,11 @@ use super::collective::Collectives;
 use super::data::{self, Data};
 use super::trace::Event;
 use super::transport::{CommError, Endpoint, Tag};
+use super::value_ops::ValueOps;
 use super::{DeviceTiming, DistError, LoadedProgram, Result};
 use crate::exec::{Executor, Prepared};
 use crate::tensor::Tensor;
+use crate::value::Value;
 use pipec_compiler::ir::{DType, Module};
 use pipec_compiler::program::{Instr, PieceKind, Program, StageProgram};
 use std::collections::{BTreeMap, HashMap};
@@ -72,8 +74,13 @@ struct Worker<'a> {
     fwd: PreparedPiece,
     bwd: Option<PreparedPiece>,
     step: Option<PreparedPiece>,
-    globals: HashMap<String, Tensor>,
-    bufs: HashMap<(String, u32), Tensor>,
+    /// Parameters, gradients and optimizer state, as the executor holds them (on the GPU with
+    /// `--device cuda`).
+    globals: HashMap<String, Value>,
+    /// Micro-batch buffers, likewise.
+    bufs: HashMap<(String, u32), Value>,
+    /// Sum, accumulation, concatenation and slices on the executor's values.
+    ops: ValueOps<'a>,
     /// Per `(name, mb)`: index of the last instruction reading that buffer.
     last_use: HashMap<(String, u32), usize>,
     /// Dtype of the stage's parameters (for the step counter).
@@ -127,10 +134,15 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         ),
         _ => None,
     };
-    let mut globals: HashMap<String, Tensor> = HashMap::new();
+    let upload = |what: &str, t: Tensor| {
+        ctx.executor
+            .upload(t)
+            .map_err(|e| fail(format!("placing {what}"), e.to_string()))
+    };
+    let mut globals: HashMap<String, Value> = HashMap::new();
     for p in &stage.params {
         if let Some(t) = lp.weights.get(p) {
-            globals.insert(p.clone(), t.clone());
+            globals.insert(p.clone(), upload(p, t.clone())?);
         }
     }
     for (s, p) in &stage.state_init {
@@ -142,7 +154,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         })?;
         let z = Tensor::zeros(like.dtype(), like.shape())
             .map_err(|e| fail("creating optimizer state".into(), e.to_string()))?;
-        globals.insert(s.clone(), z);
+        globals.insert(s.clone(), upload(s, z)?);
     }
     let param_dtype = stage
         .params
@@ -164,6 +176,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         step,
         globals,
         bufs: HashMap::new(),
+        ops: ValueOps::new(ctx.executor),
         param_dtype,
         loss: 0.0,
     };
@@ -233,11 +246,18 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         (Some(a), Some(b)) => b - a,
         _ => f64::NAN,
     };
-    let params = stage
-        .params
-        .iter()
-        .filter_map(|p| w.globals.remove(p).map(|t| (p.clone(), t)))
-        .collect();
+    let mut params = BTreeMap::new();
+    for p in &stage.params {
+        if let Some(v) = w.globals.remove(p) {
+            let t = v.into_host().map_err(|e| {
+                fail(
+                    format!("copying parameter '{p}' to the host"),
+                    e.to_string(),
+                )
+            })?;
+            params.insert(p.clone(), t);
+        }
+    }
     Ok(DeviceOutcome {
         device: d,
         losses,
@@ -252,7 +272,7 @@ fn other(msg: impl Into<String>) -> CommError {
 }
 
 fn check_sig(
-    t: &Tensor,
+    t: &Value,
     dtype: &str,
     shape: &[i64],
     what: &str,
@@ -296,7 +316,8 @@ impl Worker<'_> {
                         .map_err(other)?,
                     None => t.clone(),
                 };
-                self.bufs.insert((input.clone(), *mb), t);
+                let v = self.upload(t)?;
+                self.bufs.insert((input.clone(), *mb), v);
             }
             Instr::Compute { pass, mb } => self.compute(k, *pass, *mb)?,
             Instr::Send {
@@ -310,23 +331,26 @@ impl Worker<'_> {
             } => {
                 let key = (tensor.clone(), *mb);
                 let last = self.last_use.get(&key) == Some(&k);
+                let b = self.bufs.remove(&key).ok_or_else(|| missing(tensor, *mb))?;
                 let t = match slice {
                     Some(sl) => {
-                        let b = self.bufs.get(&key).ok_or_else(|| missing(tensor, *mb))?;
-                        data::slice_rows(b, sl.lo, sl.hi, sl.of).map_err(other)?
+                        let (b, t) = self.ops.slice_rows(b, sl.lo, sl.hi, sl.of).map_err(other)?;
+                        if !last {
+                            self.bufs.insert(key, b);
+                        }
+                        t
                     }
-                    None if last => self.bufs.remove(&key).ok_or_else(|| missing(tensor, *mb))?,
-                    None => self
-                        .bufs
-                        .get(&key)
-                        .ok_or_else(|| missing(tensor, *mb))?
-                        .clone(),
+                    None if last => b,
+                    None => {
+                        // Sent and still needed here: a copy where the value is (on the GPU
+                        // for CUDA; an inter-process transport then copies it to the host).
+                        let t = b.try_clone().map_err(|e| other(e.to_string()))?;
+                        self.bufs.insert(key, b);
+                        t
+                    }
                 };
-                if last {
-                    self.bufs.remove(&key);
-                }
                 check_sig(&t, dtype, shape, "it would send")?;
-                ep.send(*peer, Tag::p2p(*tag), t)?;
+                ep.send_value(*peer, Tag::p2p(*tag), t)?;
             }
             Instr::Recv {
                 mb,
@@ -336,8 +360,12 @@ impl Worker<'_> {
                 dtype,
                 shape,
             } => {
-                let t = ep.recv(*peer, Tag::p2p(*tag), self.ctx.timeout)?;
+                let t = ep.recv_value(*peer, Tag::p2p(*tag), self.ctx.timeout)?;
                 check_sig(&t, dtype, shape, &format!("device {peer} sent"))?;
+                let t = match t {
+                    Value::Host(t) => self.upload(t)?,
+                    v => v,
+                };
                 self.bufs.insert((tensor.clone(), *mb), t);
             }
             Instr::Concat { mb, inputs, output } => {
@@ -349,22 +377,23 @@ impl Worker<'_> {
                             .ok_or_else(|| missing(x, *mb))
                     })
                     .collect::<std::result::Result<Vec<_>, _>>()?;
-                let t = data::concat0(&parts).map_err(other)?;
+                let t = self.ops.concat0(parts).map_err(other)?;
                 self.bufs.insert((output.clone(), *mb), t);
             }
             Instr::Sum { mb, inputs, output } => {
-                let mut acc: Option<Tensor> = None;
+                let mut acc: Option<Value> = None;
                 for x in inputs {
                     let t = self
                         .bufs
                         .remove(&(x.clone(), *mb))
                         .ok_or_else(|| missing(x, *mb))?;
-                    match &mut acc {
-                        Some(a) => {
-                            data::add_assign(a, &t).map_err(|e| other(format!("'{x}': {e}")))?
-                        }
-                        None => acc = Some(t),
-                    }
+                    acc = Some(match acc {
+                        Some(a) => self
+                            .ops
+                            .add(a, t)
+                            .map_err(|e| other(format!("'{x}': {e}")))?,
+                        None => t,
+                    });
                 }
                 let t = acc.ok_or_else(|| other("nothing to sum"))?;
                 self.bufs.insert((output.clone(), *mb), t);
@@ -379,6 +408,7 @@ impl Worker<'_> {
                     .ok_or_else(|| other(format!("unknown dtype '{dtype}' in the schedule")))?;
                 let dims: Vec<usize> = shape.iter().map(|&x| x.max(0) as usize).collect();
                 let t = Tensor::zeros(dt, &dims).map_err(|e| other(e.to_string()))?;
+                let t = self.upload(t)?;
                 self.bufs.insert((output.clone(), *mb), t);
             }
             Instr::Accumulate { mb, tensors } => {
@@ -387,14 +417,14 @@ impl Worker<'_> {
                         .bufs
                         .remove(&(x.clone(), *mb))
                         .ok_or_else(|| missing(x, *mb))?;
-                    match self.globals.get_mut(x) {
-                        Some(acc) => {
-                            data::add_assign(acc, &t).map_err(|e| other(format!("'{x}': {e}")))?
-                        }
-                        None => {
-                            self.globals.insert(x.clone(), t);
-                        }
-                    }
+                    let t = match self.globals.remove(x) {
+                        Some(acc) => self
+                            .ops
+                            .add(acc, t)
+                            .map_err(|e| other(format!("'{x}': {e}")))?,
+                        None => t,
+                    };
+                    self.globals.insert(x.clone(), t);
                 }
             }
             Instr::Free { mb, tensors } => {
@@ -407,16 +437,23 @@ impl Worker<'_> {
                 tensors,
                 tag,
             } => {
+                // The collectives reduce host tensors (an executor's values are copied out
+                // and back).
                 let mut ts = Vec::with_capacity(tensors.len());
                 for x in tensors {
-                    ts.push(self.take_global(x)?);
+                    let t = self
+                        .take_global(x)?
+                        .into_host()
+                        .map_err(|e| other(format!("'{x}' to the host: {e}")))?;
+                    ts.push(t);
                 }
                 let r =
                     self.ctx
                         .collectives
                         .all_reduce_sum(ep, group, *tag, &mut ts, self.ctx.timeout);
                 for (x, t) in tensors.iter().zip(ts) {
-                    self.globals.insert(x.clone(), t);
+                    let v = self.upload(t)?;
+                    self.globals.insert(x.clone(), v);
                 }
                 r?;
             }
@@ -425,14 +462,23 @@ impl Worker<'_> {
         Ok(())
     }
 
+    /// `t` as the executor holds it.
+    fn upload(&self, t: Tensor) -> std::result::Result<Value, CommError> {
+        self.ctx
+            .executor
+            .upload(t)
+            .map_err(|e| other(e.to_string()))
+    }
+
     /// Global buffer `x`, removed; a missing `grad/P` of a held parameter is zeros.
-    fn take_global(&mut self, x: &str) -> std::result::Result<Tensor, CommError> {
+    fn take_global(&mut self, x: &str) -> std::result::Result<Value, CommError> {
         if let Some(t) = self.globals.remove(x) {
             return Ok(t);
         }
         if let Some(p) = x.strip_prefix("grad/") {
             if let Some(pt) = self.globals.get(p) {
-                return Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| other(e.to_string()));
+                let z = Tensor::zeros(pt.dtype(), &pt.shape()).map_err(|e| other(e.to_string()))?;
+                return self.upload(z);
             }
         }
         Err(other(format!("no global buffer '{x}' on this device")))
@@ -452,7 +498,7 @@ impl Worker<'_> {
                 .ok_or_else(|| other(format!("stage {} has no backward piece", self.stage.id)))?,
         };
         // Move the inputs out of the buffers (no copies); put back what is used later.
-        let mut feeds: Vec<(String, Tensor)> = Vec::with_capacity(piece.inputs.len());
+        let mut feeds: Vec<(String, Value)> = Vec::with_capacity(piece.inputs.len());
         let mut back: Vec<(bool, bool)> = Vec::with_capacity(piece.inputs.len()); // (global, keep)
         let mut err = None;
         for x in &piece.inputs {
@@ -471,23 +517,33 @@ impl Worker<'_> {
                 break;
             }
         }
-        let res = match err {
-            None => piece.prepared.run(&feeds).map_err(|e| other(e.to_string())),
-            Some(e) => Err(e),
-        };
-        for ((x, t), (global, keep)) in feeds.into_iter().zip(back) {
+        if let Some(e) = err {
+            for ((x, t), (global, keep)) in feeds.into_iter().zip(back) {
+                if global {
+                    self.globals.insert(x, t);
+                } else if keep {
+                    self.bufs.insert((x, mb), t);
+                }
+            }
+            return Err(e);
+        }
+        let (given_back, outs) = piece
+            .prepared
+            .run_values(feeds)
+            .map_err(|e| other(e.to_string()))?;
+        for ((x, t), (global, keep)) in given_back.into_iter().zip(back) {
             if global {
                 self.globals.insert(x, t);
             } else if keep {
                 self.bufs.insert((x, mb), t);
             }
         }
-        let outs = res?;
         for (y, t) in outs {
             if pass == PieceKind::Fwd {
                 if let Some((l, f)) = &self.stage.loss {
                     if *l == y {
-                        self.loss += f * data::sum_f64(&t);
+                        let host = t.to_host().map_err(|e| other(format!("the loss: {e}")))?;
+                        self.loss += f * data::sum_f64(&host);
                     }
                 }
             }
@@ -498,31 +554,28 @@ impl Worker<'_> {
 
     fn step(&mut self, s: usize) -> std::result::Result<(), CommError> {
         let stage = self.stage;
-        let piece = self
+        if self.step.is_none() {
+            return Err(other(format!("stage {} has no step piece", stage.id)));
+        }
+        let inputs = self
             .step
-            .as_mut()
-            .ok_or_else(|| other(format!("stage {} has no step piece", stage.id)))?;
-        let mut feeds: Vec<(String, Tensor)> = Vec::with_capacity(piece.inputs.len());
+            .as_ref()
+            .map(|p| p.inputs.clone())
+            .unwrap_or_default();
+        let mut feeds: Vec<(String, Value)> = Vec::with_capacity(inputs.len());
         let mut err = None;
-        for x in &piece.inputs {
-            if stage.step_counter.as_deref() == Some(x.as_str()) {
-                match data::scalar(self.param_dtype, (s + 1) as f64) {
-                    Ok(t) => feeds.push((x.clone(), t)),
-                    Err(e) => {
-                        err = Some(other(e));
-                        break;
-                    }
-                }
-                continue;
-            }
-            let t = if let Some(t) = self.globals.remove(x) {
-                Ok(t)
-            } else if let Some(p) = x
+        for x in &inputs {
+            let t = if stage.step_counter.as_deref() == Some(x.as_str()) {
+                data::scalar(self.param_dtype, (s + 1) as f64)
+                    .map_err(other)
+                    .and_then(|t| self.upload(t))
+            } else if self.globals.contains_key(x.as_str()) {
+                self.take_global(x)
+            } else if x
                 .strip_prefix("grad/")
-                .filter(|p| self.globals.contains_key(*p))
+                .is_some_and(|p| self.globals.contains_key(p))
             {
-                let pt = &self.globals[p];
-                Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| other(e.to_string()))
+                self.take_global(x)
             } else {
                 Err(other(format!("step input '{x}' is not a global buffer")))
             };
@@ -535,15 +588,31 @@ impl Worker<'_> {
             }
         }
         let res = match err {
-            None => piece.prepared.run(&feeds).map_err(|e| other(e.to_string())),
-            Some(e) => Err(e),
+            None => self
+                .step
+                .as_mut()
+                .map(|p| {
+                    p.prepared
+                        .run_values(feeds)
+                        .map_err(|e| other(e.to_string()))
+                })
+                .unwrap_or_else(|| Err(other("no step piece"))),
+            Some(e) => {
+                for (x, t) in feeds {
+                    if stage.step_counter.as_deref() != Some(x.as_str()) {
+                        self.globals.insert(x, t);
+                    }
+                }
+                return Err(e);
+            }
         };
-        for (x, t) in feeds {
+        let (given_back, outs) = res?;
+        for (x, t) in given_back {
             if stage.step_counter.as_deref() != Some(x.as_str()) {
                 self.globals.insert(x, t);
             }
         }
-        let mut outs: HashMap<String, Tensor> = res?.into_iter().collect();
+        let mut outs: HashMap<String, Value> = outs.into_iter().collect();
         for (out, target) in &stage.updates {
             let t = outs
                 .remove(out)

@@ -16,6 +16,16 @@ use common::{model, pipec, pipec_ok, python_with_onnx, tempdir};
 /// Every planner the CLI accepts.
 const PLANNERS: &[&str] = pipec_passes::planners::PLANNER_NAMES;
 
+/// The training flags of every program here: batch 8 in micro-batches of 2, SGD with momentum.
+const TRAIN: &[&str] = &[
+    "--batch",
+    "8",
+    "--micro-batch",
+    "2",
+    "--optimizer",
+    "sgd:lr=0.01,momentum=0.9",
+];
+
 /// Compile MODEL for 4 CPU-core devices with PLANNER, run 2 steps on ONNX Runtime with
 /// `--check`; a failure message, or None.
 fn ort_case(name: &str, planner: &str) -> Option<String> {
@@ -23,26 +33,26 @@ fn ort_case(name: &str, planner: &str) -> Option<String> {
     let out = t.path().join("o");
     let m = model(&format!("{name}.onnx"));
     let o = out.to_str().unwrap();
-    let c = pipec(&[
-        "compile",
-        m.to_str().unwrap(),
-        "--cluster",
-        "8@1e10",
-        "--device-kind",
-        "cpu-core",
-        "--devices",
-        "4",
-        "--planner",
-        planner,
-        "--batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "--optimizer",
-        "sgd:lr=0.01,momentum=0.9",
-        "-o",
-        o,
-    ]);
+    let c = pipec(
+        &[
+            "compile",
+            m.to_str().unwrap(),
+            "--cluster",
+            "8@1e10",
+            "--device-kind",
+            "cpu-core",
+            "--devices",
+            "4",
+            "--planner",
+            planner,
+            "-o",
+            o,
+        ]
+        .iter()
+        .chain(TRAIN)
+        .copied()
+        .collect::<Vec<_>>(),
+    );
     if !c.status.success() {
         return Some(format!(
             "{name}/{planner}: compile failed: {}",
@@ -185,24 +195,24 @@ fn a_step_moves_only_its_batch_in_and_its_losses_out() {
     let t = tempdir();
     let out = t.path().join("o");
     let o = out.to_str().unwrap();
-    pipec_ok(&[
-        "compile",
-        model("mlp4.onnx").to_str().unwrap(),
-        "--cluster",
-        "2@1e10",
-        "--device-kind",
-        "cpu-core",
-        "--planner",
-        "straight",
-        "--batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "--optimizer",
-        "sgd:lr=0.01,momentum=0.9",
-        "-o",
-        o,
-    ]);
+    pipec_ok(
+        &[
+            "compile",
+            model("mlp4.onnx").to_str().unwrap(),
+            "--cluster",
+            "2@1e10",
+            "--device-kind",
+            "cpu-core",
+            "--planner",
+            "straight",
+            "-o",
+            o,
+        ]
+        .iter()
+        .chain(TRAIN)
+        .copied()
+        .collect::<Vec<_>>(),
+    );
     let moved = |steps: &str| -> (i64, i64) {
         let s = pipec_ok(&["run", o, "--steps", steps, "--executor", "ort"]);
         let l = s

@@ -37,7 +37,9 @@
 //! the small int64 ops after them) on the CPU even when CUDA kernels exist, so disabling the
 //! fallback rejects every training graph (seen on gpt2_tiny and inception_mini). With
 //! `PIPEC_ORT_STRICT=1` it is disabled; `PIPEC_ORT_LOG=verbose` prints ONNX Runtime's node
-//! placement to tell which nodes run on the CPU.
+//! placement to tell which nodes run on the CPU; `PIPEC_ORT_PROFILE=PREFIX` writes ONNX
+//! Runtime's per-node profile of every session (`PREFIX<n>-<graph>_<time>.json`, Chrome trace
+//! format).
 //!
 //! # Values stay where they are computed
 //!
@@ -201,11 +203,23 @@ impl Executor for Ort {
         if self.device == OrtDevice::Cuda {
             b = cuda_provider(b)?;
         }
+        let profiling = match std::env::var("PIPEC_ORT_PROFILE") {
+            Ok(prefix) if !prefix.is_empty() => {
+                static N: AtomicU64 = AtomicU64::new(0);
+                let n = N.fetch_add(1, Ordering::Relaxed);
+                b = b
+                    .with_profiling(format!("{prefix}{n:03}-{}", module.graph.name))
+                    .map_err(oerr)?;
+                true
+            }
+            _ => false,
+        };
         let session = b.commit_from_memory(&bytes).map_err(oerr)?;
         Ok(Box::new(OrtProgram {
             graph: module.graph.clone(),
             session,
             memory: self.memory_info()?,
+            profiling,
         }))
     }
 
@@ -435,25 +449,19 @@ struct OrtProgram {
     session: Session,
     /// Where outputs are bound (the provider's memory).
     memory: MemoryInfo<'static>,
+    /// `PIPEC_ORT_PROFILE` is set: write ONNX Runtime's profile when the piece is dropped.
+    profiling: bool,
 }
 
-fn to_ort(name: &str, t: &Tensor) -> Result<DynValue> {
-    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    macro_rules! val {
-        ($a:expr) => {
-            ort::value::Tensor::from_array((shape, $a.iter().cloned().collect::<Vec<_>>()))
-                .map(|v| v.into_dyn())
-        };
+impl Drop for OrtProgram {
+    fn drop(&mut self) {
+        if self.profiling {
+            match self.session.end_profiling() {
+                Ok(path) => eprintln!("ONNX Runtime profile: {path}"),
+                Err(e) => eprintln!("ONNX Runtime profile not written: {e}"),
+            }
+        }
     }
-    match t {
-        Tensor::F32(a) => val!(a),
-        Tensor::F64(a) => val!(a),
-        Tensor::I64(a) => val!(a),
-        Tensor::I32(a) => val!(a),
-        Tensor::U8(a) => val!(a),
-        Tensor::Bool(a) => val!(a),
-    }
-    .map_err(|e| Error::input(name, format!("to ONNX Runtime: {e}")))
 }
 
 fn from_ort<T: TensorValueTypeMarker + ?Sized>(
@@ -502,7 +510,7 @@ impl Prepared for OrtProgram {
         let mut feed: Vec<(String, DynValue)> = Vec::with_capacity(ins.len());
         for (v, t) in self.graph.inputs.iter().zip(ins) {
             let name = self.graph.values[*v].name.clone();
-            let val = to_ort(&name, t)?;
+            let val = into_ort(&name, t.clone())?.t.into_dyn();
             feed.push((name, val));
         }
         let outs = self.session.run(feed).map_err(oerr)?;

@@ -569,15 +569,10 @@ impl Worker<'_> {
                 data::scalar(self.param_dtype, (s + 1) as f64)
                     .map_err(other)
                     .and_then(|t| self.upload(t))
-            } else if self.globals.contains_key(x.as_str()) {
-                self.take_global(x)
-            } else if x
-                .strip_prefix("grad/")
-                .is_some_and(|p| self.globals.contains_key(p))
-            {
-                self.take_global(x)
             } else {
-                Err(other(format!("step input '{x}' is not a global buffer")))
+                // A parameter's missing gradient is zeros (take_global).
+                self.take_global(x)
+                    .map_err(|_| other(format!("step input '{x}' is not a global buffer")))
             };
             match t {
                 Ok(t) => feeds.push((x.clone(), t)),

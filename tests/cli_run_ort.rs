@@ -183,51 +183,58 @@ fn ort_runs_are_deterministic() {
 }
 
 /// Parameters, gradients, optimizer state and activations stay in ONNX Runtime's values from
-/// one piece and one step to the next: after the first step placed them, a step of mlp4 on a
-/// 2-stage pipeline moves exactly its data batch in (8 samples x 64 float32 features = 2048
-/// bytes) and one float32 loss per micro-batch out (4 x 4 bytes). The same accounting on the
-/// CUDA provider counts host <-> GPU copies.
+/// one piece and one step to the next, through sends and all-reduces: after the first step placed
+/// them, a step of mlp4 moves exactly its data batch in (8 samples x 64 float32 features = 2048
+/// bytes) and one float32 loss per micro-batch and replica out (a 2-stage pipeline: 4 x 4 bytes;
+/// data parallelism on 2 devices, whose gradients are all-reduced every step: 8 x 4 bytes). The
+/// same accounting on the CUDA provider counts host <-> GPU copies.
 #[test]
 fn a_step_moves_only_its_batch_in_and_its_losses_out() {
     if python_with_onnx().is_none() {
         return;
     }
-    let t = tempdir();
-    let out = t.path().join("o");
-    let o = out.to_str().unwrap();
-    pipec_ok(
-        &[
+    for (planner, losses_out) in [("straight", 16), ("dp", 32)] {
+        let t = tempdir();
+        let out = t.path().join("o");
+        let o = out.to_str().unwrap();
+        let m = model("mlp4.onnx");
+        let args: Vec<&str> = [
             "compile",
-            model("mlp4.onnx").to_str().unwrap(),
+            m.to_str().unwrap(),
             "--cluster",
             "2@1e10",
             "--device-kind",
             "cpu-core",
             "--planner",
-            "straight",
+            planner,
             "-o",
             o,
         ]
         .iter()
         .chain(TRAIN)
         .copied()
-        .collect::<Vec<_>>(),
-    );
-    let moved = |steps: &str| -> (i64, i64) {
-        let s = pipec_ok(&["run", o, "--steps", steps, "--executor", "ort"]);
-        let l = s
-            .lines()
-            .find(|l| l.starts_with("host -> ONNX Runtime: "))
-            .unwrap_or_else(|| panic!("no transfer line in:\n{s}"));
-        let n: Vec<i64> = l
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        (n[0], n[1])
-    };
-    let (in1, out1) = moved("1");
-    let (in3, out3) = moved("3");
-    assert_eq!(((in3 - in1) / 2, (out3 - out1) / 2), (2048, 16));
-    // The first step placed the parameters and the momentum buffers (134952 bytes each).
-    assert!(in1 >= 2 * 134952, "{in1}");
+        .collect();
+        pipec_ok(&args);
+        let moved = |steps: &str| -> (i64, i64) {
+            let s = pipec_ok(&["run", o, "--steps", steps, "--executor", "ort"]);
+            let l = s
+                .lines()
+                .find(|l| l.starts_with("host -> ONNX Runtime: "))
+                .unwrap_or_else(|| panic!("no transfer line in:\n{s}"));
+            let n: Vec<i64> = l
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            (n[0], n[1])
+        };
+        let (in1, out1) = moved("1");
+        let (in3, out3) = moved("3");
+        assert_eq!(
+            ((in3 - in1) / 2, (out3 - out1) / 2),
+            (2048, losses_out),
+            "{planner}"
+        );
+        // The first step placed the parameters and the momentum buffers (134952 bytes each).
+        assert!(in1 >= 2 * 134952, "{planner}: {in1}");
+    }
 }

@@ -42,6 +42,11 @@ pub trait Executor: Send + Sync {
     fn upload(&self, t: Tensor) -> Result<Value> {
         Ok(Value::Host(t))
     }
+
+    /// Whether [`Executor::upload`] makes values of the executor's own (not host tensors).
+    fn holds_values(&self) -> bool {
+        false
+    }
 }
 
 /// A module ready to run on one backend.

@@ -47,8 +47,8 @@
 //! GPU's for CUDA: one copy), and [`Prepared::run_values`] binds the values it is given where
 //! they are and binds every output to that memory (ONNX Runtime's `IoBinding`), so the worker's
 //! parameters, gradients, optimizer state and activations stay on the GPU from one piece to the
-//! next; only what the host needs (the loss, MPI messages, host all-reduces, the final
-//! parameters) is copied back ([`OrtValue::to_host`]). [`transfers`] counts the bytes copied
+//! next (all-reduces between the devices of one process too); only what the host needs (the
+//! loss, MPI messages and all-reduces, the final parameters) is copied back ([`OrtValue::to_host`]). [`transfers`] counts the bytes copied
 //! each way.
 
 use crate::error::{Error, Result};
@@ -221,6 +221,10 @@ impl Executor for Ort {
             memory: self.memory_info()?,
             profiling,
         }))
+    }
+
+    fn holds_values(&self) -> bool {
+        true
     }
 
     fn upload(&self, t: Tensor) -> Result<Value> {

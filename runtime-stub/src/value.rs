@@ -5,8 +5,8 @@
 //! The worker keeps every buffer of the schedule (parameters, gradients, optimizer state,
 //! micro-batch activations) as a [`Value`]: an executor that has its own values
 //! ([`crate::exec::Executor::upload`]) gets them back without a copy on every run, and a value
-//! leaves its device only where the host needs it (the loss, an MPI message, a host all-reduce,
-//! the final parameters): [`Value::into_host`].
+//! leaves its device only where the host needs it (the loss, an MPI message or all-reduce, the
+//! final parameters): [`Value::into_host`].
 
 use crate::error::Result;
 use crate::ort_backend::OrtValue;

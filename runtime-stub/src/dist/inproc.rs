@@ -127,6 +127,10 @@ impl Endpoint for InProcEndpoint {
     fn is_aborted(&self) -> bool {
         self.shared.aborted.load(Ordering::SeqCst)
     }
+
+    fn moves_values(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

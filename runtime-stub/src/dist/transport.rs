@@ -96,6 +96,12 @@ pub trait Endpoint: Send {
     fn recv_value(&mut self, src: usize, tag: Tag, timeout: Duration) -> Result<Value, CommError> {
         self.recv(src, tag, timeout).map(Value::Host)
     }
+    /// Whether [`Endpoint::send_value`] hands a value over where it is (no host copy), so
+    /// that collectives on executor values are better done with value messages than on host
+    /// tensors. Default: no.
+    fn moves_values(&self) -> bool {
+        false
+    }
     /// Tell every rank to stop: their pending and future `recv`s fail with
     /// [`CommError::Aborted`].
     fn abort(&self);

@@ -437,6 +437,10 @@ impl Worker<'_> {
                 tensors,
                 tag,
             } => {
+                // Every member decides alike: same executor, same transport.
+                if self.ctx.executor.holds_values() && ep.moves_values() && group.len() > 1 {
+                    return self.all_reduce_values(ep, group, *tag, tensors);
+                }
                 // The collectives reduce host tensors (an executor's values are copied out
                 // and back).
                 let mut ts = Vec::with_capacity(tensors.len());
@@ -458,6 +462,52 @@ impl Worker<'_> {
                 r?;
             }
             Instr::Step => self.step(s)?,
+        }
+        Ok(())
+    }
+
+    /// The all-reduce (sum) of executor values where the transport hands values over (one
+    /// process's devices sharing a GPU): every member sends its values to the group's first
+    /// device, which adds them in group order with [`ValueOps`] and sends each member a copy,
+    /// so the values never leave the device and all members end bit-identical. Messages use
+    /// the instruction's tag id with parts `1..` (values in) and `1 + n..` (sums out).
+    fn all_reduce_values(
+        &mut self,
+        ep: &mut dyn Endpoint,
+        group: &[usize],
+        tag: u32,
+        tensors: &[String],
+    ) -> std::result::Result<(), CommError> {
+        let n = tensors.len() as u32;
+        let part = |p: u32| Tag { id: tag, part: p };
+        let root = group[0];
+        let me = ep.rank();
+        let timeout = self.ctx.timeout;
+        if me != root {
+            for (i, x) in tensors.iter().enumerate() {
+                let v = self.take_global(x)?;
+                ep.send_value(root, part(1 + i as u32), v)?;
+            }
+            for (i, x) in tensors.iter().enumerate() {
+                let v = ep.recv_value(root, part(1 + n + i as u32), timeout)?;
+                self.globals.insert(x.clone(), v);
+            }
+            return Ok(());
+        }
+        for (i, x) in tensors.iter().enumerate() {
+            let mut acc = self.take_global(x)?;
+            for &m in group.iter().filter(|&&m| m != root) {
+                let v = ep.recv_value(m, part(1 + i as u32), timeout)?;
+                acc = self
+                    .ops
+                    .add(acc, v)
+                    .map_err(|e| other(format!("'{x}' from device {m}: {e}")))?;
+            }
+            for &m in group.iter().filter(|&&m| m != root) {
+                let c = acc.try_clone().map_err(|e| other(e.to_string()))?;
+                ep.send_value(m, part(1 + n + i as u32), c)?;
+            }
+            self.globals.insert(x.clone(), acc);
         }
         Ok(())
     }

@@ -546,3 +546,39 @@ fn time_limit_returns_the_best_plan_so_far() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("--time-limit"), "{}", stderr(&o));
 }
+
+/// DAPPLE's bounded search: a search past its transition budget (resnet18 on 32 summit GPUs)
+/// says so (`"search_capped": true` and a note on stderr) and still returns a plan no slower
+/// than pure data parallelism (the search's base state); a small one (mlp4) stays exhaustive
+/// and the field is absent.
+#[test]
+fn dapple_says_when_it_bounds_its_search() {
+    let plan = |m: &str, planner: &str| {
+        let model = root().join(format!("onnx-models/{m}.onnx"));
+        let o = pipec(&[
+            "plan",
+            model.to_str().expect("utf-8 path"),
+            "--cluster",
+            "summit",
+            "--devices",
+            "32",
+            "--batch",
+            "64",
+            "--planner",
+            planner,
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("plan JSON");
+        (j, stderr(&o))
+    };
+    let (big, err) = plan("resnet18", "dapple");
+    assert_eq!(big["search_capped"], serde_json::Value::Bool(true), "{big}");
+    assert!(err.contains("bounded its search"), "{err}");
+    let (dp, _) = plan("resnet18", "dp");
+    let t = |v: &serde_json::Value| v["iteration_time_s"].as_f64().expect("time");
+    assert!(t(&big) <= t(&dp) * (1.0 + 1e-9), "{big} vs {dp}");
+    let (small, err) = plan("mlp4", "dapple");
+    assert!(small.get("search_capped").is_none(), "{small}");
+    assert!(!err.contains("bounded its search"), "{err}");
+}

@@ -73,6 +73,11 @@ pub struct Plan {
     /// optimum (absent from the JSON when false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub time_limited: bool,
+    /// DAPPLE's search passed its transition budget and then extended only the best states of
+    /// each cut (`planners::dapple::BEAM`): a bounded search, not the exhaustive optimum
+    /// (absent from the JSON when false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub search_capped: bool,
 }
 
 /// One emitted intra-layer split, as `plan.json` reports it.
@@ -454,6 +459,7 @@ impl Plan {
             out_of_memory: res.out_of_memory(cluster),
             intra_splits: Vec::new(),
             time_limited: false,
+            search_capped: false,
         })
     }
 }

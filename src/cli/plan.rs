@@ -158,6 +158,15 @@ pub fn deadline(limit: Option<std::time::Duration>) -> Option<std::time::Instant
 
 /// Say on stderr that `plan` is the best found by `--time-limit`, not the planner's optimum.
 pub fn warn_time_limited(plan: &Plan, limit: Option<f64>) {
+    if plan.search_capped {
+        eprintln!(
+            "note: planner '{}' bounded its search (past {} transitions it extends the {} best \
+             states of each cut; plan.json says \"search_capped\": true)",
+            plan.planner,
+            pipec_passes::planners::dapple::TRANSITION_BUDGET,
+            pipec_passes::planners::dapple::BEAM
+        );
+    }
     if plan.time_limited {
         eprintln!(
             "warning: --time-limit {} s reached: planner '{}' returns the best plan found by then",

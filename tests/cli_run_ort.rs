@@ -16,15 +16,37 @@ use common::{model, pipec, pipec_ok, python_with_onnx, tempdir};
 /// Every planner the CLI accepts.
 const PLANNERS: &[&str] = pipec_passes::planners::PLANNER_NAMES;
 
-/// The training flags of every program here: batch 8 in micro-batches of 2, SGD with momentum.
-const TRAIN: &[&str] = &[
-    "--batch",
-    "8",
-    "--micro-batch",
-    "2",
-    "--optimizer",
-    "sgd:lr=0.01,momentum=0.9",
-];
+/// `pipec compile MODEL --device-kind cpu-core --planner PLANNER -o OUT` on the cluster CLUSTER
+/// (more flags in `extra`), training batch 8 in micro-batches of 2 with SGD and momentum.
+fn compile(
+    model: &std::path::Path,
+    cluster: &str,
+    planner: &str,
+    extra: &[&str],
+    out: &str,
+) -> std::process::Output {
+    let m = model.to_str().unwrap();
+    let mut args = vec![
+        "compile",
+        m,
+        "--cluster",
+        cluster,
+        "--device-kind",
+        "cpu-core",
+        "--planner",
+        planner,
+        "-o",
+        out,
+        "--batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--optimizer",
+        "sgd:lr=0.01,momentum=0.9",
+    ];
+    args.extend_from_slice(extra);
+    pipec(&args)
+}
 
 /// Compile MODEL for 4 CPU-core devices with PLANNER, run 2 steps on ONNX Runtime with
 /// `--check`; a failure message, or None.
@@ -33,26 +55,7 @@ fn ort_case(name: &str, planner: &str) -> Option<String> {
     let out = t.path().join("o");
     let m = model(&format!("{name}.onnx"));
     let o = out.to_str().unwrap();
-    let c = pipec(
-        &[
-            "compile",
-            m.to_str().unwrap(),
-            "--cluster",
-            "8@1e10",
-            "--device-kind",
-            "cpu-core",
-            "--devices",
-            "4",
-            "--planner",
-            planner,
-            "-o",
-            o,
-        ]
-        .iter()
-        .chain(TRAIN)
-        .copied()
-        .collect::<Vec<_>>(),
-    );
+    let c = compile(&m, "8@1e10", planner, &["--devices", "4"], o);
     if !c.status.success() {
         return Some(format!(
             "{name}/{planner}: compile failed: {}",
@@ -197,24 +200,8 @@ fn a_step_moves_only_its_batch_in_and_its_losses_out() {
         let t = tempdir();
         let out = t.path().join("o");
         let o = out.to_str().unwrap();
-        let m = model("mlp4.onnx");
-        let args: Vec<&str> = [
-            "compile",
-            m.to_str().unwrap(),
-            "--cluster",
-            "2@1e10",
-            "--device-kind",
-            "cpu-core",
-            "--planner",
-            planner,
-            "-o",
-            o,
-        ]
-        .iter()
-        .chain(TRAIN)
-        .copied()
-        .collect();
-        pipec_ok(&args);
+        let c = compile(&model("mlp4.onnx"), "2@1e10", planner, &[], o);
+        assert!(c.status.success(), "{}", String::from_utf8_lossy(&c.stderr));
         let moved = |steps: &str| -> (i64, i64) {
             let s = pipec_ok(&["run", o, "--steps", steps, "--executor", "ort"]);
             let l = s

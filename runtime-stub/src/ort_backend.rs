@@ -217,6 +217,12 @@ impl Executor for Ort {
         let session = b.commit_from_memory(&bytes).map_err(oerr)?;
         Ok(Box::new(OrtProgram {
             graph: module.graph.clone(),
+            outputs: module
+                .graph
+                .outputs
+                .iter()
+                .map(|v| module.graph.name(*v).to_string())
+                .collect(),
             session,
             memory: self.memory_info()?,
             profiling,
@@ -287,17 +293,7 @@ pub struct OrtValue {
 
 impl OrtValue {
     fn new(name: &str, v: DynValue) -> Result<Self> {
-        let (ty, shape) = match v.dtype() {
-            ValueType::Tensor { ty, shape, .. } => (*ty, shape.clone()),
-            other => {
-                return Err(Error::input(
-                    name,
-                    format!("ONNX Runtime produced a {other}, not a tensor"),
-                ))
-            }
-        };
-        let dtype = dtype_of(name, ty)?;
-        let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+        let (dtype, shape) = tensor_type(name, v.dtype())?;
         let bytes = dtype
             .bytes_for(shape.iter().product::<usize>() as u64)
             .unwrap_or(0);
@@ -354,8 +350,18 @@ impl OrtValue {
     }
 }
 
-fn dtype_of(name: &str, ty: TensorElementType) -> Result<DType> {
-    Ok(match ty {
+/// The dtype and shape of an ONNX Runtime value that must be a tensor of a dtype pipec has.
+fn tensor_type(name: &str, ty: &ValueType) -> Result<(DType, Vec<usize>)> {
+    let (ty, shape) = match ty {
+        ValueType::Tensor { ty, shape, .. } => (*ty, shape),
+        other => {
+            return Err(Error::input(
+                name,
+                format!("ONNX Runtime produced a {other}, not a tensor"),
+            ))
+        }
+    };
+    let dtype = match ty {
         TensorElementType::Float32 => DType::F32,
         TensorElementType::Float64 => DType::F64,
         TensorElementType::Int64 => DType::I64,
@@ -368,30 +374,18 @@ fn dtype_of(name: &str, ty: TensorElementType) -> Result<DType> {
                 format!("ONNX Runtime produced an unsupported dtype {other}"),
             ))
         }
-    })
+    };
+    Ok((dtype, shape.iter().map(|&d| d.max(0) as usize).collect()))
 }
 
 /// An ONNX Runtime value in host memory that owns `t`'s data (no copy for a contiguous array).
 fn into_ort(name: &str, t: Tensor) -> Result<OrtValue> {
     let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    let n: usize = t.shape().iter().product();
     macro_rules! val {
-        ($a:expr) => {{
-            let a = $a;
-            // An owned contiguous array hands its buffer over; anything else is copied once.
-            let data = if a.is_standard_layout() {
-                let (mut v, off) = a.into_raw_vec_and_offset();
-                let off = off.unwrap_or(0);
-                if off != 0 || v.len() != n {
-                    v.drain(..off);
-                    v.truncate(n);
-                }
-                v
-            } else {
-                a.iter().cloned().collect()
-            };
-            ort::value::Tensor::from_array((shape, data)).map(|v| v.into_dyn())
-        }};
+        ($a:expr) => {
+            ort::value::Tensor::from_array((shape, crate::tensor::into_row_major_vec($a)))
+                .map(|v| v.into_dyn())
+        };
     }
     let v = match t {
         Tensor::F32(a) => val!(a),
@@ -450,6 +444,8 @@ fn cuda_provider(
 
 struct OrtProgram {
     graph: Graph,
+    /// The graph's output names, in order (what every run returns).
+    outputs: Vec<String>,
     session: Session,
     /// Where outputs are bound (the provider's memory).
     memory: MemoryInfo<'static>,
@@ -483,28 +479,15 @@ fn from_ort<T: TensorValueTypeMarker + ?Sized>(
             )
         }};
     }
-    let ty = match v.dtype() {
-        ValueType::Tensor { ty, .. } => *ty,
-        other => {
-            return Err(Error::input(
-                name,
-                format!("ONNX Runtime produced a {other}, not a tensor"),
-            ))
-        }
-    };
-    Ok(match ty {
-        TensorElementType::Float32 => arr!(f32, F32),
-        TensorElementType::Float64 => arr!(f64, F64),
-        TensorElementType::Int64 => arr!(i64, I64),
-        TensorElementType::Int32 => arr!(i32, I32),
-        TensorElementType::Uint8 => arr!(u8, U8),
-        TensorElementType::Bool => arr!(bool, Bool),
-        other => {
-            return Err(Error::input(
-                name,
-                format!("ONNX Runtime produced an unsupported dtype {other}"),
-            ))
-        }
+    Ok(match tensor_type(name, v.dtype())?.0 {
+        DType::F32 => arr!(f32, F32),
+        DType::F64 => arr!(f64, F64),
+        DType::I64 => arr!(i64, I64),
+        DType::I32 => arr!(i32, I32),
+        DType::U8 => arr!(u8, U8),
+        DType::Bool => arr!(bool, Bool),
+        // tensor_type gives only the dtypes above.
+        other => return Err(Error::input(name, format!("unsupported dtype {other}"))),
     })
 }
 
@@ -519,8 +502,8 @@ impl Prepared for OrtProgram {
         }
         let outs = self.session.run(feed).map_err(oerr)?;
         let mut res = Vec::with_capacity(self.graph.outputs.len());
-        for v in &self.graph.outputs {
-            let name = self.graph.values[*v].name.clone();
+        for name in &self.outputs {
+            let name = name.clone();
             let val = outs.get(&name).ok_or_else(|| {
                 Error::input(&name, "ONNX Runtime did not return this graph output")
             })?;
@@ -545,28 +528,19 @@ impl Prepared for OrtProgram {
             binding.bind_input(name.as_str(), &v.t).map_err(oerr)?;
             back.push((name, v));
         }
-        let names: Vec<String> = self
-            .graph
-            .outputs
-            .iter()
-            .map(|v| self.graph.values[*v].name.clone())
-            .collect();
-        for n in &names {
+        for n in &self.outputs {
             binding
                 .bind_output_to_device(n.as_str(), &self.memory)
                 .map_err(oerr)?;
         }
         let mut outs = self.session.run_binding(&binding).map_err(oerr)?;
-        let mut res = Vec::with_capacity(names.len());
-        for n in names {
+        let mut res = Vec::with_capacity(self.outputs.len());
+        for n in &self.outputs {
             let v = outs
                 .remove(n.as_str())
-                .ok_or_else(|| Error::input(&n, "ONNX Runtime did not return this graph output"))?;
-            let v = OrtValue::new(&n, v)?;
-            res.push((n, Value::Ort(v)));
+                .ok_or_else(|| Error::input(n, "ONNX Runtime did not return this graph output"))?;
+            res.push((n.clone(), Value::Ort(OrtValue::new(n, v)?)));
         }
-        drop(outs);
-        drop(binding);
         // Host inputs converted above are ONNX Runtime values now.
         let back = back.into_iter().map(|(n, o)| (n, Value::Ort(o))).collect();
         Ok((back, res))

@@ -280,6 +280,22 @@ impl Tensor {
     }
 }
 
+/// The elements of `a` in row-major order: an owned contiguous array hands its buffer over (no
+/// copy when it starts at the buffer's beginning), anything else is copied once.
+pub fn into_row_major_vec<T: Clone>(a: ArrayD<T>) -> Vec<T> {
+    if !a.is_standard_layout() {
+        return a.iter().cloned().collect();
+    }
+    let n = a.len();
+    let (mut v, off) = a.into_raw_vec_and_offset();
+    let off = off.unwrap_or(0);
+    if off != 0 || v.len() != n {
+        v.drain(..off);
+        v.truncate(n);
+    }
+    v
+}
+
 /// Largest absolute difference between two tensors of the same shape (as f64), and the largest
 /// absolute value of `reference`. Errors if the shapes differ.
 pub fn max_abs_diff(got: &Tensor, reference: &Tensor) -> Result<(f64, f64)> {

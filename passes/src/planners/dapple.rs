@@ -528,12 +528,18 @@ fn search_bounded(
     let mut found = run_search(&mut ctx);
     let mut fits = true;
     // No feasible plan at all (not merely none under the bound): repeat without the check.
-    if found.0.is_empty() && !found.2 {
+    if found.top.is_empty() && !found.any_pruned {
         ctx.mem_check = false;
         fits = false;
         found = run_search(&mut ctx);
     }
-    let (top, states, _, time_limited, capped) = found;
+    let Searched {
+        top,
+        states,
+        out_of_time: time_limited,
+        capped,
+        ..
+    } = found;
     let all: u128 = if ndev == 128 {
         u128::MAX
     } else {
@@ -640,7 +646,6 @@ fn candidate_cuts(ch: &Chain) -> Vec<usize> {
 }
 
 /// The costs of splitting a state's rest into a new stage on `gm` and the rest on `rest`.
-#[derive(Clone)]
 struct Split {
     out: std::rc::Rc<CommCost>,
     l_new: (Affine, Affine),
@@ -818,6 +823,20 @@ impl Bound {
     }
 }
 
+/// What [`run_search`] returns.
+struct Searched {
+    /// The best complete feasible states (at most [`TOP`]), best first.
+    top: Vec<State>,
+    /// States memoised.
+    states: usize,
+    /// Whether a bound pruned anything (else an empty `top` means no feasible plan at all).
+    any_pruned: bool,
+    /// `--time-limit` stopped the extension of states.
+    out_of_time: bool,
+    /// The search passed its [`TRANSITION_BUDGET`] and extended only [`BEAM`] states per cut.
+    capped: bool,
+}
+
 /// Keep `st` among the [`TOP`] best complete feasible plans if it is one, at most one per
 /// replica-count shape (e.g. 8:8, 4:4:8) so that the re-ranking sees different shapes rather
 /// than near-copies of one.
@@ -850,8 +869,8 @@ pub const TRANSITION_BUDGET: usize = 1_000_000;
 /// States per cut that a search past its [`TRANSITION_BUDGET`] extends.
 pub const BEAM: usize = 16;
 
-/// The memoised search; returns the best complete feasible states (at most [`TOP`], best first)
-/// and the number of states.
+/// The memoised search ([`Searched`]: the best complete feasible states, at most [`TOP`], best
+/// first, and the number of states).
 ///
 /// States are `(cut, class of the used devices)` ([`Symmetry`]): of the used-device sets that
 /// differ only by a permutation of interchangeable nodes, the one with the least `L` is kept and
@@ -867,7 +886,7 @@ pub const BEAM: usize = 16;
 /// extending it exceeds the incumbent is not extended. The incumbent is the `TOP`-th best
 /// complete `L` of this search (such a plan cannot enter `top`) or `ctx.bound` (it cannot enter
 /// the planner's pool), whichever is smaller.
-fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool, bool, bool) {
+fn run_search(ctx: &mut Ctx) -> Searched {
     let ndev = ctx.cluster.len();
     let all: u128 = if ndev == 128 {
         u128::MAX
@@ -1060,29 +1079,21 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool, bool, bool) {
                             any_pruned = true;
                             continue;
                         }
-                        if split.is_none() {
-                            split = Some(Split {
-                                out: ctx.comm_cost(gm, rest),
-                                l_new: ctx.ar_lines(gm),
-                                l_rest: ctx.ar_lines(rest),
-                                key: class_of(used | gm),
-                                cap_new: ctx.cap(gm),
-                                cap_rest: ctx.cap(rest),
-                            });
-                        }
-                        let Some(Split {
-                            out,
+                        let &mut Split {
+                            ref out,
                             l_new,
                             l_rest,
                             key,
                             cap_new,
                             cap_rest,
-                        }) = split.as_ref()
-                        else {
-                            unreachable!()
-                        };
-                        let (l_new, l_rest, key) = (*l_new, *l_rest, *key);
-                        let (cap_new, cap_rest) = (*cap_new, *cap_rest);
+                        } = split.get_or_insert_with(|| Split {
+                            out: ctx.comm_cost(gm, rest),
+                            l_new: ctx.ar_lines(gm),
+                            l_rest: ctx.ar_lines(rest),
+                            key: class_of(used | gm),
+                            cap_new: ctx.cap(gm),
+                            cap_rest: ctx.cap(rest),
+                        });
                         let t = out.at(ctx.whole.cut[j]);
                         let old = best_l[c2]
                             .get(key as usize)
@@ -1156,7 +1167,13 @@ fn run_search(ctx: &mut Ctx) -> (Vec<State>, usize, bool, bool, bool) {
             }
         }
     }
-    (top, count, any_pruned, out_of_time, capped)
+    Searched {
+        top,
+        states: count,
+        any_pruned,
+        out_of_time,
+        capped,
+    }
 }
 
 /// The default micro-batch (see the module doc).

@@ -54,17 +54,7 @@ macro_rules! elem {
             fn unwrap(t: Tensor) -> Option<Vec<Self>> {
                 match t {
                     // Contiguous (the normal case): take the buffer, no element-wise walk.
-                    Tensor::$v(a) if a.is_standard_layout() => {
-                        let n = a.len();
-                        let (v, off) = a.into_raw_vec_and_offset();
-                        let o = off.unwrap_or(0);
-                        Some(if o == 0 && v.len() == n {
-                            v
-                        } else {
-                            v[o..o + n].to_vec()
-                        })
-                    }
-                    Tensor::$v(a) => Some(a.iter().copied().collect()),
+                    Tensor::$v(a) => Some(crate::tensor::into_row_major_vec(a)),
                     _ => None,
                 }
             }

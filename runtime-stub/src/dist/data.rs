@@ -50,14 +50,19 @@ pub fn slice_axis(t: &Tensor, axis: usize, lo: usize, hi: usize) -> Result<Tenso
 
 /// Rows `[lo*n/of, hi*n/of)` of axis 0 (the schedule's [`pipec_compiler::program::Slice`]).
 pub fn slice_rows(t: &Tensor, lo: u64, hi: u64, of: u64) -> Result<Tensor, String> {
-    let n = *t
-        .shape()
+    let (a, b) = row_range(t.shape(), lo, hi, of)?;
+    slice_axis(t, 0, a, b)
+}
+
+/// The rows `[lo*n/of, hi*n/of)` that [`slice_rows`] takes of a tensor of `shape` (`n` rows).
+pub fn row_range(shape: &[usize], lo: u64, hi: u64, of: u64) -> Result<(usize, usize), String> {
+    let n = *shape
         .first()
         .ok_or_else(|| "cannot slice the rows of a 0-D tensor".to_string())? as u64;
     if of == 0 || !n.is_multiple_of(of) {
         return Err(format!("a slice in {of} parts of {n} rows"));
     }
-    slice_axis(t, 0, (lo * n / of) as usize, (hi * n / of) as usize)
+    Ok(((lo * n / of) as usize, (hi * n / of) as usize))
 }
 
 /// Concatenate along axis 0 (same dtype, same trailing dims).

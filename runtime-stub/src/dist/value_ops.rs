@@ -90,27 +90,16 @@ impl<'a> ValueOps<'a> {
             let s = data::slice_rows(t, lo, hi, of)?;
             return Ok((v, Value::Host(s)));
         }
-        let n = *v
-            .shape()
-            .first()
-            .ok_or_else(|| "cannot slice the rows of a 0-D tensor".to_string())?
-            as u64;
-        if of == 0 || !n.is_multiple_of(of) {
-            return Err(format!("a slice in {of} parts of {n} rows"));
-        }
-        let bound = |x: u64| {
-            Value::Host(Tensor::I64(
-                ndarray::arr1(&[(x * n / of) as i64]).into_dyn(),
-            ))
-        };
+        let (a, b) = data::row_range(&v.shape(), lo, hi, of)?;
+        let bound = |x: usize| Value::Host(Tensor::I64(ndarray::arr1(&[x as i64]).into_dyn()));
         let dt = v.dtype();
         let (back, out) = self.run_keep(
             Kind::Slice,
             dt,
             vec![
                 ("x".into(), v),
-                ("starts".into(), bound(lo)),
-                ("ends".into(), bound(hi)),
+                ("starts".into(), bound(a)),
+                ("ends".into(), bound(b)),
             ],
         )?;
         let x = back

@@ -547,10 +547,10 @@ impl Worker<'_> {
                 .as_mut()
                 .ok_or_else(|| other(format!("stage {} has no backward piece", self.stage.id)))?,
         };
-        // Move the inputs out of the buffers (no copies); put back what is used later.
+        // Move the inputs out of the buffers (no copies); put back what is used later. (An
+        // error ends the device's run, so nothing is put back then.)
         let mut feeds: Vec<(String, Value)> = Vec::with_capacity(piece.inputs.len());
         let mut back: Vec<(bool, bool)> = Vec::with_capacity(piece.inputs.len()); // (global, keep)
-        let mut err = None;
         for x in &piece.inputs {
             let key = (x.clone(), mb);
             if let Some(t) = self.bufs.remove(&key) {
@@ -561,21 +561,10 @@ impl Worker<'_> {
                 feeds.push((x.clone(), t));
                 back.push((true, true));
             } else {
-                err = Some(other(format!(
+                return Err(other(format!(
                     "input '{x}' is neither buffer ('{x}', mb {mb}) nor a global buffer"
                 )));
-                break;
             }
-        }
-        if let Some(e) = err {
-            for ((x, t), (global, keep)) in feeds.into_iter().zip(back) {
-                if global {
-                    self.globals.insert(x, t);
-                } else if keep {
-                    self.bufs.insert((x, mb), t);
-                }
-            }
-            return Err(e);
         }
         let (given_back, outs) = piece
             .prepared
@@ -604,53 +593,31 @@ impl Worker<'_> {
 
     fn step(&mut self, s: usize) -> std::result::Result<(), CommError> {
         let stage = self.stage;
-        if self.step.is_none() {
-            return Err(other(format!("stage {} has no step piece", stage.id)));
-        }
-        let inputs = self
+        let mut piece = self
             .step
-            .as_ref()
-            .map(|p| p.inputs.clone())
-            .unwrap_or_default();
-        let mut feeds: Vec<(String, Value)> = Vec::with_capacity(inputs.len());
-        let mut err = None;
-        for x in &inputs {
-            let t = if stage.step_counter.as_deref() == Some(x.as_str()) {
-                data::scalar(self.param_dtype, (s + 1) as f64)
-                    .map_err(other)
-                    .and_then(|t| self.upload(t))
-            } else {
-                // A parameter's missing gradient is zeros (take_global).
-                self.take_global(x)
-                    .map_err(|_| other(format!("step input '{x}' is not a global buffer")))
-            };
-            match t {
-                Ok(t) => feeds.push((x.clone(), t)),
-                Err(e) => {
-                    err = Some(e);
-                    break;
-                }
-            }
-        }
-        let res = match err {
-            None => self
-                .step
-                .as_mut()
-                .map(|p| {
-                    p.prepared
-                        .run_values(feeds)
-                        .map_err(|e| other(e.to_string()))
-                })
-                .unwrap_or_else(|| Err(other("no step piece"))),
-            Some(e) => {
-                for (x, t) in feeds {
-                    if stage.step_counter.as_deref() != Some(x.as_str()) {
-                        self.globals.insert(x, t);
-                    }
-                }
-                return Err(e);
-            }
-        };
+            .take()
+            .ok_or_else(|| other(format!("stage {} has no step piece", stage.id)))?;
+        let feeds = piece
+            .inputs
+            .iter()
+            .map(|x| {
+                let t = if stage.step_counter.as_deref() == Some(x.as_str()) {
+                    self.upload(data::scalar(self.param_dtype, (s + 1) as f64).map_err(other)?)?
+                } else {
+                    // A parameter's missing gradient is zeros (take_global).
+                    self.take_global(x)
+                        .map_err(|_| other(format!("step input '{x}' is not a global buffer")))?
+                };
+                Ok((x.clone(), t))
+            })
+            .collect::<std::result::Result<Vec<_>, CommError>>();
+        let res = feeds.and_then(|f| {
+            piece
+                .prepared
+                .run_values(f)
+                .map_err(|e| other(e.to_string()))
+        });
+        self.step = Some(piece);
         let (given_back, outs) = res?;
         for (x, t) in given_back {
             if stage.step_counter.as_deref() != Some(x.as_str()) {

@@ -49,6 +49,16 @@
 //! compute), the partition is memory-tuned and, if it fits, simulated; the fastest wins, with
 //! 1F1B-SNO kept unless 1F1B-SO is more than 0.5% faster (it costs twice the activations).
 //!
+//! Search cost: `orders (≤ 2) × micro-batch sizes (≤ 21) × 2 schedules` candidates, each a
+//! balance (`O(stages × layers)`) and, the expensive part, a simulation of `M` micro-batches
+//! through `N` stages. Candidates are simulated in the order of a lower bound of their
+//! iteration (each device runs its `M` forwards and backwards and its optimizer step one after
+//! another, [`sim::compute_bound`]); once one simulates faster than another's bound (plus the
+//! 0.5% SO margin), that one cannot win and is not simulated. On a 12-layer GPT-2 export at 32
+//! devices this skips most candidates (2.5 → 0.2 s); the chosen plan is the same (test
+//! `pruned_exploration_keeps_the_best_candidate`). Devices of one kind share one table of prefix
+//! sums ([`Chains`]), so memory is `O(kinds × layers)` per candidate, not `O(devices × layers)`.
+//!
 //! Objective: BaPipe's Table 2 mini-batch time for the chosen schedule, with `F + B` the slowest
 //! stage and `SR` the slowest boundary transfer of one micro-batch:
 //! SNO `(M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR`, SO `(M+N−1)(F+B) + (N−1)·2SR`.
@@ -105,7 +115,9 @@ pub struct Balance {
 
 /// Per-device prefix sums at one micro-batch: `chains[n]` costs the order on device `n`'s kind.
 pub struct Chains {
-    pub chains: Vec<Chain>,
+    /// One per device, shared between devices of one kind (a chain of 20k nodes is ~1 MB; a
+    /// copy per device of 1024 was a GB per micro-batch size).
+    pub chains: Vec<std::rc::Rc<Chain>>,
     /// Bandwidth and latency of the link from device `n` to `n + 1`.
     pub links: Vec<(f64, f64)>,
 }
@@ -125,14 +137,14 @@ impl Chains {
         micro_batch: f64,
         order: &[NodeId],
     ) -> Chains {
-        let mut by_kind: Vec<Option<Chain>> = vec![None; cluster.kinds.len()];
+        let mut by_kind: Vec<Option<std::rc::Rc<Chain>>> = vec![None; cluster.kinds.len()];
         let mut chains = Vec::with_capacity(n);
         for d in 0..n {
             let k = cluster.devices[d].kind;
-            let c = by_kind[k]
-                .get_or_insert_with(|| g.chain_in(order, micro_batch, &cluster.kinds[k]))
-                .clone();
-            chains.push(c);
+            let c = by_kind[k].get_or_insert_with(|| {
+                std::rc::Rc::new(g.chain_in(order, micro_batch, &cluster.kinds[k]))
+            });
+            chains.push(c.clone());
         }
         let links = (1..n)
             .map(|d| cluster.path(d - 1, d).unwrap_or((f64::INFINITY, 0.0)))
@@ -141,7 +153,7 @@ impl Chains {
     }
 
     fn len(&self) -> usize {
-        self.chains.first().map_or(0, Chain::len)
+        self.chains.first().map_or(0, |c| c.len())
     }
 
     /// Time of one micro-batch through the whole network on device `n` (`T_n` of Eq. 1).
@@ -439,10 +451,28 @@ pub struct Candidate {
     pub table2_s: f64,
     /// Table 2's `SR`: the slowest boundary transfer of one micro-batch.
     pub transfer_s: f64,
+    /// The lower bound of `simulated_s` the exploration ranks by ([`sim::compute_bound`]).
+    pub bound_s: f64,
 }
 
-/// The schedule exploration: every candidate that fits, best first.
+/// The schedule exploration: the candidates that fit, best first. Candidates are simulated in
+/// the order of a lower bound of their iteration ([`sim::compute_bound`]) and those whose bound
+/// shows they cannot be first are left out: the first is that of [`explore_all`].
 pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Vec<Candidate>> {
+    explore_with(g, cluster, opts, true)
+}
+
+/// [`explore`] with every candidate simulated (for tests of the bound).
+pub fn explore_all(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Vec<Candidate>> {
+    explore_with(g, cluster, opts, false)
+}
+
+fn explore_with(
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    prune: bool,
+) -> Result<Vec<Candidate>> {
     if g.is_empty() {
         return Err(Error::Usage("bapipe: the graph has no node".into()));
     }
@@ -464,11 +494,26 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
         Some(s) => vec![s],
         None => vec![ScheduleKind::OneFOneB, ScheduleKind::OneFOneBSo],
     };
-    let mut out: Vec<Candidate> = Vec::new();
-    for order in orders(g) {
+    // Every (order, micro-batch, schedule) that fits the memory model, with a lower bound of
+    // its simulated iteration ([`sim::compute_bound`]). Only what the candidate needs is kept
+    // (the per-device prefix sums and stage graphs of 1024 devices are tens of MB each).
+    struct Pending {
+        seq: usize,
+        order: usize,
+        mb: u64,
+        kind: ScheduleKind,
+        balance: Balance,
+        bounds: Vec<usize>,
+        table2_s: f64,
+        transfer_s: f64,
+        bound: f64,
+    }
+    let orders = orders(g);
+    let mut pending: Vec<Pending> = Vec::new();
+    for (oi, order) in orders.iter().enumerate() {
         for &mb in &mbs {
             let m = (batch / mb) as usize;
-            let ch = Chains::new_in(g, cluster, k, mb as f64, &order);
+            let ch = Chains::new_in(g, cluster, k, mb as f64, order);
             let bal = balance(g, &ch, k);
             for &kind in &kinds {
                 let factor = if kind == ScheduleKind::OneFOneBSo {
@@ -479,43 +524,87 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
                 let Some(bounds) = fit_memory(cluster, &ch, &bal.bounds, factor, m, opts) else {
                     continue;
                 };
-                let specs = specs_of(&order, &bounds);
-                let sg = StageGraph::from_specs(g, cluster, &specs, mb as f64, opts.optimizer);
-                let sched = sim::schedule::generate(&sg, kind, m);
-                let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
-                // The simulated peak has the last word on memory.
-                if (0..bounds.len() - 1).any(|d| {
-                    res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64
-                }) {
-                    continue;
-                }
+                let sg = StageGraph::from_specs(
+                    g,
+                    cluster,
+                    &specs_of(order, &bounds),
+                    mb as f64,
+                    opts.optimizer,
+                );
+                let bound = sim::compute_bound(&sg, cluster, opts.allreduce, kind, m);
                 let (comp, _) = ch.times(&bounds);
                 let fb = comp.iter().copied().fold(0.0, f64::max);
                 let sr = (0..bounds.len().saturating_sub(2))
                     .map(|s| ch.transfer(s, bounds[s + 1]))
                     .fold(0.0, f64::max);
-                out.push(Candidate {
-                    micro_batch: mb,
-                    schedule: kind,
+                pending.push(Pending {
+                    seq: pending.len(),
+                    order: oi,
+                    mb,
+                    kind,
+                    balance: bal.clone(),
                     table2_s: table2_time(kind, m, bounds.len() - 1, fb, sr),
                     transfer_s: sr,
                     bounds,
-                    order: order.clone(),
-                    balance: bal.clone(),
-                    simulated_s: res.iteration_time_s,
+                    bound,
                 });
             }
         }
     }
+    // Simulate in the order of the bound; a candidate whose bound exceeds the best simulated
+    // time by more than the 1F1B-SO tie margin below can neither win nor be the 1F1B-SNO
+    // alternative of the winner, so it is not simulated (the result's first candidate is the
+    // same as with every candidate simulated; the list holds only the simulated ones).
+    pending.sort_by(|a, b| a.bound.total_cmp(&b.bound).then(a.seq.cmp(&b.seq)));
+    let mut best = f64::INFINITY;
+    let mut out: Vec<(usize, Candidate)> = Vec::new();
+    for p in pending {
+        if prune && p.bound > best * (1.0 + SO_MARGIN) {
+            continue;
+        }
+        let m = (batch / p.mb) as usize;
+        let order = &orders[p.order];
+        let specs = specs_of(order, &p.bounds);
+        let sg = StageGraph::from_specs(g, cluster, &specs, p.mb as f64, opts.optimizer);
+        let sched = sim::schedule::generate(&sg, p.kind, m);
+        let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+        // The simulated peak has the last word on memory.
+        if (0..p.bounds.len() - 1)
+            .any(|d| res.devices[d].peak_memory_bytes > cluster.kind_of(d).memory_bytes as f64)
+        {
+            continue;
+        }
+        best = best.min(res.iteration_time_s);
+        out.push((
+            p.seq,
+            Candidate {
+                micro_batch: p.mb,
+                schedule: p.kind,
+                table2_s: p.table2_s,
+                transfer_s: p.transfer_s,
+                bound_s: p.bound,
+                bounds: p.bounds,
+                order: order.clone(),
+                balance: p.balance,
+                simulated_s: res.iteration_time_s,
+            },
+        ));
+    }
+    // Ties keep the exploration order (order, micro-batch, schedule).
+    out.sort_by(|a, b| {
+        a.1.simulated_s
+            .total_cmp(&b.1.simulated_s)
+            .then(a.0.cmp(&b.0))
+    });
+    let mut out: Vec<Candidate> = out.into_iter().map(|(_, c)| c).collect();
     // Best first; 1F1B-SNO unless 1F1B-SO is more than 0.5% faster at the same micro-batch.
-    out.sort_by(|a, b| a.simulated_s.total_cmp(&b.simulated_s));
     if let Some(best) = out.first().cloned() {
         if best.schedule == ScheduleKind::OneFOneBSo {
             if let Some(i) = out.iter().position(|c| {
                 c.schedule == ScheduleKind::OneFOneB
                     && c.micro_batch == best.micro_batch
                     && c.order == best.order
-                    && c.simulated_s <= best.simulated_s * 1.005
+                    && c.simulated_s <= best.simulated_s * (1.0 + SO_MARGIN)
             }) {
                 let c = out.remove(i);
                 out.insert(0, c);
@@ -524,6 +613,9 @@ pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<V
     }
     Ok(out)
 }
+
+/// 1F1B-SO (twice the activations) is chosen over 1F1B-SNO only when this much faster.
+const SO_MARGIN: f64 = 0.005;
 
 /// Largest antichain DAG whose chain order [`orders`] uses.
 pub const MAX_ANTICHAIN_STATES: usize = 512;

@@ -54,7 +54,7 @@ use crate::partition_gpp::{
     lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph, MAX_DP_UNITS,
 };
 use crate::plan::{Plan, PlanOptions, StageSpec};
-use crate::sim::{simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
+use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
 use crate::sp_decompose::{assign_side_nodes, decompose, node_work, SpTree};
 use pipec_compiler::{Error, Result};
 use std::time::Instant;
@@ -277,52 +277,6 @@ fn par_map<T: Sync, R: Send>(
         }
         Ok(out)
     })
-}
-
-/// A lower bound of any simulated iteration of `sg` under `schedule` with `m` micro-batches:
-/// each device runs its compute tasks, its stage's all-reduce and its optimizer step one after
-/// another (the simulator's per-device stream), so the iteration is at least the busiest
-/// replica's `m · (forward + backward) + all-reduce + step` (round robin: its share of the
-/// micro-batches; re-computing schedules: the plain forward, still a bound). Transfers and
-/// bubbles only add to it.
-fn compute_bound(
-    sg: &StageGraph,
-    cluster: &Cluster,
-    opts: &PlanOptions,
-    schedule: ScheduleKind,
-    m: usize,
-) -> f64 {
-    sg.stages
-        .iter()
-        .enumerate()
-        .map(|(s, st)| {
-            let r = st.devices.len().max(1);
-            let mine = if schedule.round_robin() {
-                m / r
-            } else if sg.is_round_robin(s) {
-                m.div_ceil(r)
-            } else {
-                m
-            };
-            let ar = if r > 1 {
-                crate::cost::comm::allreduce_time(
-                    cluster,
-                    &st.devices,
-                    st.parameter_bytes,
-                    opts.allreduce,
-                )
-            } else {
-                0.0
-            };
-            (0..st.fwd_s.len())
-                .map(|k| {
-                    mine as f64 * (st.fwd_s[k] + st.bwd_s[k])
-                        + ar
-                        + st.step_s.get(k).copied().unwrap_or(0.0)
-                })
-                .fold(0.0, f64::max)
-        })
-        .fold(0.0, f64::max)
 }
 
 /// Lower bounds of any plan's iteration on the first `d` devices of `cluster`: every node's
@@ -1055,7 +1009,7 @@ impl Gpp {
         let m = opts.batch.max(1);
         let costed = par_map(&cands, threads, |(b, specs, _)| {
             let sg = stage_graph(g, cluster, opts, specs, *b, schedule, self.sequential);
-            let bound = compute_bound(&sg, cluster, opts, schedule, (m / b) as usize);
+            let bound = compute_bound(&sg, cluster, opts.allreduce, schedule, (m / b) as usize);
             Ok((sg, bound))
         })?;
         let (graphs, bounds): (Vec<StageGraph>, Vec<f64>) = costed.into_iter().unzip();

@@ -881,6 +881,47 @@ impl Ord for Ev {
     }
 }
 
+/// A lower bound of any simulated iteration of `sg` under `schedule` with `m` micro-batches:
+/// each device runs its compute tasks, its stage's all-reduce and its optimizer step one after
+/// another (the simulator's per-device stream), so the iteration is at least the busiest
+/// replica's `m · (forward + backward) + all-reduce + step` (round robin: its share of the
+/// micro-batches; re-computing schedules: the plain forward, still a bound). Transfers and
+/// bubbles only add to it.
+pub fn compute_bound(
+    sg: &StageGraph,
+    cluster: &Cluster,
+    algo: AllReduceAlgo,
+    schedule: ScheduleKind,
+    m: usize,
+) -> f64 {
+    sg.stages
+        .iter()
+        .enumerate()
+        .map(|(s, st)| {
+            let r = st.devices.len().max(1);
+            let mine = if schedule.round_robin() {
+                m / r
+            } else if sg.is_round_robin(s) {
+                m.div_ceil(r)
+            } else {
+                m
+            };
+            let ar = if r > 1 {
+                crate::cost::comm::allreduce_time(cluster, &st.devices, st.parameter_bytes, algo)
+            } else {
+                0.0
+            };
+            (0..st.fwd_s.len())
+                .map(|k| {
+                    mine as f64 * (st.fwd_s[k] + st.bwd_s[k])
+                        + ar
+                        + st.step_s.get(k).copied().unwrap_or(0.0)
+                })
+                .fold(0.0, f64::max)
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Simulate `sched` on `sg` and `cluster`. Fails if the schedule deadlocks (a receive whose send
 /// never comes, or orders that wait on each other) or names a device outside the cluster.
 pub fn simulate(

@@ -1,5 +1,5 @@
 //! Print BaPipe's schedule exploration: `cargo run -p pipec-passes --example bapipe_explore --
-//! PROFILE.txt PROFILE_BATCH CLUSTER BATCH [MICRO_BATCH]`, or with `MODEL.onnx` (PROFILE_BATCH
+//! PROFILE.txt PROFILE_BATCH CLUSTER[:DEVICES] BATCH [MICRO_BATCH]`, or with `MODEL.onnx` (PROFILE_BATCH
 //! ignored) also the whole-layer plan vs the plan with the intra-layer splits emitted.
 use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::profile::load_profile;
@@ -22,10 +22,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None
     };
     let g = match &module {
-        Some(m) => analytic::from_module(m, &AnalyticOptions::default(), &a[1])?,
+        Some(m) => analytic::planning_graph(m, &AnalyticOptions::default(), &a[1])?.0,
         None => load_profile(path, a[2].parse()?)?.graph,
     };
-    let cl = Cluster::resolve(&a[3], None)?;
+    // CLUSTER, or PRESET:DEVICES (e.g. cpu:32).
+    let cl = match a[3].split_once(':') {
+        Some((c, n)) => Cluster::resolve(c, None)?.take(n.parse()?)?,
+        None => Cluster::resolve(&a[3], None)?,
+    };
     let mut opts = PlanOptions::new(a[4].parse()?);
     if let Some(mb) = a.get(5) {
         opts.micro_batch = Some(mb.parse()?);
@@ -55,7 +59,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         show("whole layers", &bapipe::BaPipe.plan(&g, &cl, &opts)?);
         show("emitted", &bapipe::plan_module(m, &g, &cl, &opts)?.plan);
     }
-    for c in bapipe::explore(&g, &cl, &opts)? {
+    for c in bapipe::explore_all(&g, &cl, &opts)? {
         println!(
             "  planned: stage ms {:?} -> balanced {:?}, splits {:?}",
             c.balance
@@ -80,10 +84,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .collect::<Vec<_>>()
         );
         println!(
-            "mb {:>4} {:<8} sim {:.6} s  table2 {:.6} s  bounds {:?} coarse {} comm/comp {:?}",
+            "mb {:>4} {:<8} sim {:.6} s  bound {:.6} s  table2 {:.6} s  bounds {:?} coarse {} comm/comp {:?}",
             c.micro_batch,
             c.schedule.name(),
             c.simulated_s,
+            c.bound_s,
             c.table2_s,
             c.bounds,
             c.balance.coarse,

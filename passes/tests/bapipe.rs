@@ -261,21 +261,64 @@ fn pruned_exploration_keeps_the_best_candidate() {
         ("vgg16.txt", 64.0, "8@130e9", 512, None),
         ("gnmt.txt", 64.0, "4@450e9,2@25e9", 1024, None),
         ("resnet50.txt", 32.0, "bapipe-hetero", 128, None),
-        ("inception_v3.txt", 32.0, "16@50e9", 256, Some(ScheduleKind::OneFOneBSo)),
+        (
+            "inception_v3.txt",
+            32.0,
+            "16@50e9",
+            256,
+            Some(ScheduleKind::OneFOneBSo),
+        ),
         ("vgg-19-pbs-32.txt", 32.0, "2@300e9,4@12e9", 64, None),
     ];
+    // And ONNX models whose stages need not depend on each other (DLRM's branches: a chain
+    // of a topological order is not a chain of dependencies) on many devices.
+    let onnx: [(&str, &str, usize, u64); 4] = [
+        ("dlrm_tiny.onnx", "cpu", 32, 64),
+        ("inception_mini.onnx", "summit", 16, 64),
+        ("mmt_tiny.onnx", "dgx-h100", 8, 64),
+        ("gpt2_tiny.onnx", "cpu", 4, 64),
+    ];
+    let setups = setups
+        .into_iter()
+        .map(|(prof, pb, cl, batch, schedule)| {
+            let c = Cluster::resolve(cl, None).expect("cluster");
+            (
+                profile(prof, pb),
+                c,
+                format!("{prof} on {cl}"),
+                batch,
+                schedule,
+            )
+        })
+        .chain(onnx.into_iter().map(|(model, cl, d, batch)| {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../onnx-models")
+                .join(model);
+            let mut m = pipec_compiler::onnx::import::load(&path).expect("import");
+            pipec_compiler::shape::infer_shapes(&mut m).expect("shapes");
+            let g = pipec_passes::cost::analytic::planning_graph(
+                &m,
+                &pipec_passes::cost::analytic::AnalyticOptions::default(),
+                model,
+            )
+            .expect("cost graph")
+            .0;
+            let c = Cluster::resolve(cl, None)
+                .expect("cluster")
+                .take(d)
+                .expect("devices");
+            (g, c, format!("{model} on {cl} x {d}"), batch, None)
+        }));
     let (mut simulated, mut explored) = (0, 0);
-    for (prof, pb, cl, batch, schedule) in setups {
-        let g = profile(prof, pb);
-        let c = Cluster::resolve(cl, None).expect("cluster");
+    for (g, c, name, batch, schedule) in setups {
         let mut opts = PlanOptions::new(batch);
         opts.schedule = schedule;
         let all = bapipe::explore_all(&g, &c, &opts).expect("explore_all");
-        assert!(!all.is_empty(), "{prof} on {cl}: no candidate");
+        assert!(!all.is_empty(), "{name}: no candidate");
         for x in &all {
             assert!(
                 x.bound_s <= x.simulated_s * (1.0 + 1e-12),
-                "{prof} on {cl}: micro-batch {} {:?}: bound {} > simulated {}",
+                "{name}: micro-batch {} {:?}: bound {} > simulated {}",
                 x.micro_batch,
                 x.schedule,
                 x.bound_s,
@@ -287,7 +330,7 @@ fn pruned_exploration_keeps_the_best_candidate() {
         assert_eq!(
             (a.micro_batch, a.schedule, &a.bounds, a.simulated_s),
             (b.micro_batch, b.schedule, &b.bounds, b.simulated_s),
-            "{prof} on {cl}"
+            "{name}"
         );
         assert!(pruned.len() <= all.len());
         simulated += pruned.len();

@@ -53,7 +53,7 @@
 //! balance (`O(stages × layers)`) and, the expensive part, a simulation of `M` micro-batches
 //! through `N` stages. Candidates are simulated in the order of a lower bound of their
 //! iteration (each device runs its `M` forwards and backwards and its optimizer step one after
-//! another, [`sim::compute_bound`]); once one simulates faster than another's bound (plus the
+//! another, [`chain_time_bound`]); once one simulates faster than another's bound (plus the
 //! 0.5% SO margin), that one cannot win and is not simulated. On a 12-layer GPT-2 export at 32
 //! devices this skips most candidates (2.5 → 0.2 s); the chosen plan is the same (test
 //! `pruned_exploration_keeps_the_best_candidate`). Devices of one kind share one table of prefix
@@ -66,7 +66,7 @@
 use super::Planner;
 use crate::cost::analytic::{self, AnalyticOptions};
 use crate::cost::antichain::Linearization;
-use crate::cost::memory::stage_memory;
+use crate::cost::memory::{stage_memory, step_time};
 use crate::cost::{Chain, Cluster, CostGraph, NodeId};
 use crate::plan::{IntraSplitReport, Plan, PlanOptions, StageSpec};
 use crate::sim::{self, ScheduleKind, StageGraph};
@@ -451,12 +451,42 @@ pub struct Candidate {
     pub table2_s: f64,
     /// Table 2's `SR`: the slowest boundary transfer of one micro-batch.
     pub transfer_s: f64,
-    /// The lower bound of `simulated_s` the exploration ranks by ([`sim::compute_bound`]).
+    /// The lower bound of `simulated_s` the exploration ranks by ([`chain_time_bound`]).
     pub bound_s: f64,
 }
 
+/// A lower bound of the simulated iteration of single-device stages whose forward + backward
+/// seconds per micro-batch are `comp` and optimizer steps `step`, with `m` micro-batches: each
+/// device runs its `m` forwards and backwards and then its step one after another (the
+/// simulator's per-device stream, as [`sim::compute_bound`]); transfers and bubbles only add.
+/// (No pipeline fill term: stages of a topological order need not depend on each other.)
+pub fn chain_time_bound(comp: &[f64], step: &[f64], m: usize) -> f64 {
+    comp.iter()
+        .zip(step)
+        .map(|(c, s)| m as f64 * c + s)
+        .fold(0.0, f64::max)
+}
+
+/// The micro-batch sizes the exploration tries: the requested one, else the divisors of the
+/// batch that give `M = 2^k` micro-batches (`k ≤ 20`).
+pub fn micro_batches(opts: &PlanOptions) -> Result<Vec<u64>> {
+    let batch = opts.batch.max(1);
+    Ok(match opts.micro_batch {
+        Some(_) => vec![opts.micro_batch_or(1)?],
+        None => {
+            let mut v: Vec<u64> = (0..=20)
+                .map(|e| 1u64 << e)
+                .filter(|&m| m <= batch && batch.is_multiple_of(m))
+                .map(|m| batch / m)
+                .collect();
+            v.dedup();
+            v
+        }
+    })
+}
+
 /// The schedule exploration: the candidates that fit, best first. Candidates are simulated in
-/// the order of a lower bound of their iteration ([`sim::compute_bound`]) and those whose bound
+/// the order of a lower bound of their iteration ([`chain_time_bound`]) and those whose bound
 /// shows they cannot be first are left out: the first is that of [`explore_all`].
 pub fn explore(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Vec<Candidate>> {
     explore_with(g, cluster, opts, true)
@@ -478,24 +508,13 @@ fn explore_with(
     }
     let batch = opts.batch.max(1);
     let k = cluster.len().min(g.len()).max(1);
-    let mbs: Vec<u64> = match opts.micro_batch {
-        Some(_) => vec![opts.micro_batch_or(1)?],
-        None => {
-            let mut v: Vec<u64> = (0..=20)
-                .map(|e| 1u64 << e)
-                .filter(|&m| m <= batch && batch.is_multiple_of(m))
-                .map(|m| batch / m)
-                .collect();
-            v.dedup();
-            v
-        }
-    };
+    let mbs = micro_batches(opts)?;
     let kinds: Vec<ScheduleKind> = match opts.schedule {
         Some(s) => vec![s],
         None => vec![ScheduleKind::OneFOneB, ScheduleKind::OneFOneBSo],
     };
     // Every (order, micro-batch, schedule) that fits the memory model, with a lower bound of
-    // its simulated iteration ([`sim::compute_bound`]). Only what the candidate needs is kept
+    // its simulated iteration ([`chain_time_bound`]). Only what the candidate needs is kept
     // (the per-device prefix sums and stage graphs of 1024 devices are tens of MB each).
     struct Pending {
         seq: usize,
@@ -524,15 +543,14 @@ fn explore_with(
                 let Some(bounds) = fit_memory(cluster, &ch, &bal.bounds, factor, m, opts) else {
                     continue;
                 };
-                let sg = StageGraph::from_specs(
-                    g,
-                    cluster,
-                    &specs_of(order, &bounds),
-                    mb as f64,
-                    opts.optimizer,
-                );
-                let bound = sim::compute_bound(&sg, cluster, opts.allreduce, kind, m);
                 let (comp, _) = ch.times(&bounds);
+                let step: Vec<f64> = (0..bounds.len() - 1)
+                    .map(|s| {
+                        let params = ch.chains[s].parameter_bytes(bounds[s], bounds[s + 1]);
+                        step_time(params, cluster.kind_of(s).memory_bandwidth, opts.optimizer)
+                    })
+                    .collect();
+                let bound = chain_time_bound(&comp, &step, m);
                 let fb = comp.iter().copied().fold(0.0, f64::max);
                 let sr = (0..bounds.len().saturating_sub(2))
                     .map(|s| ch.transfer(s, bounds[s + 1]))

@@ -12,6 +12,7 @@ Usage: python3 scripts/plan_diff.py --base OLD_PIPEC --new NEW_PIPEC
        [--models onnx-models/gpt2_tiny.onnx,...] [--clusters "summit;dgx-h100;cpu" (";" between clusters)]
        [--devices 4,8,16,32] [--planners gpp,dapple,bapipe,pipedream,straight]
        [--batch 64] [--extra "--device-kind H100-80GB"] [--timeout 120]
+       [--base-env KEY=VALUE]... [--new-env KEY=VALUE]...
 The default models are the bundled ones (onnx-models/*.onnx).
 """
 import argparse
@@ -27,7 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def plan(binary, model, cluster, devices, planner, a):
+def plan(binary, model, cluster, devices, planner, a, env=None):
     cmd = [binary, "plan", model, "--cluster", cluster, "--planner", planner,
            "--batch", str(a.batch), "--json"]
     if devices:
@@ -35,7 +36,8 @@ def plan(binary, model, cluster, devices, planner, a):
     cmd += shlex.split(a.extra)
     t0 = time.time()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout,
+                           env={**os.environ, **(env or {})})
     except subprocess.TimeoutExpired:
         return None, "timeout", a.timeout
     wall = time.time() - t0
@@ -58,17 +60,23 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--extra", default="")
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--base-env", action="append", default=[],
+                    help="KEY=VALUE in the base binary's environment (repeatable); with --new "
+                         "the same binary, compares two settings")
+    ap.add_argument("--new-env", action="append", default=[])
     a = ap.parse_args()
     models = (a.models.split(",") if a.models
               else sorted(glob.glob(os.path.join(ROOT, "onnx-models", "*.onnx"))))
     devices = [int(x) if x else 0 for x in a.devices.split(",")]
+    base_env = dict(kv.split("=", 1) for kv in a.base_env)
+    new_env = dict(kv.split("=", 1) for kv in a.new_env)
     counts = {"same": 0, "better": 0, "WORSE": 0, "differs": 0, "fails": 0}
     worst = {"base": 0.0, "new": 0.0}
     bad = False
     for model, cluster, d, planner in itertools.product(
             models, a.clusters.split(";"), devices, a.planners.split(",")):
-        pb, eb, tb = plan(a.base, model, cluster, d, planner, a)
-        pn, en, tn = plan(a.new, model, cluster, d, planner, a)
+        pb, eb, tb = plan(a.base, model, cluster, d, planner, a, base_env)
+        pn, en, tn = plan(a.new, model, cluster, d, planner, a, new_env)
         worst["base"] = max(worst["base"], tb)
         worst["new"] = max(worst["new"], tn)
         name = f"{os.path.basename(model):24s} {cluster:14s} {d:5d} {planner:10s}"

@@ -336,6 +336,29 @@ pub struct SearchParams {
     /// `k` of a kFkB schedule (`kfkb-K`, same on every stage; 1 = 1F1B, the default): only the
     /// memory check changes (`Search::sigma_of`).
     pub group: usize,
+    /// Device granule `g` (a power of two dividing `devices`; 1 = every count): the DP's device
+    /// counts, and so every stage's replica count, are multiples of `g`. The DP's states and
+    /// splits scale with the number of counts (`devices / g`), its split loops with their square;
+    /// see [`device_granule`].
+    pub granule: usize,
+}
+
+/// The device granule for a search on `devices` devices: the largest power of two `g` dividing
+/// `devices` with at least `slots` device counts left (`devices / g ≥ slots`), 1 below
+/// `2·slots` devices.
+///
+/// A plan for `D` devices whose stages are multiples of `g` is what clusters of servers of `g`
+/// (or `g`-GPU groups) allow anyway, and a stage of fewer than `g` devices would carry at most
+/// `g/D ≤ 1/slots` of the model's work: with the units coarsened to about `2·slots` (the
+/// planner's `θ`), such a stage would hold a fraction of one unit. The DP then costs what it
+/// costs on `slots` devices, instead of growing with the square of `D`. Not exact: the
+/// error against `g = 1` is measured in BENCHMARKS.md ("GraphPipe at 1024 devices").
+pub fn device_granule(devices: usize, slots: usize) -> usize {
+    let mut g = 1;
+    while devices.is_multiple_of(2 * g) && devices / (2 * g) >= slots.max(1) {
+        g *= 2;
+    }
+    g
 }
 
 /// One stage of a search result.
@@ -684,6 +707,8 @@ impl<'a> Search<'a> {
             .collect();
         let d = p.devices;
         let pow2: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&x| x <= d).collect();
+        // Device-count slots per state: multiples of the granule.
+        let slots = d / p.granule.max(1);
         Search {
             g,
             ug,
@@ -700,9 +725,9 @@ impl<'a> Search<'a> {
             multi_node,
             node_size: cluster.levels.first().map_or(1, |l| l.size.max(1)),
             mem,
-            base: vec![None; total * (d + 1)],
-            memo: vec![Vec::new(); total * (d + 1)],
-            stamp: vec![0; total * (d + 1)],
+            base: vec![None; total * (slots + 1)],
+            memo: vec![Vec::new(); total * (slots + 1)],
+            stamp: vec![0; total * (slots + 1)],
             run: 0,
             segs: vec![Vec::new(); total],
             segs_stamp: vec![0; total],
@@ -872,6 +897,8 @@ impl<'a> Search<'a> {
         let kids = &ug.tree[t].children;
         let hi = ug.tree[kids[j - 1]].hi;
         let np = self.pow2.partition_point(|&r| r < self.p.devices);
+        // Replica counts below the granule are not device counts of the DP.
+        let first_ri = self.pow2.partition_point(|&r| r < self.p.granule.max(1));
         let first = if ug.tree[kids[j - 1]].kind == SpKind::Leaf {
             j - 1
         } else {
@@ -880,7 +907,7 @@ impl<'a> Search<'a> {
         for k in (1..=first).rev() {
             let seg_lo = ug.tree[kids[k]].lo;
             let mut any = false;
-            for ri in (0..np).rev() {
+            for ri in (first_ri..np).rev() {
                 let e = self.hot(seg_lo, hi, ri);
                 if e.compute_tps <= self.t_max {
                     any = true;
@@ -933,7 +960,8 @@ impl<'a> Search<'a> {
     }
 
     fn idx(&self, t: usize, j: usize, d: usize) -> usize {
-        (self.state_base[t] + j) * (self.p.devices + 1) + d
+        let g = self.p.granule.max(1);
+        (self.state_base[t] + j) * (self.p.devices / g + 1) + d / g
     }
 
     /// Solve state (t, j, d) (normalised); returns its index in the memo. A memo hit (most
@@ -954,6 +982,7 @@ impl<'a> Search<'a> {
         out.clear();
         let ug = self.ug;
         let node = &ug.tree[t];
+        let gr = self.p.granule.max(1);
         match node.kind {
             SpKind::Leaf => {
                 if let Some(e) = self.single(id, node.lo, node.hi, d) {
@@ -969,12 +998,12 @@ impl<'a> Search<'a> {
                     e.jo = u32::from(q0.is_some_and(|q| q < j));
                     push_pareto(&mut out, e);
                 }
-                if d >= 2 {
+                if d >= 2 * gr {
                     let last = j - 1;
                     if self.ug.tree[kids[last]].kind != SpKind::Leaf {
                         // The last child is a subgraph of its own: its DP state on d₂ devices.
                         let (ct, cj) = self.whole(kids[last]);
-                        for d2 in 1..d {
+                        for d2 in (gr..d).step_by(gr) {
                             let s = self.solve(ct, cj, d2);
                             if self.memo[s].is_empty() {
                                 continue;
@@ -1045,7 +1074,7 @@ impl<'a> Search<'a> {
                     }
                 }
                 let (ct, cj) = self.whole(kids[j]);
-                for d1 in 1..d {
+                for d1 in (gr..d).step_by(gr) {
                     let a = self.solve(ct, cj, d1);
                     if self.memo[a].is_empty() {
                         continue;
@@ -1264,6 +1293,12 @@ fn search_in(
     }
     crate::plan::check_micro_batch(p.batch, p.micro_batch)
         .map_err(|e| Error::Usage(format!("gpp: {e}")))?;
+    if !p.granule.max(1).is_power_of_two() || !p.devices.is_multiple_of(p.granule.max(1)) {
+        return Err(Error::msg(format!(
+            "gpp: device granule {} is not a power of two dividing the {} devices",
+            p.granule, p.devices
+        )));
+    }
     if ug.units.len() > MAX_DP_UNITS {
         return Err(Error::Usage(format!(
             "gpp: {} units after coarsening, more than the DP's {MAX_DP_UNITS} (its stage tables \

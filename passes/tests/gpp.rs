@@ -305,6 +305,7 @@ fn dp_is_optimal_on_random_sp_graphs() {
         let ug = UnitGraph::new(&g, &coarse, false);
         let p = SearchParams {
             group: 1,
+            granule: 1,
             batch: 1,
             micro_batch: 1,
             devices: d,
@@ -463,6 +464,7 @@ fn shared_stage_table_changes_nothing() {
     let (_, seq_ug) = Gpp::sequential().unit_graph(&g, &c);
     let params = |b: u64, relax: bool| SearchParams {
         group: 1,
+        granule: 1,
         batch: 4096,
         micro_batch: b,
         devices: 4,
@@ -508,6 +510,7 @@ fn dp_runs_are_constant_below_next_t() {
                 let (_, ug) = gpp.unit_graph(&g, &c);
                 let p = SearchParams {
                     group: 1,
+                    granule: 1,
                     batch: 256,
                     micro_batch: b,
                     devices,
@@ -555,6 +558,7 @@ fn lower_bounds_bound_the_estimates() {
             for b in (0..).map(|i| 1u64 << i).take_while(|&b| b <= batch) {
                 let p = SearchParams {
                     group: 1,
+                    granule: 1,
                     batch,
                     micro_batch: b,
                     devices,
@@ -639,6 +643,7 @@ fn deep_nesting_fits_any_stack() {
             }
             let p = SearchParams {
                 group: 1,
+                granule: 1,
                 batch: 8,
                 micro_batch: 1,
                 devices: 4,
@@ -973,4 +978,109 @@ fn gpp_never_loses_to_a_sequential_planner() {
     }
     // The cases include plans on fewer devices than given (the search's own, or a seed's).
     assert!(fewer > 0, "no case chose fewer devices");
+}
+
+/// `straight::iteration_lower_bound` (which lets `gpp` skip the `straight` seed) is below the
+/// simulated iteration of the plan `straight` makes, on random series-parallel graphs over
+/// links from fast to slow and on bundled models over presets of 4 to 32 devices, with the
+/// default micro-batch and a fixed one.
+#[test]
+fn straight_bound_is_below_its_plan() {
+    let check = |g: &CostGraph, c: &Cluster, opts: &PlanOptions, what: &str| {
+        let Ok(p) = pipec_passes::planners::by_name("straight")
+            .unwrap()
+            .plan(g, c, opts)
+        else {
+            return;
+        };
+        let bound =
+            pipec_passes::planners::straight::iteration_lower_bound(g, c, opts).expect("bound");
+        assert!(
+            bound <= p.iteration_time_s,
+            "{what}: bound {bound} > straight's plan {}",
+            p.iteration_time_s
+        );
+        assert!(bound > 0.0, "{what}: bound {bound}");
+    };
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    for case in 0..24 {
+        let n = 4 + rng.below(40) as usize;
+        let (mut nodes, mut edges) = (Vec::new(), Vec::new());
+        random_sp(&mut rng, n, &mut nodes, &mut edges);
+        for x in nodes.iter_mut() {
+            x.parameter_bytes = (rng.below(4) as f64) * 5e7;
+            x.activation_bytes = (1 + rng.below(8)) as f64 * 2e5;
+            x.saved_bytes = x.activation_bytes;
+        }
+        for e in edges.iter_mut() {
+            e.bytes = nodes[e.src].activation_bytes;
+        }
+        let g = CostGraph::new(format!("r{case}"), 1.0, nodes, edges, "random").expect("graph");
+        let d = [2usize, 4, 8, 16][case % 4];
+        let bw = ["1e12", "25e9", "1e9"][(case / 4) % 3];
+        let c = Cluster::from_inline(
+            &format!("{d}@{bw}"),
+            pipec_passes::cost::cluster::v100_16gb(),
+        )
+        .expect("cluster");
+        let mut opts = PlanOptions::new(64);
+        check(&g, &c, &opts, &format!("case {case} ({d}@{bw})"));
+        opts.micro_batch = Some(8);
+        check(
+            &g,
+            &c,
+            &opts,
+            &format!("case {case} ({d}@{bw}, micro-batch 8)"),
+        );
+    }
+    for model in ["gpt2_tiny", "inception_mini", "dlrm_tiny"] {
+        let g = onnx_graph(&root().join(format!("onnx-models/{model}.onnx")));
+        for (preset, d) in [("summit", 32), ("dgx-h100", 8), ("cpu", 4)] {
+            let c = Cluster::preset(preset)
+                .expect("preset")
+                .take(d)
+                .expect("devices");
+            check(
+                &g,
+                &c,
+                &PlanOptions::new(64),
+                &format!("{model} {preset} x {d}"),
+            );
+        }
+    }
+}
+
+/// Above `2·DEVICE_SLOTS` devices the DP sees device counts in multiples of a granule
+/// (`device_granule`): every stage of the search's own plan (seeds off) then has a multiple of
+/// it as replica count, and the replica counts still sum to the devices (C3).
+#[test]
+fn large_clusters_plan_in_granules() {
+    use pipec_passes::partition_gpp::device_granule;
+    use pipec_passes::planners::gpp::DEVICE_SLOTS;
+    assert_eq!(device_granule(1024, 64), 16);
+    assert_eq!(device_granule(128, 64), 2);
+    assert_eq!(device_granule(127, 64), 1);
+    assert_eq!(device_granule(96, 64), 1);
+    assert_eq!(device_granule(64, 64), 1);
+    assert_eq!(device_granule(8, 64), 1);
+    assert_eq!(device_granule(1024, usize::MAX), 1);
+    let g = onnx_graph(&root().join("onnx-models/mmt_tiny.onnx"));
+    for d in [256usize, 512] {
+        let c = Cluster::from_inline(
+            &format!("8@450e9,{}@50e9", d / 8),
+            pipec_passes::cost::cluster::v100_16gb(),
+        )
+        .expect("cluster");
+        let gpp = Gpp {
+            seeds: false,
+            ..Gpp::default()
+        };
+        let p = gpp.plan(&g, &c, &PlanOptions::new(4096)).expect("plan");
+        let gr = device_granule(d, DEVICE_SLOTS);
+        assert!(gr > 1);
+        let counts: Vec<usize> = p.stages.iter().map(|s| s.devices.len()).collect();
+        assert!(counts.iter().all(|r| r % gr == 0), "{d}: {counts:?}");
+        assert_eq!(counts.iter().sum::<usize>(), d, "{counts:?}");
+        p.verify(&g, &c).expect("verifies");
+    }
 }

@@ -5,7 +5,13 @@
 //! Steps:
 //! 1. [`crate::sp_decompose::decompose`]: the SP tree of the forward graph (side computations
 //!    duplicated, synchronising edges added by cost), then [`SpTree::coarsen`] with
-//!    `θ = total work / max(2·D, 32)` so the DP sees about `max(2·D, 32)` units.
+//!    `θ = total work / max(2·D', 32)` so the DP sees about `max(2·D', 32)` units, where
+//!    `D' = D / g` are the device counts the DP distinguishes: from `2·`[`DEVICE_SLOTS`]
+//!    devices on, stages take multiples of a power-of-two granule `g` with `D / g ≥ 64`
+//!    ([`device_granule`]: 16 at 1024 devices), so the DP costs what it costs on 64 devices
+//!    instead of growing with `D²` (12-layer GPT-2 export at 1024 devices: 17 s → 0.5 s for
+//!    the search on all devices; same or better plans than `g = 1` at 128 and 256 devices on
+//!    the GraphPipe models, BENCHMARKS.md).
 //! 2. **Coarse pass.** For each candidate micro-batch size (powers of two dividing the batch with
 //!    at most 512 micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`]
 //!    (Algorithm 1) at ε = 5·10⁻², strict (no relaxed targets), on a fixed pool of worker
@@ -33,7 +39,10 @@
 //!    `bapipe` and (up to 16 devices) `dapple` ([`SEQUENTIAL_SEEDS`]) join the choice: the
 //!    fastest simulated plan that fits in memory wins. A sequential pipeline is a special case
 //!    of a graph pipeline, so GPP never returns a plan slower than theirs on this cost model
-//!    (property test in `passes/tests/gpp.rs`). Search cost: the searches on `D/2^k` devices
+//!    (property test in `passes/tests/gpp.rs`). A seed that provably cannot beat the best plan
+//!    so far is not made: `straight` when its [`super::straight::iteration_lower_bound`] (no
+//!    simulation) already exceeds it (at 1024 devices its plan is 1024 stages × 4096
+//!    micro-batches, 27–145 s to simulate). Search cost: the searches on `D/2^k` devices
 //!    cost less than the one on `D` (the DP grows steeply with devices) and stop at the bound;
 //!    the seeds cost what those planners cost.
 //!
@@ -51,7 +60,8 @@
 use super::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::partition_gpp::{
-    lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph, MAX_DP_UNITS,
+    device_granule, lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph,
+    MAX_DP_UNITS,
 };
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
@@ -72,7 +82,14 @@ pub struct Gpp {
     /// Plans of [`SEQUENTIAL_SEEDS`] planners already made for the same graph, cluster and
     /// options (by `pipec compare`, which runs them anyway): used instead of planning again.
     pub seed_plans: Vec<(String, Plan)>,
+    /// Device counts the DP distinguishes at most ([`device_granule`]): above `2·slots`
+    /// devices, stages take multiples of a power-of-two granule and the units are coarsened
+    /// for `slots` devices. `usize::MAX`: every count (exact, quadratic in the devices).
+    pub device_slots: usize,
 }
+
+/// Default of [`Gpp::device_slots`]: up to 127 devices the DP sees every device count.
+pub const DEVICE_SLOTS: usize = 64;
 
 impl Default for Gpp {
     fn default() -> Self {
@@ -82,8 +99,17 @@ impl Default for Gpp {
             units_per_device: 2.0,
             seeds: true,
             seed_plans: Vec::new(),
+            device_slots: device_slots_from_env().unwrap_or(DEVICE_SLOTS),
         }
     }
+}
+
+/// `PIPEC_GPP_SLOTS=N` overrides [`DEVICE_SLOTS`] (`0`: every device count), to measure what the
+/// granule costs in plan quality.
+fn device_slots_from_env() -> Option<usize> {
+    let v = std::env::var("PIPEC_GPP_SLOTS").ok()?;
+    let n: usize = v.trim().parse().ok()?;
+    Some(if n == 0 { usize::MAX } else { n })
 }
 
 impl Gpp {
@@ -108,7 +134,9 @@ impl Gpp {
         let sp = decompose(g, kind);
         let w = node_work(g, kind);
         let total: f64 = w.iter().sum();
-        let mut theta = total / (self.units_per_device * cluster.len().max(1) as f64).max(32.0);
+        // Units for the device counts the DP distinguishes (see [`device_granule`]).
+        let slots = cluster.len().max(1) / device_granule(cluster.len().max(1), self.device_slots);
+        let mut theta = total / (self.units_per_device * slots as f64).max(32.0);
         let mut coarse = sp.coarsen(&w, theta);
         // Deep nesting keeps small pieces apart at any θ that only merges small subtrees: raise
         // θ until the DP's tables (quadratic in the units) stay bounded.
@@ -571,6 +599,16 @@ fn seeds(
         }
         let got = match made.iter().find(|(n, _)| n == name) {
             Some((_, p)) => Ok(p.clone()),
+            None if name == "straight"
+                && cannot_beat(best, || {
+                    super::straight::iteration_lower_bound(g, cluster, opts)
+                }) =>
+            {
+                if debug {
+                    eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
+                }
+                continue;
+            }
             None => {
                 let Ok(planner) = super::by_name(name) else {
                     continue;
@@ -593,6 +631,15 @@ fn seeds(
         keep_faster(best, got);
     }
     false
+}
+
+/// Whether a plan whose simulated iteration is at least `bound()` cannot replace `best` in
+/// [`keep_faster`]: `best` fits in memory and is no slower than the bound.
+fn cannot_beat(best: &Result<Plan>, bound: impl FnOnce() -> Result<f64>) -> bool {
+    match best {
+        Ok(b) if !b.out_of_memory => bound().is_ok_and(|x| x >= b.iteration_time_s),
+        _ => false,
+    }
 }
 
 /// Keep the faster of `best` and `other` (ties keep `best`). A plan that does not fit in
@@ -836,6 +883,7 @@ impl Gpp {
             relax: bracket.is_some(),
             bracket,
             group: opts.schedule.map_or(1, ScheduleKind::group),
+            granule: device_granule(cluster.len(), self.device_slots),
         };
         let split = |all: Vec<(u64, Result<SearchResult>)>,
                      last_err: &mut Option<Error>|

@@ -932,23 +932,28 @@ fn a_shape_that_carries_the_only_dependency_stays_in_the_skeleton() {
 /// and activations (transfers), over clusters from slow to fast links and 2 to 8 devices, the
 /// `gpp` plan is never slower than the fastest plan of any other planner (0.5% tolerance), also
 /// where the fastest plan leaves devices idle.
+/// A random series-parallel model of `n` nodes with random parameters and activations.
+fn random_model(rng: &mut Rng, n: usize, case: usize) -> CostGraph {
+    let (mut nodes, mut edges) = (Vec::new(), Vec::new());
+    random_sp(rng, n, &mut nodes, &mut edges);
+    for x in nodes.iter_mut() {
+        x.parameter_bytes = (rng.below(4) as f64) * 5e7;
+        x.activation_bytes = (1 + rng.below(8)) as f64 * 2e5;
+        x.saved_bytes = x.activation_bytes;
+    }
+    for e in edges.iter_mut() {
+        e.bytes = nodes[e.src].activation_bytes;
+    }
+    CostGraph::new(format!("r{case}"), 1.0, nodes, edges, "random").expect("graph")
+}
+
 #[test]
 fn gpp_never_loses_to_a_sequential_planner() {
     let mut rng = Rng(0x2545f4914f6cdd1d);
     let mut fewer = 0;
     for case in 0..16 {
         let n = 4 + rng.below(12) as usize;
-        let (mut nodes, mut edges) = (Vec::new(), Vec::new());
-        random_sp(&mut rng, n, &mut nodes, &mut edges);
-        for x in nodes.iter_mut() {
-            x.parameter_bytes = (rng.below(4) as f64) * 5e7;
-            x.activation_bytes = (1 + rng.below(8)) as f64 * 2e5;
-            x.saved_bytes = x.activation_bytes;
-        }
-        for e in edges.iter_mut() {
-            e.bytes = nodes[e.src].activation_bytes;
-        }
-        let g = CostGraph::new(format!("r{case}"), 1.0, nodes, edges, "random").expect("graph");
+        let g = random_model(&mut rng, n, case);
         let d = [2usize, 4, 8][case % 3];
         let bw = ["1e12", "25e9", "1e9", "1e8"][(case / 3) % 4];
         let c = Cluster::from_inline(
@@ -1005,17 +1010,7 @@ fn straight_bound_is_below_its_plan() {
     let mut rng = Rng(0x9e3779b97f4a7c15);
     for case in 0..24 {
         let n = 4 + rng.below(40) as usize;
-        let (mut nodes, mut edges) = (Vec::new(), Vec::new());
-        random_sp(&mut rng, n, &mut nodes, &mut edges);
-        for x in nodes.iter_mut() {
-            x.parameter_bytes = (rng.below(4) as f64) * 5e7;
-            x.activation_bytes = (1 + rng.below(8)) as f64 * 2e5;
-            x.saved_bytes = x.activation_bytes;
-        }
-        for e in edges.iter_mut() {
-            e.bytes = nodes[e.src].activation_bytes;
-        }
-        let g = CostGraph::new(format!("r{case}"), 1.0, nodes, edges, "random").expect("graph");
+        let g = random_model(&mut rng, n, case);
         let d = [2usize, 4, 8, 16][case % 4];
         let bw = ["1e12", "25e9", "1e9"][(case / 4) % 3];
         let c = Cluster::from_inline(

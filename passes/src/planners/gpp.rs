@@ -35,14 +35,14 @@
 //!
 //! 6. **Fewer devices, and the sequential planners' plans** (`gpp` only): the search is repeated
 //!    on the first `D/2`, `D/4`, ..., 1 devices while a plan on them could still be faster (a
-//!    compute bound, [`Gpp::fewer_devices`]), and the plans of `dp`, `straight`, `pipedream`,
-//!    `bapipe` and (up to 16 devices) `dapple` ([`SEQUENTIAL_SEEDS`]) join the choice: the
+//!    compute bound, [`Gpp::fewer_devices`]), and the plans of `dp`, `pipedream`, `bapipe`,
+//!    (up to 32 devices) `straight` and (up to 16) `dapple` ([`SEQUENTIAL_SEEDS`]) join the choice: the
 //!    fastest simulated plan that fits in memory wins. A sequential pipeline is a special case
 //!    of a graph pipeline, so GPP never returns a plan slower than theirs on this cost model
 //!    (property test in `passes/tests/gpp.rs`). A seed that provably cannot beat the best plan
 //!    so far is not made: `straight` when its [`super::straight::iteration_lower_bound`] (no
-//!    simulation) already exceeds it (at 1024 devices its plan is 1024 stages × 4096
-//!    micro-batches, 27–145 s to simulate). Search cost: the searches on `D/2^k` devices
+//!    simulation) already exceeds it. `dapple` joins up to 16 devices and `straight` up to 32
+//!    ([`SEQUENTIAL_SEEDS`]: their searches grow faster with the devices than GPP's). Search cost: the searches on `D/2^k` devices
 //!    cost less than the one on `D` (the DP grows steeply with devices) and stop at the bound;
 //!    the seeds cost what those planners cost.
 //!
@@ -568,10 +568,13 @@ impl Planner for Gpp {
 ///
 /// Each with the most devices it is run at: DAPPLE's search grows steeply with the device count
 /// (0.4 s at 16 summit GPUs on the GraphPipe DLRM, 9.5 s at 32; issue #18), so above 16 devices
-/// GPP does not wait for it and its guarantee covers the other four.
+/// GPP does not wait for it; `straight`'s exact DP over every cut of the node order costs
+/// `O(D · nodes · stage length)` (12 s at 64 devices on a 20k-node GPT-2 export, 42 s at 256,
+/// where GPP's own search takes 1-3 s), so above 32 devices GPP does not run it either: its
+/// guarantee covers `straight` up to 32 devices and `dp`, `pipedream` and `bapipe` at any count.
 pub const SEQUENTIAL_SEEDS: &[(&str, usize)] = &[
     ("dp", usize::MAX),
-    ("straight", usize::MAX),
+    ("straight", 32),
     ("pipedream", usize::MAX),
     ("bapipe", usize::MAX),
     ("dapple", 16),

@@ -705,10 +705,12 @@ impl<'a> Search<'a> {
         let ar = (0..=p.devices)
             .map(|r| AllReduceGroup::new(cluster, &devs[..r], p.allreduce))
             .collect();
+        let mut p = p;
+        p.granule = p.granule.max(1);
         let d = p.devices;
         let pow2: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&x| x <= d).collect();
         // Device-count slots per state: multiples of the granule.
-        let slots = d / p.granule.max(1);
+        let slots = d / p.granule;
         Search {
             g,
             ug,
@@ -898,7 +900,7 @@ impl<'a> Search<'a> {
         let hi = ug.tree[kids[j - 1]].hi;
         let np = self.pow2.partition_point(|&r| r < self.p.devices);
         // Replica counts below the granule are not device counts of the DP.
-        let first_ri = self.pow2.partition_point(|&r| r < self.p.granule.max(1));
+        let first_ri = self.pow2.partition_point(|&r| r < self.p.granule);
         let first = if ug.tree[kids[j - 1]].kind == SpKind::Leaf {
             j - 1
         } else {
@@ -960,7 +962,7 @@ impl<'a> Search<'a> {
     }
 
     fn idx(&self, t: usize, j: usize, d: usize) -> usize {
-        let g = self.p.granule.max(1);
+        let g = self.p.granule;
         (self.state_base[t] + j) * (self.p.devices / g + 1) + d / g
     }
 
@@ -982,7 +984,7 @@ impl<'a> Search<'a> {
         out.clear();
         let ug = self.ug;
         let node = &ug.tree[t];
-        let gr = self.p.granule.max(1);
+        let gr = self.p.granule;
         match node.kind {
             SpKind::Leaf => {
                 if let Some(e) = self.single(id, node.lo, node.hi, d) {

@@ -384,8 +384,8 @@ impl Ctx<'_> {
                 }
                 // Only the upper envelope matters: a line below another in both intercept and
                 // slope never gives the max for positive bytes (exactly so in floating point:
-                // `c + s·x` is monotone in `c` and `s`). Most devices share a link class, so a
-                // few lines remain and [`CommCost::at`], evaluated per costed split, is cheap.
+                // `c + s·x` is monotone in `c` and `s`): fewer lines for [`CommCost::at`] to
+                // evaluate per costed split.
                 let mut lines: Vec<Affine> = Vec::with_capacity(2);
                 for a in per_dev {
                     if lines.iter().any(|l| l.c >= a.c && l.s >= a.s) {

@@ -121,6 +121,11 @@ impl Gpp {
         }
     }
 
+    /// The granule of the DP's device counts on `devices` devices ([`device_granule`]).
+    fn granule(&self, devices: usize) -> usize {
+        device_granule(devices, self.device_slots)
+    }
+
     /// The coarsened unit graph the DP runs on.
     pub fn unit_graph(&self, g: &CostGraph, cluster: &Cluster) -> (SpTree, UnitGraph) {
         let (sp, coarse) = self.coarse_tree(g, cluster);
@@ -134,8 +139,8 @@ impl Gpp {
         let sp = decompose(g, kind);
         let w = node_work(g, kind);
         let total: f64 = w.iter().sum();
-        // Units for the device counts the DP distinguishes (see [`device_granule`]).
-        let slots = cluster.len().max(1) / device_granule(cluster.len().max(1), self.device_slots);
+        // Units for the device counts the DP distinguishes.
+        let slots = cluster.len().max(1) / self.granule(cluster.len().max(1));
         let mut theta = total / (self.units_per_device * slots as f64).max(32.0);
         let mut coarse = sp.coarsen(&w, theta);
         // Deep nesting keeps small pieces apart at any θ that only merges small subtrees: raise
@@ -898,7 +903,7 @@ impl Gpp {
             relax: bracket.is_some(),
             bracket,
             group: opts.schedule.map_or(1, ScheduleKind::group),
-            granule: device_granule(cluster.len(), self.device_slots),
+            granule: self.granule(cluster.len()),
         };
         let split = |all: Vec<(u64, Result<SearchResult>)>,
                      last_err: &mut Option<Error>|

@@ -38,6 +38,13 @@
 //! latency of its target state is not costed (a dense per-cut table of the states' latencies
 //! answers that without a hash lookup).
 //!
+//! The bound counts the all-reduces too (`T_e` holds `AR_s` of every stage up to the pivot,
+//! [`Bound`]), and before a placement's communication stage is looked up, a lower bound from the
+//! cluster's fastest links ([`Links`], [`Bound::through`]) skips the placements (or replica
+//! counts, or whole states) where the loop over cuts would break at once: on an LSTM export at 32
+//! summit GPUs 98% of the placements, each a hash lookup of two device masks. The searches at the
+//! micro-batch sizes share the device-set costs and the prefix sums of equal slices ([`Caches`]).
+//!
 //! Cost: states × transitions, where a state `(cut, class)` is extended by every replica count
 //! of the new stage, up to 3 placements and every later cut (42 M transitions over the seven
 //! micro-batch searches of resnet18 on 32 summit GPUs). Past [`TRANSITION_BUDGET`] transitions
@@ -248,10 +255,10 @@ pub const PER_MICRO_BATCH: usize = 4;
 struct Ctx<'a> {
     cluster: &'a Cluster,
     opts: &'a PlanOptions,
-    /// `chains[r]`: prefix sums at the slice `micro_batch / r` (index 0 unused).
-    chains: Vec<CutSums>,
+    /// `chains[r]`: prefix sums at the slice `micro_batch / r` (index 0: the whole micro-batch).
+    chains: Vec<std::rc::Rc<CutSums>>,
     /// Whole-micro-batch sums (cut bytes for communication stages).
-    whole: CutSums,
+    whole: std::rc::Rc<CutSums>,
     family: &'a Cuts,
     m: usize,
     mem_check: bool,
@@ -259,8 +266,22 @@ struct Ctx<'a> {
     sublinear: bool,
     /// Plans with a larger `L` are not wanted (the search prunes by it).
     bound: f64,
-    ar_cache: HashMap<u128, (Affine, Affine)>,
-    comm_cache: HashMap<(u128, u128), std::rc::Rc<CommCost>>,
+    caches: &'a mut Caches,
+}
+
+/// What the searches at every micro-batch size share: costs of device sets that do not depend on
+/// the micro-batch (the all-reduce lines of a set, the communication cost between two) and the
+/// prefix sums of each slice.
+#[derive(Default)]
+struct Caches {
+    ar: HashMap<u128, (Affine, Affine)>,
+    /// By sending set, then receiving set: the search asks for many receiving sets of one
+    /// sending set in a row (a state's placements of its next stage), which then share a small
+    /// table (a third of DAPPLE's time went to cache misses in one table of every pair).
+    comm: HashMap<u128, HashMap<u128, std::rc::Rc<CommCost>>>,
+    /// Prefix sums by slice (`f64` bits): the slices `micro_batch / r` of the micro-batch sizes
+    /// tried coincide often (`256 / 4 = 128 / 2`).
+    sums: HashMap<u64, std::rc::Rc<CutSums>>,
 }
 
 /// `t(bytes) = c + s·bytes` for `bytes > 0`, 0 otherwise.
@@ -325,7 +346,7 @@ impl Ctx<'_> {
             return (Affine::default(), Affine::default());
         }
         let cluster = self.cluster;
-        *self.ar_cache.entry(mask).or_insert_with(|| {
+        *self.caches.ar.entry(mask).or_insert_with(|| {
             let devs = devices_of(mask);
             (
                 Affine::fit(|b| allreduce_time(cluster, &devs, b, AllReduceAlgo::Ring)),
@@ -365,8 +386,11 @@ impl Ctx<'_> {
     /// The cost of moving one tensor from stage devices `a` to `b` ([`crate::cost::comm::redistribute_time`]).
     fn comm_cost(&mut self, a: u128, b: u128) -> std::rc::Rc<CommCost> {
         let cluster = self.cluster;
-        self.comm_cache
-            .entry((a, b))
+        self.caches
+            .comm
+            .entry(a)
+            .or_default()
+            .entry(b)
             .or_insert_with(|| {
                 let (da, db) = (devices_of(a), devices_of(b));
                 let mut per_dev: Vec<Affine> = vec![Affine::default(); da.len() + db.len()];
@@ -463,7 +487,8 @@ pub fn search_with(
     mb: u64,
     family: &Cuts,
 ) -> Result<Search> {
-    let found = search_bounded(g, cluster, opts, mb, family, f64::INFINITY)?;
+    let mut caches = Caches::default();
+    let found = search_bounded(g, cluster, opts, mb, family, f64::INFINITY, &mut caches)?;
     let (stages, latency) = found
         .candidates
         .first()
@@ -504,6 +529,7 @@ fn search_bounded(
     mb: u64,
     family: &Cuts,
     bound: f64,
+    caches: &mut Caches,
 ) -> Result<Found> {
     let ndev = cluster.len();
     if ndev > 128 {
@@ -517,11 +543,16 @@ fn search_bounded(
     let batch = opts.batch.max(1);
     let m = (batch / mb.max(1)).max(1) as usize;
     let kind = cluster.kind_of(0);
-    let mut chains = Vec::with_capacity(ndev + 1);
-    chains.push(family.sums(g, mb as f64, kind));
-    for r in 1..=ndev {
-        chains.push(family.sums(g, mb as f64 / r as f64, kind));
-    }
+    let mut sums = |slice: f64| {
+        caches
+            .sums
+            .entry(slice.to_bits())
+            .or_insert_with(|| std::rc::Rc::new(family.sums(g, slice, kind)))
+            .clone()
+    };
+    let chains: Vec<_> = std::iter::once(sums(mb as f64))
+        .chain((1..=ndev).map(|r| sums(mb as f64 / r as f64)))
+        .collect();
     let whole = chains[1].clone();
     let n = whole.len();
     let mut ctx = Ctx {
@@ -534,8 +565,7 @@ fn search_bounded(
         mem_check: true,
         sublinear: sublinear(g, kind, mb as f64, ndev),
         bound,
-        ar_cache: HashMap::default(),
-        comm_cache: HashMap::default(),
+        caches,
     };
     let mut found = run_search(&mut ctx);
     let mut fits = true;
@@ -660,7 +690,6 @@ fn candidate_cuts(ch: &Chain) -> Vec<usize> {
 /// The costs of splitting a state's rest into a new stage on `gm` and the rest on `rest`.
 struct Split {
     out: std::rc::Rc<CommCost>,
-    l_new: (Affine, Affine),
     l_rest: (Affine, Affine),
     /// Class of the devices used after the split.
     key: u32,
@@ -793,6 +822,42 @@ fn sublinear(g: &CostGraph, kind: &crate::cost::DeviceKind, mb: f64, ndev: usize
     })
 }
 
+/// The best links of the cluster, for a lower bound on a communication stage's time that needs
+/// no lookup ([`CommCost`]). Every device of the receiving set `b` gets `bytes / |b|` and every
+/// device of the sending set `a` sends `bytes / |a|` ([`crate::cost::comm::redistribute`]), each
+/// in at least one message over a path no faster than the best link available to it: inside a
+/// node (level 0) when `b` shares a node with `a`, else across nodes (levels 0 and 1). So the
+/// stage takes at least `α + bytes / (β · min(|a|, |b|))` for that link's `(β, α)`.
+struct Links {
+    /// `(bandwidth, latency)` of a path inside one node.
+    near: (f64, f64),
+    /// `(bandwidth, latency)` of the fastest path between two nodes.
+    far: (f64, f64),
+}
+
+impl Links {
+    fn new(cluster: &Cluster) -> Links {
+        let near = cluster.path_to_level(0);
+        let far = if cluster.levels.len() > 1 {
+            cluster.path_to_level(1)
+        } else {
+            near
+        };
+        Links { near, far }
+    }
+
+    /// The lower bound for moving `bytes` between two device sets, the smaller of `n` devices,
+    /// over `near` or `far` links, rounded down a little so that it stays below [`CommCost::at`]
+    /// in floating point.
+    fn lower_bound(&self, near: bool, n: usize, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
+        let (bw, alpha) = if near { self.near } else { self.far };
+        (alpha + bytes / (bw * n.max(1) as f64)) * (1.0 - 1e-9)
+    }
+}
+
 /// A lower bound on Eq. 2 of every plan that starts with a given list of stages (the prefix)
 /// and splits the rest over the remaining devices. With `c_s = F_s + B_s`, Algorithm 1 gives
 /// (a) every stage after the pivot `Q` is strictly faster than `Q` (for `M > 1`), so the last
@@ -801,6 +866,13 @@ fn sublinear(g: &CostGraph, kind: &crate::cost::DeviceKind, mb: f64, ndev: usize
 /// between `s*` and `Q`); for `M = 1`, `Q` is the last stage and `L ≥ Σ_s c_s`. When the rest's
 /// slowest stage takes at least `r` ([`sublinear`]): `L ≥ Σ_prefix c + M·r` if `r` exceeds every
 /// prefix stage, else `L ≥ Σ_{s ≤ s*} c_s + (M − 1) c_{s*}` over the prefix.
+///
+/// The all-reduces: (b) takes `T_e ≥ Σ_{a ≤ Q} B_a`, the ending's term of stage 0 without its
+/// `AR_0`. Every stage `s ≤ Q` gives `T_e ≥ AR_s + Σ_{a=s}^{Q} B_a = Σ_{a ≤ Q} B_a + (AR_s −
+/// Σ_{a<s} B_a)`, so the bound grows by `max_{s ≤ s*} (AR_s − Σ_{a<s} B_a)` (at least `AR_0 ≥ 0`)
+/// over the prefix stages known to be at or before `s*`: all of them when the rest holds `s*`
+/// (and for `M = 1`), those up to the prefix's last slowest stage otherwise. A stage pushed with
+/// an unknown all-reduce (0) or backward (`c`) keeps the bound valid.
 #[derive(Clone, Copy, Debug, Default)]
 struct Bound {
     /// `Σ c_s` over the prefix.
@@ -809,28 +881,59 @@ struct Bound {
     max: f64,
     /// `Σ c_s` up to and including the last slowest prefix stage.
     at_max: f64,
+    /// `Σ B_s` over the prefix (an upper bound where a stage's `B` is unknown).
+    bwd: f64,
+    /// `max (AR_s − Σ_{a<s} B_a)` over the prefix, floored at 0.
+    ar: f64,
+    /// `ar` up to and including the last slowest prefix stage.
+    ar_at_max: f64,
 }
 
 impl Bound {
     fn of(lat: &[LatStage]) -> Bound {
-        lat.iter().fold(Bound::default(), |b, x| b.push(x.f + x.b))
+        lat.iter()
+            .fold(Bound::default(), |b, x| b.push(x.f + x.b, x.b, x.ar))
     }
-    fn push(mut self, c: f64) -> Bound {
+    /// Append a stage with `c = F + B`, backward `b` (or an upper bound) and all-reduce `ar` (or
+    /// a lower bound).
+    fn push(mut self, c: f64, b: f64, ar: f64) -> Bound {
+        self.ar = self.ar.max(ar - self.bwd);
+        self.bwd += b;
         self.sum += c;
         if c >= self.max {
             self.max = c;
             self.at_max = self.sum;
+            self.ar_at_max = self.ar;
         }
         self
+    }
+    /// Append a stage of which only a lower bound `c` on `F + B` is known (the last one before
+    /// [`Bound::lb`]: its backward does not enter the bound).
+    fn push_c(self, c: f64) -> Bound {
+        self.push(c, c, 0.0)
+    }
+    /// A lower bound on `self.push(2t', t', 0).push_c(x').lb(m, 0)` (a communication stage of
+    /// `t'` each way, then a stage of at least `x'`) for every `t' ≥ t` and `x' ≥ x`, the check
+    /// that the search's loop over cuts breaks on. For `M = 1` that is itself (a sum, monotone);
+    /// for `M > 1`, `self.push(2t, t, 0).lb(m, 0)`: `P.sum + M·2t` once the communication stage is
+    /// the slowest, else the prefix's own bound, nondecreasing in `t` and below the check in
+    /// each case of which stage is the last slowest.
+    fn through(self, m: f64, t: f64, x: f64) -> f64 {
+        let b = self.push(2.0 * t, t, 0.0);
+        if m <= 1.0 {
+            b.push_c(x).lb(m, 0.0)
+        } else {
+            b.lb(m, 0.0)
+        }
     }
     /// The bound for `m` micro-batches when the rest's slowest stage takes at least `rest`.
     fn lb(&self, m: f64, rest: f64) -> f64 {
         if m <= 1.0 {
-            self.sum + rest
+            self.sum + rest + self.ar
         } else if rest > self.max {
-            self.sum + m * rest
+            self.sum + m * rest + self.ar
         } else {
-            self.at_max + (m - 1.0) * self.max
+            self.at_max + (m - 1.0) * self.max + self.ar_at_max
         }
     }
 }
@@ -908,6 +1011,17 @@ fn run_search(ctx: &mut Ctx) -> Searched {
     let k = ctx.family.positions() - 1;
     let n = ctx.whole.len();
     let sym = Symmetry::new(ctx.cluster);
+    let links = Links::new(ctx.cluster);
+    // later[i]: the cuts `j` after which `[i, j)` is a stage (`D(i) ⊊ D(j)`), ascending, the last
+    // position (the whole graph) excluded: the rest is never empty.
+    let later: Vec<Vec<u32>> = (0..k)
+        .map(|i| {
+            (i + 1..k)
+                .filter(|&j| ctx.family.valid(i, j))
+                .map(|j| j as u32)
+                .collect()
+        })
+        .collect();
     let mut class_ids: HashMap<Vec<u16>, u32> = HashMap::default();
     let mut class_of = |used: u128| -> u32 {
         let next = class_ids.len() as u32;
@@ -1033,6 +1147,30 @@ fn run_search(ctx: &mut Ctx) -> Searched {
             {
                 continue;
             }
+            // The communication stage into the new stage, bounded without a lookup (`Links`):
+            // where it alone brings the bound to the incumbent, every cut of the loop below would
+            // break at once (Eq. 2's bound is monotone in that stage's time for the forms used
+            // here: `M = 1` sums every stage; for `M > 1`, `L ≥ M·(F + B)` of any one stage), so
+            // the state, a replica count or a placement is skipped without it. Exactly the
+            // states, splits and transitions of the full loop.
+            let smin_first = if rest_bound { smin[i][i + 1] } else { 0.0 };
+            let bytes_in = ctx.whole.cut[i];
+            let r_prev = st.stages.last().map(|prev| prev.mask.count_ones() as usize);
+            let into_lb = |t: f64, x: f64| bound.through(mf, t, x);
+            if let Some(r_prev) = r_prev {
+                let t = links.lower_bound(true, r_prev, bytes_in);
+                if rest_bound && pruned(into_lb(t, smin_first / (nfree - 1) as f64), incumbent) {
+                    any_pruned = true;
+                    continue;
+                }
+            }
+            // The nodes holding the last planned stage.
+            let prev_nodes = st.stages.last().map_or(0, |prev| {
+                sym.nodes
+                    .iter()
+                    .filter(|&&(m, _)| m & prev.mask != 0)
+                    .fold(0, |a, &(m, _)| a | m)
+            });
             let mut lat = st.lat.clone();
             let base_len = lat.len();
             for mnew in 1..nfree {
@@ -1040,12 +1178,19 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                 // (then so it does on fewer devices).
                 if rest_bound
                     && pruned(
-                        bound.push(smin[i][i + 1] / mnew as f64).lb(mf, 0.0),
+                        bound.push_c(smin[i][i + 1] / mnew as f64).lb(mf, 0.0),
                         incumbent,
                     )
                 {
                     any_pruned = true;
                     continue;
+                }
+                if let Some(r_prev) = r_prev {
+                    let t = links.lower_bound(true, r_prev.min(mnew), bytes_in);
+                    if rest_bound && pruned(into_lb(t, smin_first / mnew as f64), incumbent) {
+                        any_pruned = true;
+                        continue;
+                    }
                 }
                 let mut placed: Vec<u128> = Vec::with_capacity(3);
                 for pol in Policy::ALL {
@@ -1057,24 +1202,33 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                     }
                 }
                 for gm in placed {
+                    // Skip the placement without looking up its communication stage when a lower
+                    // bound on that stage already prunes it: exactly where the first cut below
+                    // would break (see `Links`).
+                    if let Some(r_prev) = r_prev {
+                        let t = links.lower_bound(gm & prev_nodes != 0, r_prev.min(mnew), bytes_in);
+                        if rest_bound && pruned(into_lb(t, smin_first / mnew as f64), incumbent) {
+                            any_pruned = true;
+                            continue;
+                        }
+                    }
                     let rest = free & !gm;
                     let into = st
                         .stages
                         .last()
                         .map(|prev| ctx.comm_stage(i, prev.mask, gm));
-                    let bound_in = into.map_or(bound, |x| bound.push(x.f + x.b));
+                    let bound_in = into.map_or(bound, |x| bound.push(x.f + x.b, x.b, 0.0));
                     let (r_new, r_rest) = (gm.count_ones() as usize, rest.count_ones() as usize);
+                    // The new stage's all-reduce lines (its `AR` enters the bounds below).
+                    let lines_new = ctx.ar_lines(gm);
                     // Costs of the split, looked up when a cut survives the bound.
                     let mut split: Option<Split> = None;
-                    #[allow(clippy::needless_range_loop)] // c2 indexes cuts and states
-                    for c2 in c + 1..k {
-                        let j = c2;
-                        if !ctx.family.valid(i, j) {
-                            continue;
-                        }
+                    for &c2 in &later[i] {
+                        let j = c2 as usize;
+                        let c2 = j;
                         if rest_bound
                             && pruned(
-                                bound_in.push(smin[i][j] / r_new as f64).lb(mf, 0.0),
+                                bound_in.push_c(smin[i][j] / r_new as f64).lb(mf, 0.0),
                                 incumbent,
                             )
                         {
@@ -1082,25 +1236,21 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                             break;
                         }
                         transitions += 1;
-                        let ch = &ctx.chains[r_new];
-                        let c_new = ch.compute(i, j);
-                        if pruned(
-                            bound_in.push(c_new).lb(mf, rest_lb(ctx, j, r_rest)),
-                            incumbent,
-                        ) {
+                        let new_st = ctx.compute_stage_with(i, j, r_new, lines_new);
+                        let c_new = new_st.f + new_st.b;
+                        let with_new = bound_in.push(c_new, new_st.b, new_st.ar);
+                        if pruned(with_new.lb(mf, rest_lb(ctx, j, r_rest)), incumbent) {
                             any_pruned = true;
                             continue;
                         }
                         let &mut Split {
                             ref out,
-                            l_new,
                             l_rest,
                             key,
                             cap_new,
                             cap_rest,
                         } = split.get_or_insert_with(|| Split {
                             out: ctx.comm_cost(gm, rest),
-                            l_new: ctx.ar_lines(gm),
                             l_rest: ctx.ar_lines(rest),
                             key: class_of(used | gm),
                             cap_new: ctx.cap(gm),
@@ -1114,11 +1264,11 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                         // Eq. 2 of this plan is at least its Bound (Algorithm 1, with the rest
                         // as the last stage): when that reaches the state's best, it is not
                         // better (a margin covers the two sums' rounding).
+                        let rest_st = ctx.compute_stage_with(j, n, r_rest, l_rest);
                         if old.is_finite() {
-                            let lb = bound_in
-                                .push(c_new)
-                                .push(2.0 * t)
-                                .push(ctx.chains[r_rest].compute(j, n))
+                            let lb = with_new
+                                .push(2.0 * t, t, 0.0)
+                                .push(rest_st.f + rest_st.b, rest_st.b, rest_st.ar)
                                 .lb(mf, 0.0);
                             if lb * (1.0 - 1e-12) >= old {
                                 continue;
@@ -1136,14 +1286,14 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                         if let Some(x) = into {
                             lat.push(x);
                         }
-                        lat.push(ctx.compute_stage_with(i, j, r_new, l_new));
+                        lat.push(new_st);
                         let plen = lat.len();
                         lat.push(LatStage {
                             f: t,
                             b: t,
                             ar: 0.0,
                         });
-                        lat.push(ctx.compute_stage_with(j, n, r_rest, l_rest));
+                        lat.push(rest_st);
                         let (l, _) = latency(&lat, ctx.m);
                         if l < old {
                             let slot = &mut best_l[c2];
@@ -1253,6 +1403,7 @@ impl Planner for Dapple {
         let mut order: Vec<usize> = (0..mbs.len()).collect();
         order.sort_by(|&a, &b| dp_l[a].total_cmp(&dp_l[b]));
         let mut found: Vec<Vec<(StagePlan, f64)>> = vec![Vec::new(); mbs.len()];
+        let mut caches = Caches::default();
         let mut ls: Vec<f64> = Vec::new();
         let mut time_limited = false;
         let mut capped = false;
@@ -1268,7 +1419,7 @@ impl Planner for Dapple {
             } else {
                 f64::INFINITY
             };
-            let s = search_bounded(g, cluster, opts, mbs[x], &family, bound)?;
+            let s = search_bounded(g, cluster, opts, mbs[x], &family, bound, &mut caches)?;
             if s.candidates.is_empty() && bound == f64::INFINITY {
                 return Err(Error::msg("dapple: no plan found"));
             }
@@ -1348,6 +1499,35 @@ impl Planner for Dapple {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`Bound::through`] stays below the loop's check for any larger communication stage and
+    /// new stage (what lets the search skip a placement without costing its communication).
+    #[test]
+    fn through_bound_is_below_the_cut_check() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for _ in 0..200_000 {
+            let s = (rnd() * 6.0) as usize;
+            let m = [1.0, 2.0, 3.0, 4.0, 8.0, 64.0][(rnd() * 6.0) as usize];
+            let prefix = (0..s).fold(Bound::default(), |b, _| {
+                let (f, bw) = (rnd(), rnd());
+                b.push(f + bw, bw, if rnd() < 0.5 { 0.0 } else { rnd() })
+            });
+            let (t, xs) = (rnd() * rnd(), rnd() * rnd());
+            let (t2, x2) = (t * (1.0 + 3.0 * rnd()), xs * (1.0 + 3.0 * rnd()));
+            let lb = prefix.through(m, t, xs);
+            let check = prefix.push(2.0 * t2, t2, 0.0).push_c(x2).lb(m, 0.0);
+            assert!(
+                lb <= check * (1.0 + 1e-12),
+                "m={m} t={t} {t2} x={xs} {x2}: {lb} > {check}"
+            );
+        }
+    }
 
     /// [`Bound`] never exceeds Eq. 2 of a plan that starts with the prefix, whatever the rest.
     #[test]

@@ -1500,17 +1500,21 @@ impl Planner for Dapple {
 mod tests {
     use super::*;
 
-    /// [`Bound::through`] stays below the loop's check for any larger communication stage and
-    /// new stage (what lets the search skip a placement without costing its communication).
-    #[test]
-    fn through_bound_is_below_the_cut_check() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
+    /// Uniform numbers in `[0, 1)` (xorshift64 from `seed`).
+    fn uniform(mut x: u64) -> impl FnMut() -> f64 {
+        move || {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             (x >> 11) as f64 / (1u64 << 53) as f64
-        };
+        }
+    }
+
+    /// [`Bound::through`] stays below the loop's check for any larger communication stage and
+    /// new stage (what lets the search skip a placement without costing its communication).
+    #[test]
+    fn through_bound_is_below_the_cut_check() {
+        let mut rnd = uniform(0x9e37_79b9_7f4a_7c15u64);
         for _ in 0..200_000 {
             let s = (rnd() * 6.0) as usize;
             let m = [1.0, 2.0, 3.0, 4.0, 8.0, 64.0][(rnd() * 6.0) as usize];
@@ -1532,13 +1536,7 @@ mod tests {
     /// [`Bound`] never exceeds Eq. 2 of a plan that starts with the prefix, whatever the rest.
     #[test]
     fn pivot_bound_holds() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rnd = uniform(0x2545_f491_4f6c_dd1du64);
         for _ in 0..200_000 {
             let s = 1 + (rnd() * 9.0) as usize;
             let m = [1, 2, 3, 4, 8, 16, 64][(rnd() * 7.0) as usize];

@@ -98,6 +98,7 @@ use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
 use rustc_hash::FxHashMap as HashMap;
+use std::collections::hash_map::Entry;
 use std::time::Instant;
 
 /// Most prefixes of the topological order the search considers (see the module doc).
@@ -1311,18 +1312,32 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                                 nstages,
                                 cap_rest,
                             );
-                            let mut stages = st.stages.clone();
-                            stages.push(new_stage);
-                            states[c2].insert(
-                                key,
-                                State {
-                                    used: used | gm,
-                                    stages,
-                                    lat: lat[..plen].to_vec(),
-                                    latency: l,
-                                    complete_ok: last_ok,
-                                },
-                            );
+                            // A better plan for a known state reuses its buffers.
+                            match states[c2].entry(key) {
+                                Entry::Occupied(mut e) => {
+                                    let s = e.get_mut();
+                                    s.used = used | gm;
+                                    s.stages.clear();
+                                    s.stages.extend_from_slice(&st.stages);
+                                    s.stages.push(new_stage);
+                                    s.lat.clear();
+                                    s.lat.extend_from_slice(&lat[..plen]);
+                                    s.latency = l;
+                                    s.complete_ok = last_ok;
+                                }
+                                Entry::Vacant(e) => {
+                                    let mut stages = Vec::with_capacity(st.stages.len() + 1);
+                                    stages.extend_from_slice(&st.stages);
+                                    stages.push(new_stage);
+                                    e.insert(State {
+                                        used: used | gm,
+                                        stages,
+                                        lat: lat[..plen].to_vec(),
+                                        latency: l,
+                                        complete_ok: last_ok,
+                                    });
+                                }
+                            }
                         }
                     }
                 }

@@ -7,6 +7,9 @@
 //!
 //! Objective: DAPPLE's latency for one stage (Eq. 2 with `S = 1`):
 //! `L = M·(F + B) + AR(P, G)`, with F and B the per-replica times of one micro-batch slice.
+//!
+//! Search cost: none; one pass over the nodes per device kind and one all-reduce costing
+//! (`O(nodes · kinds + devices)`), then one simulation of the plan.
 
 use super::Planner;
 use crate::cost::comm::allreduce_time;

@@ -24,6 +24,11 @@
 //! per-stage TPS does not see. As the paper notes (§6), this is rarely better than the uniform
 //! default for the models it evaluates; it helps where stages differ in how their time scales
 //! with the micro-batch (per-op efficiency, fixed per-micro-batch costs such as latency).
+//!
+//! Search cost: at most [`MAX_PASSES`] passes × stages × 7 candidate sizes (`b·2^j`), each one
+//! simulation of the whole schedule (stages × micro-batches events), plus the `k` choice per
+//! candidate; nothing is pruned, the coordinate descent stops at the first pass without
+//! improvement.
 
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{couples_samples, PlanOptions, StageSpec};

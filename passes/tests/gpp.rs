@@ -985,34 +985,37 @@ fn gpp_never_loses_to_a_sequential_planner() {
     assert!(fewer > 0, "no case chose fewer devices");
 }
 
-/// `straight::iteration_lower_bound` (which lets `gpp` skip the `straight` seed) is below the
-/// simulated iteration of the plan `straight` makes, on random series-parallel graphs over
-/// links from fast to slow and on bundled models over presets of 4 to 32 devices, with the
-/// default micro-batch and a fixed one.
-#[test]
-fn straight_bound_is_below_its_plan() {
+/// `bound(g, c, opts)` (a planner's lower bound, no search) never exceeds `planner`'s simulated
+/// iteration and is positive: on random models over 2-16 devices (two micro-batch settings) and
+/// on bundled `models` over three presets.
+fn bound_is_below_the_plan(
+    planner: &str,
+    bound: fn(&CostGraph, &Cluster, &PlanOptions) -> pipec_compiler::Result<f64>,
+    seed: u64,
+    devices: &[usize],
+    models: &[&str],
+) {
     let check = |g: &CostGraph, c: &Cluster, opts: &PlanOptions, what: &str| {
-        let Ok(p) = pipec_passes::planners::by_name("straight")
+        let Ok(p) = pipec_passes::planners::by_name(planner)
             .unwrap()
             .plan(g, c, opts)
         else {
             return;
         };
-        let bound =
-            pipec_passes::planners::straight::iteration_lower_bound(g, c, opts).expect("bound");
+        let b = bound(g, c, opts).expect("bound");
         assert!(
-            bound <= p.iteration_time_s,
-            "{what}: bound {bound} > straight's plan {}",
+            b <= p.iteration_time_s,
+            "{what}: bound {b} > {planner}'s plan {}",
             p.iteration_time_s
         );
-        assert!(bound > 0.0, "{what}: bound {bound}");
+        assert!(b > 0.0, "{what}: bound {b}");
     };
-    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rng = Rng(seed);
     for case in 0..24 {
         let n = 4 + rng.below(40) as usize;
         let g = random_model(&mut rng, n, case);
-        let d = [2usize, 4, 8, 16][case % 4];
-        let bw = ["1e12", "25e9", "1e9"][(case / 4) % 3];
+        let d = devices[case % devices.len()];
+        let bw = ["1e12", "25e9", "1e9"][(case / devices.len()) % 3];
         let c = Cluster::from_inline(
             &format!("{d}@{bw}"),
             pipec_passes::cost::cluster::v100_16gb(),
@@ -1028,7 +1031,7 @@ fn straight_bound_is_below_its_plan() {
             &format!("case {case} ({d}@{bw}, micro-batch 8)"),
         );
     }
-    for model in ["gpt2_tiny", "inception_mini", "dlrm_tiny"] {
+    for model in models {
         let g = onnx_graph(&root().join(format!("onnx-models/{model}.onnx")));
         for (preset, d) in [("summit", 32), ("dgx-h100", 8), ("cpu", 4)] {
             let c = Cluster::preset(preset)
@@ -1043,6 +1046,30 @@ fn straight_bound_is_below_its_plan() {
             );
         }
     }
+}
+
+/// `straight::iteration_lower_bound`: what lets `gpp` skip its `straight` seed.
+#[test]
+fn straight_bound_is_below_its_plan() {
+    bound_is_below_the_plan(
+        "straight",
+        pipec_passes::planners::straight::iteration_lower_bound,
+        0x9e3779b97f4a7c15,
+        &[2, 4, 8, 16],
+        &["gpt2_tiny", "inception_mini", "dlrm_tiny"],
+    );
+}
+
+/// `dapple::iteration_lower_bound`: what lets `gpp` skip its `dapple` seed.
+#[test]
+fn dapple_bound_is_below_its_plan() {
+    bound_is_below_the_plan(
+        "dapple",
+        pipec_passes::planners::dapple::iteration_lower_bound,
+        0x2545f4914f6cdd1d,
+        &[2, 4, 8],
+        &["resnet18", "inception_mini", "dlrm_tiny"],
+    );
 }
 
 /// Above `2·DEVICE_SLOTS` devices the DP sees device counts in multiples of a granule

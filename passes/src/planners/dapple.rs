@@ -1388,6 +1388,49 @@ pub fn micro_batch_candidates(g: &CostGraph, opts: &PlanOptions) -> Result<Vec<u
     Ok(v)
 }
 
+/// A lower bound of the simulated iteration of every plan the `dapple` planner can return for
+/// `g` on `cluster` with `opts`, without searching: at micro-batch `mb` (`M = batch / mb`), a
+/// stage of `r` replicas keeps each of its devices busy at least `M · t(mb / r) ≥ M · t(mb) / r`
+/// ([`sublinear`] node times), so the devices together compute at least `M · C(mb)` (`C` the
+/// whole graph's forward + backward) and the busiest at least `M · C(mb) / D`
+/// ([`crate::sim::compute_bound`]: the simulator runs a device's tasks one after another); the
+/// bound is the least over the micro-batches the planner tries ([`micro_batch_candidates`]). 0
+/// where it does not hold as stated (device kinds differ, or node times are not sublinear).
+/// `O(nodes × devices × micro-batches)`; the `gpp` planner skips its `dapple` seed when this
+/// already exceeds its best plan.
+pub fn iteration_lower_bound(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<f64> {
+    let ndev = cluster.len();
+    if ndev == 0
+        || cluster
+            .devices
+            .iter()
+            .any(|d| d.kind != cluster.devices[0].kind)
+    {
+        return Ok(0.0);
+    }
+    let kind = cluster.kind_of(0);
+    let batch = opts.batch.max(1);
+    let mut bound = f64::INFINITY;
+    for mb in micro_batch_candidates(g, opts)? {
+        if !sublinear(g, kind, mb as f64, ndev) {
+            return Ok(0.0);
+        }
+        let c: f64 = (0..g.len())
+            .map(|u| {
+                let (f, b) = g.times(u, mb as f64, kind);
+                f + b
+            })
+            .sum();
+        let m = (batch / mb.max(1)).max(1) as f64;
+        bound = bound.min(m * c / ndev as f64);
+    }
+    Ok(if bound.is_finite() {
+        bound * (1.0 - 1e-9)
+    } else {
+        0.0
+    })
+}
+
 impl Default for Dapple {
     fn default() -> Dapple {
         Dapple { rerank: TOP }

@@ -36,12 +36,13 @@
 //! 6. **Fewer devices, and the sequential planners' plans** (`gpp` only): the search is repeated
 //!    on the first `D/2`, `D/4`, ..., 1 devices while a plan on them could still be faster (a
 //!    compute bound, [`Gpp::fewer_devices`]), and the plans of `dp`, `pipedream`, `bapipe`,
-//!    (up to 32 devices) `straight` and (up to 16) `dapple` ([`SEQUENTIAL_SEEDS`]) join the choice: the
+//!    and (up to 32 devices) `straight` and `dapple` ([`SEQUENTIAL_SEEDS`]) join the choice: the
 //!    fastest simulated plan that fits in memory wins. A sequential pipeline is a special case
 //!    of a graph pipeline, so GPP never returns a plan slower than theirs on this cost model
 //!    (property test in `passes/tests/gpp.rs`). A seed that provably cannot beat the best plan
-//!    so far is not made: `straight` when its [`super::straight::iteration_lower_bound`] (no
-//!    simulation) already exceeds it. `dapple` joins up to 16 devices and `straight` up to 32
+//!    so far is not made: `straight` and `dapple` when their lower bounds
+//!    ([`super::straight::iteration_lower_bound`], [`super::dapple::iteration_lower_bound`]; no
+//!    search, no simulation) already exceed it. Both join up to 32 devices
 //!    ([`SEQUENTIAL_SEEDS`]: their searches grow faster with the devices than GPP's). Search cost: the searches on `D/2^k` devices
 //!    cost less than the one on `D` (the DP grows steeply with devices) and stop at the bound;
 //!    the seeds cost what those planners cost.
@@ -584,17 +585,18 @@ impl Planner for Gpp {
 /// planner's search space inside Algorithm 1.
 ///
 /// Each with the most devices it is run at: DAPPLE's search grows steeply with the device count
-/// (0.4 s at 16 summit GPUs on the GraphPipe DLRM, 9.5 s at 32; issue #18), so above 16 devices
-/// GPP does not wait for it; `straight`'s exact DP over every cut of the node order costs
+/// (at most about 1 s at 32 devices on the exported zoo, 2.5-9 s at 64 on GPT-2 exports; issue
+/// #18), so above 32 devices GPP does not wait for it; `straight`'s exact DP over every cut of the node order costs
 /// `O(D · nodes · stage length)` (12 s at 64 devices on a 20k-node GPT-2 export, 42 s at 256,
 /// where GPP's own search takes 1-3 s), so above 32 devices GPP does not run it either: its
-/// guarantee covers `straight` up to 32 devices and `dp`, `pipedream` and `bapipe` at any count.
+/// guarantee covers `straight` and `dapple` up to 32 devices and `dp`, `pipedream` and `bapipe`
+/// at any count.
 pub const SEQUENTIAL_SEEDS: &[(&str, usize)] = &[
     ("dp", usize::MAX),
     ("straight", 32),
     ("pipedream", usize::MAX),
     ("bapipe", usize::MAX),
-    ("dapple", 16),
+    ("dapple", 32),
 ];
 
 /// Replace `best` by the fastest of it and the sequential planners' plans ([`SEQUENTIAL_SEEDS`]).
@@ -610,47 +612,89 @@ fn seeds(
     best: &mut Result<Plan>,
 ) -> bool {
     let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
-    for &(name, max_devices) in SEQUENTIAL_SEEDS {
-        if cluster.len() > max_devices {
-            continue;
-        }
-        if best.is_ok() && opts.out_of_time() {
-            return true;
-        }
-        let got = match made.iter().find(|(n, _)| n == name) {
-            Some((_, p)) => Ok(p.clone()),
-            None if name == "straight"
-                && cannot_beat(best, || {
-                    super::straight::iteration_lower_bound(g, cluster, opts)
-                }) =>
-            {
-                if debug {
-                    eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
+    let wanted: Vec<&str> = SEQUENTIAL_SEEDS
+        .iter()
+        .filter(|&&(_, max_devices)| cluster.len() <= max_devices)
+        .map(|&(name, _)| name)
+        .collect();
+    // DAPPLE's search is the slowest seed: it runs on a thread of its own beside the others
+    // (when more than one core is there), decided against GPP's own best plan. The plans are
+    // then taken in the order of [`SEQUENTIAL_SEEDS`], as one after another would: a seed that
+    // its bound would have skipped later cannot beat the best plan either.
+    let dapple_here = wanted.contains(&"dapple")
+        && !made.iter().any(|(n, _)| n == "dapple")
+        && std::thread::available_parallelism().map_or(1, |n| n.get()) > 1
+        && !(best.is_ok() && opts.out_of_time());
+    let mut out_of_time = false;
+    std::thread::scope(|sc| {
+        let early = dapple_here
+            .then(|| {
+                let skip = cannot_beat(best, || {
+                    super::dapple::iteration_lower_bound(g, cluster, opts)
+                });
+                (!skip).then(|| sc.spawn(|| super::by_name("dapple")?.plan(g, cluster, opts)))
+            })
+            .flatten();
+        let mut early = early.map(Some);
+        for name in wanted {
+            if best.is_ok() && opts.out_of_time() {
+                out_of_time = true;
+                return;
+            }
+            let got = match made.iter().find(|(n, _)| n == name) {
+                Some((_, p)) => Ok(p.clone()),
+                None if name == "dapple" && dapple_here => {
+                    match early.as_mut().and_then(Option::take) {
+                        Some(h) => h
+                            .join()
+                            .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
+                        None => {
+                            if debug {
+                                eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
+                            }
+                            continue;
+                        }
+                    }
                 }
-                continue;
-            }
-            None => {
-                let Ok(planner) = super::by_name(name) else {
+                None if (name == "straight"
+                    && cannot_beat(best, || {
+                        super::straight::iteration_lower_bound(g, cluster, opts)
+                    }))
+                    || (name == "dapple"
+                        && cannot_beat(best, || {
+                            super::dapple::iteration_lower_bound(g, cluster, opts)
+                        })) =>
+                {
+                    if debug {
+                        eprintln!(
+                            "gpp: seed {name}: skipped, its lower bound exceeds the best plan"
+                        );
+                    }
                     continue;
-                };
-                planner.plan(g, cluster, opts)
+                }
+                None => {
+                    let Ok(planner) = super::by_name(name) else {
+                        continue;
+                    };
+                    planner.plan(g, cluster, opts)
+                }
+            };
+            if debug {
+                match &got {
+                    Ok(p) => eprintln!(
+                        "gpp: seed {name}: {:.6} s ({} stages, micro-batch {}) at {:.1} ms",
+                        p.iteration_time_s,
+                        p.stages.len(),
+                        p.micro_batch,
+                        t0.elapsed().as_secs_f64() * 1e3
+                    ),
+                    Err(e) => eprintln!("gpp: seed {name}: {e}"),
+                }
             }
-        };
-        if debug {
-            match &got {
-                Ok(p) => eprintln!(
-                    "gpp: seed {name}: {:.6} s ({} stages, micro-batch {}) at {:.1} ms",
-                    p.iteration_time_s,
-                    p.stages.len(),
-                    p.micro_batch,
-                    t0.elapsed().as_secs_f64() * 1e3
-                ),
-                Err(e) => eprintln!("gpp: seed {name}: {e}"),
-            }
+            keep_faster(best, got);
         }
-        keep_faster(best, got);
-    }
-    false
+    });
+    out_of_time
 }
 
 /// Whether a plan whose simulated iteration is at least `bound()` cannot replace `best` in

@@ -1,5 +1,5 @@
 //! Benchmark of the in-process transport and the ring all-reduce (numbers in
-//! `runtime-stub/RUNTIME_NOTES.md`). Run: `cargo build --workspace --examples &&
+//! `docs/RUNTIME_NOTES.md`). Run: `cargo build --workspace --examples &&
 //! target/debug/examples/dist_bench [MB] [DEVICES]` (the dev profile builds pipec-runtime with
 //! opt-level 2).
 

@@ -1015,13 +1015,8 @@ fn run_search(ctx: &mut Ctx) -> Searched {
     let links = Links::new(ctx.cluster);
     // later[i]: the cuts `j` after which `[i, j)` is a stage (`D(i) ⊊ D(j)`), ascending, the last
     // position (the whole graph) excluded: the rest is never empty.
-    let later: Vec<Vec<u32>> = (0..k)
-        .map(|i| {
-            (i + 1..k)
-                .filter(|&j| ctx.family.valid(i, j))
-                .map(|j| j as u32)
-                .collect()
-        })
+    let later: Vec<Vec<usize>> = (0..k)
+        .map(|i| (i + 1..k).filter(|&j| ctx.family.valid(i, j)).collect())
         .collect();
     let mut class_ids: HashMap<Vec<u16>, u32> = HashMap::default();
     let mut class_of = |used: u128| -> u32 {
@@ -1220,13 +1215,13 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                         .map(|prev| ctx.comm_stage(i, prev.mask, gm));
                     let bound_in = into.map_or(bound, |x| bound.push(x.f + x.b, x.b, 0.0));
                     let (r_new, r_rest) = (gm.count_ones() as usize, rest.count_ones() as usize);
-                    // The new stage's all-reduce lines (its `AR` enters the bounds below).
-                    let lines_new = ctx.ar_lines(gm);
+                    // The new stage's all-reduce lines (its `AR` enters the bounds below), looked
+                    // up at the first cut that survives the break.
+                    let mut lines_new: Option<(Affine, Affine)> = None;
                     // Costs of the split, looked up when a cut survives the bound.
                     let mut split: Option<Split> = None;
                     for &c2 in &later[i] {
-                        let j = c2 as usize;
-                        let c2 = j;
+                        let j = c2;
                         if rest_bound
                             && pruned(
                                 bound_in.push_c(smin[i][j] / r_new as f64).lb(mf, 0.0),
@@ -1237,7 +1232,11 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                             break;
                         }
                         transitions += 1;
-                        let new_st = ctx.compute_stage_with(i, j, r_new, lines_new);
+                        let lines = match lines_new {
+                            Some(l) => l,
+                            None => *lines_new.insert(ctx.ar_lines(gm)),
+                        };
+                        let new_st = ctx.compute_stage_with(i, j, r_new, lines);
                         let c_new = new_st.f + new_st.b;
                         let with_new = bound_in.push(c_new, new_st.b, new_st.ar);
                         if pruned(with_new.lb(mf, rest_lb(ctx, j, r_rest)), incumbent) {
@@ -1415,12 +1414,8 @@ pub fn iteration_lower_bound(g: &CostGraph, cluster: &Cluster, opts: &PlanOption
         if !sublinear(g, kind, mb as f64, ndev) {
             return Ok(0.0);
         }
-        let c: f64 = (0..g.len())
-            .map(|u| {
-                let (f, b) = g.times(u, mb as f64, kind);
-                f + b
-            })
-            .sum();
+        let (f, b) = g.total_time(mb as f64, kind);
+        let c = f + b;
         let m = (batch / mb.max(1)).max(1) as f64;
         bound = bound.min(m * c / ndev as f64);
     }

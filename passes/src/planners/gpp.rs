@@ -627,57 +627,41 @@ fn seeds(
         && !(best.is_ok() && opts.out_of_time());
     let mut out_of_time = false;
     std::thread::scope(|sc| {
-        let early = dapple_here
-            .then(|| {
-                let skip = cannot_beat(best, || {
-                    super::dapple::iteration_lower_bound(g, cluster, opts)
-                });
-                (!skip).then(|| sc.spawn(|| super::by_name("dapple")?.plan(g, cluster, opts)))
-            })
-            .flatten();
-        let mut early = early.map(Some);
+        let mut early = (dapple_here && !seed_cannot_win("dapple", g, cluster, opts, best))
+            .then(|| sc.spawn(|| super::by_name("dapple")?.plan(g, cluster, opts)));
         for name in wanted {
             if best.is_ok() && opts.out_of_time() {
                 out_of_time = true;
                 return;
             }
-            let got = match made.iter().find(|(n, _)| n == name) {
+            let made_here = made.iter().find(|(n, _)| n == name);
+            // Skipped by its bound: decided before the spawn for DAPPLE on its thread, here for
+            // the others.
+            let skipped = made_here.is_none()
+                && if name == "dapple" && dapple_here {
+                    early.is_none()
+                } else {
+                    seed_cannot_win(name, g, cluster, opts, best)
+                };
+            if skipped {
+                if debug {
+                    eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
+                }
+                continue;
+            }
+            let got = match made_here {
                 Some((_, p)) => Ok(p.clone()),
-                None if name == "dapple" && dapple_here => {
-                    match early.as_mut().and_then(Option::take) {
-                        Some(h) => h
-                            .join()
-                            .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
-                        None => {
-                            if debug {
-                                eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
-                            }
+                None => match early.take_if(|_| name == "dapple") {
+                    Some(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
+                    None => {
+                        let Ok(planner) = super::by_name(name) else {
                             continue;
-                        }
+                        };
+                        planner.plan(g, cluster, opts)
                     }
-                }
-                None if (name == "straight"
-                    && cannot_beat(best, || {
-                        super::straight::iteration_lower_bound(g, cluster, opts)
-                    }))
-                    || (name == "dapple"
-                        && cannot_beat(best, || {
-                            super::dapple::iteration_lower_bound(g, cluster, opts)
-                        })) =>
-                {
-                    if debug {
-                        eprintln!(
-                            "gpp: seed {name}: skipped, its lower bound exceeds the best plan"
-                        );
-                    }
-                    continue;
-                }
-                None => {
-                    let Ok(planner) = super::by_name(name) else {
-                        continue;
-                    };
-                    planner.plan(g, cluster, opts)
-                }
+                },
             };
             if debug {
                 match &got {
@@ -695,6 +679,26 @@ fn seeds(
         }
     });
     out_of_time
+}
+
+/// Whether the seed `name` has a lower bound (`straight`, `dapple`; no search) that already
+/// shows it cannot replace `best` ([`cannot_beat`]).
+fn seed_cannot_win(
+    name: &str,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    best: &Result<Plan>,
+) -> bool {
+    match name {
+        "straight" => cannot_beat(best, || {
+            super::straight::iteration_lower_bound(g, cluster, opts)
+        }),
+        "dapple" => cannot_beat(best, || {
+            super::dapple::iteration_lower_bound(g, cluster, opts)
+        }),
+        _ => false,
+    }
 }
 
 /// Whether a plan whose simulated iteration is at least `bound()` cannot replace `best` in

@@ -358,6 +358,33 @@ impl Plan {
         objective_s: f64,
         search_time_s: f64,
     ) -> Result<Plan> {
+        let plan = Self::assemble_below(
+            planner,
+            g,
+            cluster,
+            opts,
+            specs,
+            (micro_batch, schedule),
+            (objective_s, search_time_s),
+            f64::INFINITY,
+        )?;
+        plan.ok_or_else(|| Error::msg(format!("{planner}: no simulated iteration")))
+    }
+
+    /// [`Plan::assemble`] for a caller that only wants a plan faster than `cutoff` seconds:
+    /// `None` (no simulation) when a lower bound of the iteration from the stage graph and the
+    /// schedule ([`sim::compute_bound`], [`sim::channel_bound`]) is already at or above it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn assemble_below(
+        planner: &str,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        specs: Vec<StageSpec>,
+        (micro_batch, schedule): (u64, ScheduleKind),
+        (objective_s, search_time_s): (f64, f64),
+        cutoff: f64,
+    ) -> Result<Option<Plan>> {
         // Checked before simulating (invalid specs name devices outside the cluster).
         stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
@@ -371,6 +398,13 @@ impl Plan {
             schedule,
         );
         let sched = sim::schedule::generate(&sg, schedule, m as usize);
+        if cutoff.is_finite() {
+            let bound = sim::compute_bound(&sg, cluster, opts.allreduce, schedule, m as usize)
+                .max(sim::channel_bound(&sched, cluster));
+            if bound >= cutoff {
+                return Ok(None);
+            }
+        }
         let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
         Self::from_simulation(
             planner,
@@ -384,6 +418,7 @@ impl Plan {
             search_time_s,
             (&sg, &res),
         )
+        .map(Some)
     }
 
     /// [`Plan::assemble`] when the planner has already simulated the whole iteration: `sim` is

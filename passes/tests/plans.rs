@@ -4,7 +4,10 @@ use pipec_passes::cost::cluster::{v100_16gb, Cluster};
 use pipec_passes::cost::profile::load_profile;
 use pipec_passes::cost::{AllReduceAlgo, CostGraph};
 use pipec_passes::plan::{Plan, PlanOptions, StageSpec};
-use pipec_passes::planners::{by_name, straight::linear_partition};
+use pipec_passes::planners::{
+    by_name,
+    straight::{comm_aware_partition, linear_partition},
+};
 use pipec_passes::sim::{schedule, simulate, trace, Instr, ScheduleKind, StageGraph};
 use std::path::Path;
 
@@ -189,6 +192,91 @@ fn linear_partition_is_min_max() {
     assert_eq!(worst, 17.0); // 1..5 | 6,7 | 8,9
     assert_eq!(linear_partition(&[1.0, 1.0], 5), vec![1, 1]);
     assert_eq!(linear_partition(&[0.0; 6], 3).len(), 3);
+}
+
+/// The plain `O(k · n²)` DP of the `straight` planner's module doc, every state and start.
+fn comm_aware_reference(ch: &pipec_passes::cost::Chain, k: usize, bw: &[f64]) -> (Vec<usize>, f64) {
+    let n = ch.len();
+    let time = |s: usize, i: usize, j: usize| {
+        let mut comm = 0.0;
+        if s > 0 {
+            comm += ch.cut[i] / bw[s - 1];
+        }
+        if s + 1 < k {
+            comm += ch.cut[j] / bw[s];
+        }
+        ch.compute(i, j).max(comm)
+    };
+    let mut best = vec![vec![f64::INFINITY; n + 1]; k];
+    let mut arg = vec![vec![0usize; n + 1]; k];
+    for (j, b) in best[0].iter_mut().enumerate().take(n + 2 - k).skip(1) {
+        *b = time(0, 0, j);
+    }
+    for s in 1..k {
+        for j in s + 1..=n + 1 - (k - s) {
+            for i in (s..j).rev() {
+                let t = best[s - 1][i].max(time(s, i, j));
+                if t <= best[s][j] {
+                    best[s][j] = t;
+                    arg[s][j] = i;
+                }
+            }
+        }
+    }
+    let mut runs = vec![0usize; k];
+    let mut j = n;
+    for s in (0..k).rev() {
+        let i = if s == 0 { 0 } else { arg[s][j] };
+        runs[s] = j - i;
+        j = i;
+    }
+    (runs, best[k - 1][n])
+}
+
+/// The `straight` planner's DP on the states a bisected bound leaves returns the plain DP's
+/// runs and bottleneck (ties to the earliest start included) on random chains: compute-bound,
+/// transfer-bound, with repeated weights (ties) and zero cuts.
+#[test]
+fn comm_aware_partition_matches_the_plain_dp() {
+    let mut x: u64 = 0x2545f4914f6cdd1d;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for case in 0..300 {
+        let n = 1 + next(60) as usize;
+        let k = 1 + next(n.min(12) as u64) as usize;
+        let (mut fwd, mut bwd, mut cut) = (vec![0.0], vec![0.0], vec![0.0]);
+        for i in 0..n {
+            // Few distinct values: many equal bottlenecks.
+            let f = (1 + next(if case % 3 == 0 { 3 } else { 50 })) as f64 * 1e-3;
+            fwd.push(fwd[i] + f);
+            bwd.push(bwd[i] + 2.0 * f);
+            let c = if i + 1 == n || next(4) == 0 {
+                0.0
+            } else {
+                next(if case % 2 == 0 { 10 } else { 1000 }) as f64 * 1e-4
+            };
+            cut.push(c);
+        }
+        cut[n] = 0.0;
+        let ch = pipec_passes::cost::Chain {
+            order: (0..n).collect(),
+            fwd,
+            bwd,
+            params: vec![0.0; n + 1],
+            saved: vec![0.0; n + 1],
+            cut,
+        };
+        let bw: Vec<f64> = (1..k)
+            .map(|_| [1.0, 0.5, f64::INFINITY][next(3) as usize])
+            .collect();
+        let got = comm_aware_partition(&ch, k, &bw);
+        let want = comm_aware_reference(&ch, k, &bw);
+        assert_eq!(got, want, "case {case}: n {n}, k {k}");
+    }
 }
 
 #[test]

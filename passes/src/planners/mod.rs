@@ -47,6 +47,20 @@ pub trait Planner {
     fn name(&self) -> &'static str;
     /// Plan `g` on `cluster`.
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan>;
+    /// [`Planner::plan`] for a caller that only wants a plan whose simulated iteration is below
+    /// `cutoff` seconds (GPP's seeds): `None` when the planner can tell without simulating it
+    /// that its plan is not (its iteration is at or above `cutoff`). A planner without such a
+    /// shortcut returns its plan.
+    fn plan_below(
+        &self,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        cutoff: f64,
+    ) -> Result<Option<Plan>> {
+        let _ = cutoff;
+        self.plan(g, cluster, opts).map(Some)
+    }
 }
 
 /// The planner name `stages:SPEC` is the user's own stages ([`stages`], `--stages SPEC`).

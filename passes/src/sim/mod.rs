@@ -922,6 +922,39 @@ pub fn compute_bound(
         .fold(0.0, f64::max)
 }
 
+/// A lower bound of the simulated iteration of `sched` from its transfers: every `Send` is one
+/// transfer task (per direction, micro-batch pair and device pair, as the simulator keys them)
+/// that holds its sender's send channel and its receiver's receive channel for at least its
+/// α-β time ([`comm::p2p_time`]; the latency of each further value of a message only adds), and
+/// a channel runs one transfer at a time, so the iteration is at least the busiest channel's
+/// summed transfer time. `O(instructions)`; with [`compute_bound`] it lets a caller that only
+/// wants a plan faster than a known one skip the simulation of one that cannot be.
+pub fn channel_bound(sched: &Schedule, cluster: &Cluster) -> f64 {
+    let n = sched.programs.len();
+    let (mut send, mut recv) = (vec![0.0f64; n], vec![0.0f64; n]);
+    let mut seen = FxHashSet::default();
+    for (d, prog) in sched.programs.iter().enumerate() {
+        for ins in prog {
+            if let Instr::Send {
+                dir,
+                mb,
+                peer_mb,
+                peer,
+                bytes,
+                ..
+            } = ins
+            {
+                if *peer < n && seen.insert((*dir, *mb, *peer_mb, d, *peer)) {
+                    let t = comm::p2p_time(cluster, d, *peer, *bytes);
+                    send[d] += t;
+                    recv[*peer] += t;
+                }
+            }
+        }
+    }
+    send.into_iter().chain(recv).fold(0.0, f64::max)
+}
+
 /// Simulate `sched` on `sg` and `cluster`. Fails if the schedule deadlocks (a receive whose send
 /// never comes, or orders that wait on each other) or names a device outside the cluster.
 pub fn simulate(

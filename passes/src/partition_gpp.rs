@@ -622,6 +622,97 @@ struct Entry {
 
 const INF: i64 = i64::MAX / 4;
 
+/// A state's base case as [`Search::single`] reads it: the stage's TPS and in-flight cap,
+/// valid when `epoch` is the search's.
+#[derive(Clone, Copy, Debug, Default)]
+struct Base {
+    tps: f64,
+    cap: i64,
+    epoch: u32,
+}
+
+/// The DP's per-state buffers (memo, stamps, base cases, series segments), kept from one search
+/// to the next through a [`ScratchPool`]. A DP state `(t, j, d)` lives in its tree position's
+/// row (one slot per device count), allocated when the search first reaches the position: a
+/// search visits ~15% of the positions (2.8 k of 17.9 k rows on a 145-unit graph at 32 devices,
+/// where a table of every state would take 30 MB, and fresh tables per search cost more in
+/// page faults than the DP). Nothing carries over from one search to the next: rows, stamps
+/// and base cases of an older epoch or run read as unset.
+#[derive(Default)]
+pub struct Scratch {
+    /// Per tree position: its row, valid when `row_epoch` is the search's.
+    row: Vec<u32>,
+    row_epoch: Vec<u32>,
+    rows: usize,
+    memo: Vec<Vec<Entry>>,
+    stamp: Vec<u32>,
+    run: u32,
+    base: Vec<Base>,
+    epoch: u32,
+    segs: Vec<Vec<(u32, u32, i64)>>,
+    segs_stamp: Vec<u32>,
+}
+
+impl Scratch {
+    /// Ready for a search over `positions` tree positions (series states); every state reads
+    /// as unset to it.
+    fn prepare(&mut self, positions: usize) {
+        self.row.resize(positions, 0);
+        self.row_epoch.resize(positions, 0);
+        self.rows = 0;
+        self.segs.resize_with(positions, Vec::new);
+        self.segs_stamp.resize(positions, 0);
+        if self.epoch == u32::MAX {
+            self.base.fill(Base::default());
+            self.row_epoch.fill(0);
+            self.epoch = 0;
+        }
+        self.epoch += 1;
+    }
+
+    /// The first state index of `position`'s row of `slots` states.
+    #[inline(always)]
+    fn row_of(&mut self, position: usize, slots: usize) -> usize {
+        if self.row_epoch[position] == self.epoch {
+            return self.row[position] as usize * slots;
+        }
+        self.new_row(position, slots)
+    }
+
+    #[inline(never)]
+    fn new_row(&mut self, position: usize, slots: usize) -> usize {
+        let r = self.rows;
+        self.rows += 1;
+        self.row[position] = r as u32;
+        self.row_epoch[position] = self.epoch;
+        let end = (r + 1) * slots;
+        if self.memo.len() < end {
+            self.memo.resize_with(end, Vec::new);
+            self.stamp.resize(end, 0);
+            self.base.resize(end, Base::default());
+        }
+        r * slots
+    }
+}
+
+/// Scratch buffers shared by the searches of one planning call (the worker threads take and
+/// return them); see [`Scratch`].
+#[derive(Default)]
+pub struct ScratchPool(std::sync::Mutex<Vec<Scratch>>);
+
+impl ScratchPool {
+    fn take(&self) -> Scratch {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+    fn put(&self, s: Scratch) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+    }
+}
+
 /// The search engine for one micro-batch size.
 pub struct Search<'a> {
     g: &'a CostGraph,
@@ -635,9 +726,6 @@ pub struct Search<'a> {
     saved_fixed: Vec<f64>,
     /// Stage evaluations at this micro-batch size (see [`StageTable`]).
     tab: StageTable,
-    /// Each DP state's base case (its whole range as one stage on the state's `d` devices),
-    /// per state index; the same in every DP run.
-    base: Vec<Option<StageEval>>,
     /// All-reduce over the first `r` devices, per `r`.
     ar: Vec<AllReduceGroup>,
     bw: f64,
@@ -646,14 +734,11 @@ pub struct Search<'a> {
     node_size: usize,
     mem: f64,
     /// Memo: state index -> Pareto entries, valid when `stamp[id] == run` (the vectors keep
-    /// their capacity from one DP run to the next).
-    memo: Vec<Vec<Entry>>,
-    stamp: Vec<u32>,
-    run: u32,
-    /// Per series state `(t, j)` (at `state_base[t] + j`): [`Search::segments`], valid when
-    /// `segs_stamp` is the current run.
-    segs: Vec<Vec<(u32, u32, i64)>>,
-    segs_stamp: Vec<u32>,
+    /// their capacity from one DP run to the next); each DP state's base case (its whole range
+    /// as one stage on the state's `d` devices), the same in every DP run; per series state
+    /// `(t, j)` (at `state_base[t] + j`): [`Search::segments`], valid when `segs_stamp` is the
+    /// current run.
+    sc: Scratch,
     state_base: Vec<usize>,
     t_max: f64,
     /// The smallest TPS the current run compared against `t_max` and found above it (see
@@ -670,6 +755,7 @@ impl<'a> Search<'a> {
         cluster: &'a Cluster,
         p: SearchParams,
         tab: Option<StageTable>,
+        mut sc: Scratch,
     ) -> Self {
         let tab = match tab {
             Some(t) if t.key == StageTable::key(ug, &p) => t,
@@ -709,8 +795,7 @@ impl<'a> Search<'a> {
         p.granule = p.granule.max(1);
         let d = p.devices;
         let pow2: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&x| x <= d).collect();
-        // Device-count slots per state: multiples of the granule.
-        let slots = d / p.granule;
+        sc.prepare(total);
         Search {
             g,
             ug,
@@ -727,12 +812,7 @@ impl<'a> Search<'a> {
             multi_node,
             node_size: cluster.levels.first().map_or(1, |l| l.size.max(1)),
             mem,
-            base: vec![None; total * (slots + 1)],
-            memo: vec![Vec::new(); total * (slots + 1)],
-            stamp: vec![0; total * (slots + 1)],
-            run: 0,
-            segs: vec![Vec::new(); total],
-            segs_stamp: vec![0; total],
+            sc,
             state_base,
             t_max: f64::INFINITY,
             next_t: f64::INFINITY,
@@ -841,11 +921,17 @@ impl<'a> Search<'a> {
 
     /// State `id`'s base case: `[lo, hi)` as one stage on `r` replicas.
     fn single(&mut self, id: usize, lo: usize, hi: usize, r: usize) -> Option<Entry> {
-        let e = match self.base[id] {
-            Some(e) => e,
-            None => {
+        let epoch = self.sc.epoch;
+        let e = match self.sc.base[id] {
+            e if e.epoch == epoch => e,
+            _ => {
                 let e = self.eval(lo, hi, r);
-                self.base[id] = Some(e);
+                let e = Base {
+                    tps: e.tps,
+                    cap: e.cap,
+                    epoch,
+                };
+                self.sc.base[id] = e;
                 e
             }
         };
@@ -889,11 +975,11 @@ impl<'a> Search<'a> {
     /// segment only has more compute).
     fn segments(&mut self, t: usize, j: usize) -> Vec<(u32, u32, i64)> {
         let si = self.state_base[t] + j;
-        let mut v = std::mem::take(&mut self.segs[si]);
-        if self.segs_stamp[si] == self.run {
+        let mut v = std::mem::take(&mut self.sc.segs[si]);
+        if self.sc.segs_stamp[si] == self.sc.run {
             return v;
         }
-        self.segs_stamp[si] = self.run;
+        self.sc.segs_stamp[si] = self.sc.run;
         v.clear();
         let ug = self.ug;
         let kids = &ug.tree[t].children;
@@ -961,9 +1047,11 @@ impl<'a> Search<'a> {
         }
     }
 
-    fn idx(&self, t: usize, j: usize, d: usize) -> usize {
+    #[inline(always)]
+    fn idx(&mut self, t: usize, j: usize, d: usize) -> usize {
         let g = self.p.granule;
-        (self.state_base[t] + j) * (self.p.devices / g + 1) + d / g
+        let slots = self.p.devices / g + 1;
+        self.sc.row_of(self.state_base[t] + j, slots) + d / g
     }
 
     /// Solve state (t, j, d) (normalised); returns its index in the memo. A memo hit (most
@@ -972,7 +1060,7 @@ impl<'a> Search<'a> {
     fn solve(&mut self, t: usize, j: usize, d: usize) -> usize {
         let (t, j) = self.norm(t, j);
         let id = self.idx(t, j, d);
-        if self.stamp[id] == self.run {
+        if self.sc.stamp[id] == self.sc.run {
             return id;
         }
         self.solve_state(t, j, d, id)
@@ -980,7 +1068,7 @@ impl<'a> Search<'a> {
 
     #[inline(never)]
     fn solve_state(&mut self, t: usize, j: usize, d: usize, id: usize) -> usize {
-        let mut out = std::mem::take(&mut self.memo[id]);
+        let mut out = std::mem::take(&mut self.sc.memo[id]);
         out.clear();
         let ug = self.ug;
         let node = &ug.tree[t];
@@ -1007,7 +1095,7 @@ impl<'a> Search<'a> {
                         let (ct, cj) = self.whole(kids[last]);
                         for d2 in (gr..d).step_by(gr) {
                             let s = self.solve(ct, cj, d2);
-                            if self.memo[s].is_empty() {
+                            if self.sc.memo[s].is_empty() {
                                 continue;
                             }
                             let p = self.solve(t, last, d - d2);
@@ -1025,7 +1113,7 @@ impl<'a> Search<'a> {
                         let seg_lo = self.ug.tree[kids[k]].lo;
                         let jo_rule = join_rule(q0, k, j);
                         let p = self.solve(t, k, d - r);
-                        let pre = &self.memo[p];
+                        let pre = &self.sc.memo[p];
                         for (pi, pe) in pre.iter().enumerate() {
                             let sigma = se_sigma.min(pe.sigma.saturating_sub(1));
                             if sigma >= 0 {
@@ -1050,7 +1138,7 @@ impl<'a> Search<'a> {
                             }
                         }
                     }
-                    self.segs[si] = segs;
+                    self.sc.segs[si] = segs;
                 }
             }
             SpKind::Parallel => {
@@ -1064,7 +1152,7 @@ impl<'a> Search<'a> {
                 if let (0, Some(c)) = (j, node.chain) {
                     let (ct, cj) = self.whole(c);
                     let cid = self.solve(ct, cj, d);
-                    let es = &self.memo[cid];
+                    let es = &self.sc.memo[cid];
                     for (i, e) in es.iter().enumerate() {
                         push_pareto(
                             &mut out,
@@ -1078,11 +1166,11 @@ impl<'a> Search<'a> {
                 let (ct, cj) = self.whole(kids[j]);
                 for d1 in (gr..d).step_by(gr) {
                     let a = self.solve(ct, cj, d1);
-                    if self.memo[a].is_empty() {
+                    if self.sc.memo[a].is_empty() {
                         continue;
                     }
                     let b = self.solve(t, j + 1, d - d1);
-                    let (ea, eb) = (&self.memo[a], &self.memo[b]);
+                    let (ea, eb) = (&self.sc.memo[a], &self.sc.memo[b]);
                     // In a join node, child j feeds the join's stage (inside the last child).
                     for (ia, x) in ea.iter().enumerate() {
                         for (ib, y) in eb.iter().enumerate() {
@@ -1107,13 +1195,13 @@ impl<'a> Search<'a> {
                 }
             }
         }
-        self.memo[id] = out;
-        self.stamp[id] = self.run;
+        self.sc.memo[id] = out;
+        self.sc.stamp[id] = self.sc.run;
         id
     }
 
     fn combine_series(&self, out: &mut Vec<Entry>, s: usize, p: usize, rule: JoinAt) {
-        let (es, ep) = (&self.memo[s], &self.memo[p]);
+        let (es, ep) = (&self.sc.memo[s], &self.sc.memo[p]);
         for (is, x) in es.iter().enumerate() {
             for (ip, y) in ep.iter().enumerate() {
                 let sigma = x.sigma.min(y.sigma.saturating_sub(x.delta as i64));
@@ -1178,15 +1266,15 @@ impl Search<'_> {
     fn run(&mut self, t_max: f64) -> Option<(u32, Vec<StageChoice>)> {
         self.t_max = t_max;
         self.next_t = f64::INFINITY;
-        if self.run == u32::MAX {
-            self.stamp.fill(0);
-            self.segs_stamp.fill(0);
-            self.run = 0;
+        if self.sc.run == u32::MAX {
+            self.sc.stamp.fill(0);
+            self.sc.segs_stamp.fill(0);
+            self.sc.run = 0;
         }
-        self.run += 1;
+        self.sc.run += 1;
         let (t, j) = self.whole(self.ug.root);
         let id = self.solve(t, j, self.p.devices);
-        let entries = self.memo[id].clone();
+        let entries = self.sc.memo[id].clone();
         let (ei, best) = entries
             .iter()
             .enumerate()
@@ -1207,7 +1295,7 @@ impl Search<'_> {
     }
 
     fn extract(&mut self, (id, ei): (usize, usize), out: &mut Vec<StageChoice>) {
-        let Some(e) = self.memo[id].get(ei).copied() else {
+        let Some(e) = self.sc.memo[id].get(ei).copied() else {
             return;
         };
         match e.back {
@@ -1260,19 +1348,21 @@ pub fn search(
     cluster: &Cluster,
     p: SearchParams,
 ) -> Result<SearchResult> {
-    search_with(g, ug, cluster, p, None).0
+    search_with(g, ug, cluster, p, None, &ScratchPool::default()).0
 }
 
 /// [`search`] starting from the stage evaluations `tab` of an earlier search at the same
-/// micro-batch size (see [`StageTable`]); returns them, completed, for the next one.
+/// micro-batch size (see [`StageTable`]); returns them, completed, for the next one. The DP's
+/// buffers come from `pool` and go back to it.
 pub fn search_with(
     g: &CostGraph,
     ug: &UnitGraph,
     cluster: &Cluster,
     p: SearchParams,
     tab: Option<StageTable>,
+    pool: &ScratchPool,
 ) -> (Result<SearchResult>, Option<StageTable>) {
-    match search_in(g, ug, cluster, p, tab) {
+    match search_in(g, ug, cluster, p, tab, pool) {
         Ok((r, t)) => (Ok(r), Some(t)),
         Err(e) => (Err(e), None),
     }
@@ -1284,6 +1374,7 @@ fn search_in(
     cluster: &Cluster,
     p: SearchParams,
     tab: Option<StageTable>,
+    pool: &ScratchPool,
 ) -> Result<(SearchResult, StageTable)> {
     if p.devices == 0 || p.devices > cluster.len() {
         return Err(Error::Usage(format!(
@@ -1313,9 +1404,17 @@ fn search_in(
             "gpp: the model has no node to partition".into(),
         ));
     }
-    let eps = p.eps;
-    let bracket = p.bracket;
-    let mut s = Search::new(g, ug, cluster, p, tab);
+    let mut s = Search::new(g, ug, cluster, p, tab, pool.take());
+    let r = bisect(&mut s);
+    pool.put(std::mem::take(&mut s.sc));
+    r.map(|r| (r, s.tab))
+}
+
+/// Algorithm 1's binary search on `s`, then the relaxed targets.
+fn bisect(s: &mut Search) -> Result<SearchResult> {
+    let (g, ug) = (s.g, s.ug);
+    let eps = s.p.eps;
+    let bracket = s.p.bracket;
     // The TPS bound of [`lower_bounds`]: all the work at slice `b` (`times(1)`) over `b·D`.
     let lb_tps = s.times(1).last().copied().unwrap_or(0.0)
         / (s.p.micro_batch.max(1) as f64 * s.p.devices.max(1) as f64);
@@ -1421,18 +1520,15 @@ fn search_in(
         seen.into_iter().filter(|x| x.1 != best.1).collect();
     alternatives.sort_by(|a, b| a.2.total_cmp(&b.2));
     let (depth, stages) = best;
-    Ok((
-        SearchResult {
-            bottleneck_tps: bottleneck(&stages),
-            estimate_s: best_est,
-            stages,
-            depth,
-            dp_runs: runs,
-            bracket: (t_l, t_r),
-            alternatives,
-        },
-        s.tab,
-    ))
+    Ok(SearchResult {
+        bottleneck_tps: bottleneck(&stages),
+        estimate_s: best_est,
+        stages,
+        depth,
+        dp_runs: runs,
+        bracket: (t_l, t_r),
+        alternatives,
+    })
 }
 
 /// The `partition-gpp` IR pass (see the module doc).

@@ -452,11 +452,12 @@ fn bad_input_errors() {
 }
 
 /// A search that starts from another search's stage table (the graph DP's, handed to the
-/// linearised DP at the same micro-batch size, as the planner does) returns exactly what a fresh
-/// search returns; a table of another micro-batch size is not used.
+/// linearised DP at the same micro-batch size, as the planner does), with the DP buffers of the
+/// searches before it, returns exactly what a fresh search returns; a table of another
+/// micro-batch size is not used.
 #[test]
 fn shared_stage_table_changes_nothing() {
-    use pipec_passes::partition_gpp::search_with;
+    use pipec_passes::partition_gpp::{search_with, ScratchPool};
     let g = family("candle_uno");
     let c = summit(4);
     let gpp = Gpp::default();
@@ -477,16 +478,19 @@ fn shared_stage_table_changes_nothing() {
     let key = |r: &pipec_passes::partition_gpp::SearchResult| {
         (r.stages.clone(), r.depth, r.dp_runs, r.estimate_s.to_bits())
     };
-    let (r1, _) = search_with(&g, &ug, &c, params(128, false), None);
+    // One pool for every search below: buffers left by a search on one unit graph and
+    // micro-batch serve the next on another.
+    let pool = ScratchPool::default();
+    let (r1, _) = search_with(&g, &ug, &c, params(128, false), None, &pool);
     let r1 = r1.expect("graph search");
     assert_eq!(
         key(&r1),
         key(&search(&g, &ug, &c, params(128, false)).expect("fresh"))
     );
     for (which, b) in [(&seq_ug, 128), (&ug, 128), (&seq_ug, 256)] {
-        let tab = search_with(&g, &ug, &c, params(128, false), None).1;
+        let tab = search_with(&g, &ug, &c, params(128, false), None, &pool).1;
         assert!(tab.is_some());
-        let (shared, _) = search_with(&g, which, &c, params(b, true), tab);
+        let (shared, _) = search_with(&g, which, &c, params(b, true), tab, &pool);
         let fresh = search(&g, which, &c, params(b, true)).expect("fresh");
         assert_eq!(
             key(&shared.expect("shared")),
@@ -523,7 +527,7 @@ fn dp_runs_are_constant_below_next_t() {
                 let best = search(&g, &ug, &c, p.clone())
                     .expect("search")
                     .bottleneck_tps;
-                let mut s = Search::new(&g, &ug, &c, p, None);
+                let mut s = Search::new(&g, &ug, &c, p, None, Default::default());
                 let mut jumps = 0;
                 for i in 0..40 {
                     let t = best * 0.5 * 1.05f64.powi(i);

@@ -61,8 +61,8 @@
 use super::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::partition_gpp::{
-    device_granule, lower_bounds, search_with, SearchParams, SearchResult, StageTable, UnitGraph,
-    MAX_DP_UNITS,
+    device_granule, lower_bounds, search_with, ScratchPool, SearchParams, SearchResult, StageTable,
+    UnitGraph, MAX_DP_UNITS,
 };
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
@@ -560,14 +560,27 @@ impl Planner for Gpp {
                 cluster.len()
             )));
         }
+        // The DP's buffers, reused by every search of this call (see `ScratchPool`).
+        let pool = ScratchPool::default();
         if self.sequential || !self.seeds {
-            return self.search(g, cluster, opts, t0);
+            return self.search(g, cluster, opts, t0, &pool);
         }
-        let mut best = self.search(g, cluster, opts, t0);
-        // `--time-limit`: the searches on fewer devices and the seeds are left out once it has
-        // passed (the search on all devices always completes).
-        let mut time_limited = self.fewer_devices(g, cluster, opts, t0, &mut best);
-        time_limited |= seeds(g, cluster, opts, t0, &self.seed_plans, &mut best);
+        let (best, time_limited) = std::thread::scope(|sc| {
+            // DAPPLE's search is the slowest seed (up to about 1 s at 32 devices, where GPP's
+            // own search often takes a tenth of that): with more than one core it runs on a
+            // thread of its own from the start, beside GPP's search and the other seeds.
+            let dapple = (seed_wanted("dapple", cluster)
+                && !self.seed_plans.iter().any(|(n, _)| n == "dapple")
+                && std::thread::available_parallelism().map_or(1, |n| n.get()) > 1)
+                .then(|| sc.spawn(|| super::by_name("dapple")?.plan(g, cluster, opts)));
+            let mut best = self.search(g, cluster, opts, t0, &pool);
+            // `--time-limit`: the searches on fewer devices and the seeds are left out once it
+            // has passed (the search on all devices always completes).
+            let mut time_limited = self.fewer_devices(g, cluster, opts, t0, &mut best, &pool);
+            drop(pool);
+            time_limited |= seeds(g, cluster, opts, t0, &self.seed_plans, &mut best, dapple);
+            (best, time_limited)
+        });
         let mut plan = best?;
         plan.planner = self.name().to_string();
         plan.search_time_s = t0.elapsed().as_secs_f64();
@@ -599,10 +612,18 @@ pub const SEQUENTIAL_SEEDS: &[(&str, usize)] = &[
     ("dapple", 32),
 ];
 
+/// Whether the seed `name` runs on `cluster` ([`SEQUENTIAL_SEEDS`]).
+fn seed_wanted(name: &str, cluster: &Cluster) -> bool {
+    SEQUENTIAL_SEEDS
+        .iter()
+        .any(|&(n, max_devices)| n == name && cluster.len() <= max_devices)
+}
+
 /// Replace `best` by the fastest of it and the sequential planners' plans ([`SEQUENTIAL_SEEDS`]).
 /// A planner that finds no plan (too few nodes for `straight`, a schedule it does not take) is
-/// skipped; when every planner failed, the first error stays. Returns whether `--time-limit`
-/// left seeds out.
+/// skipped; when every planner failed, the first error stays. `dapple`: DAPPLE's plan in the
+/// making on a thread of its own, if it was started. Returns whether `--time-limit` left seeds
+/// out.
 fn seeds(
     g: &CostGraph,
     cluster: &Cluster,
@@ -610,6 +631,7 @@ fn seeds(
     t0: Instant,
     made: &[(String, Plan)],
     best: &mut Result<Plan>,
+    mut dapple: Option<std::thread::ScopedJoinHandle<'_, Result<Plan>>>,
 ) -> bool {
     let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
     let wanted: Vec<&str> = SEQUENTIAL_SEEDS
@@ -617,67 +639,69 @@ fn seeds(
         .filter(|&&(_, max_devices)| cluster.len() <= max_devices)
         .map(|&(name, _)| name)
         .collect();
-    // DAPPLE's search is the slowest seed: it runs on a thread of its own beside the others
-    // (when more than one core is there), decided against GPP's own best plan. The plans are
-    // then taken in the order of [`SEQUENTIAL_SEEDS`], as one after another would: a seed that
-    // its bound would have skipped later cannot beat the best plan either.
-    let dapple_here = wanted.contains(&"dapple")
-        && !made.iter().any(|(n, _)| n == "dapple")
-        && std::thread::available_parallelism().map_or(1, |n| n.get()) > 1
-        && !(best.is_ok() && opts.out_of_time());
+    // The plans are taken in the order of [`SEQUENTIAL_SEEDS`], as one after another would
+    // (DAPPLE's from its thread when it has one: its plan is made whatever the others' are).
     let mut out_of_time = false;
-    std::thread::scope(|sc| {
-        let mut early = (dapple_here && !seed_cannot_win("dapple", g, cluster, opts, best))
-            .then(|| sc.spawn(|| super::by_name("dapple")?.plan(g, cluster, opts)));
-        for name in wanted {
-            if best.is_ok() && opts.out_of_time() {
-                out_of_time = true;
-                return;
-            }
-            let made_here = made.iter().find(|(n, _)| n == name);
-            // Skipped by its bound: decided before the spawn for DAPPLE on its thread, here for
-            // the others.
-            let skipped = made_here.is_none()
-                && if name == "dapple" && dapple_here {
-                    early.is_none()
-                } else {
-                    seed_cannot_win(name, g, cluster, opts, best)
-                };
-            if skipped {
-                if debug {
-                    eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
-                }
-                continue;
-            }
-            let got = match made_here {
-                Some((_, p)) => Ok(p.clone()),
-                None => match early.take_if(|_| name == "dapple") {
-                    Some(h) => h
-                        .join()
-                        .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
-                    None => {
-                        let Ok(planner) = super::by_name(name) else {
-                            continue;
-                        };
-                        planner.plan(g, cluster, opts)
-                    }
-                },
-            };
-            if debug {
-                match &got {
-                    Ok(p) => eprintln!(
-                        "gpp: seed {name}: {:.6} s ({} stages, micro-batch {}) at {:.1} ms",
-                        p.iteration_time_s,
-                        p.stages.len(),
-                        p.micro_batch,
-                        t0.elapsed().as_secs_f64() * 1e3
-                    ),
-                    Err(e) => eprintln!("gpp: seed {name}: {e}"),
-                }
-            }
-            keep_faster(best, got);
+    for name in wanted {
+        if best.is_ok() && opts.out_of_time() {
+            out_of_time = true;
+            break;
         }
-    });
+        let made_here = made.iter().find(|(n, _)| n == name);
+        let threaded = name == "dapple" && made_here.is_none() && dapple.is_some();
+        // Skipped by its bound (not DAPPLE on its thread: it is already under way).
+        if made_here.is_none() && !threaded && seed_cannot_win(name, g, cluster, opts, best) {
+            if debug {
+                eprintln!("gpp: seed {name}: skipped, its lower bound exceeds the best plan");
+            }
+            continue;
+        }
+        let got = match made_here {
+            Some((_, p)) => Ok(p.clone()),
+            None => match dapple.take_if(|_| threaded) {
+                Some(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
+                None => {
+                    let Ok(planner) = super::by_name(name) else {
+                        continue;
+                    };
+                    // Only a plan faster than the best can replace it (`keep_faster`).
+                    let cutoff = match &*best {
+                        Ok(b) if !b.out_of_memory => b.iteration_time_s,
+                        _ => f64::INFINITY,
+                    };
+                    match planner.plan_below(g, cluster, opts, cutoff) {
+                        Ok(Some(p)) => Ok(p),
+                        Ok(None) => {
+                            if debug {
+                                eprintln!(
+                                    "gpp: seed {name}: its plan's bound exceeds the best plan, \
+                                     not simulated, at {:.1} ms",
+                                    t0.elapsed().as_secs_f64() * 1e3
+                                );
+                            }
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            },
+        };
+        if debug {
+            match &got {
+                Ok(p) => eprintln!(
+                    "gpp: seed {name}: {:.6} s ({} stages, micro-batch {}) at {:.1} ms",
+                    p.iteration_time_s,
+                    p.stages.len(),
+                    p.micro_batch,
+                    t0.elapsed().as_secs_f64() * 1e3
+                ),
+                Err(e) => eprintln!("gpp: seed {name}: {e}"),
+            }
+        }
+        keep_faster(best, got);
+    }
     out_of_time
 }
 
@@ -742,6 +766,7 @@ impl Gpp {
         opts: &PlanOptions,
         t0: Instant,
         best: &mut Result<Plan>,
+        pool: &ScratchPool,
     ) -> bool {
         let bound_on = ComputeBound::new(g, cluster, opts);
         let mut d = cluster.len() / 2;
@@ -757,7 +782,7 @@ impl Gpp {
                 }
             }
             if let Ok(sub) = cluster.clone().take(d) {
-                keep_faster(best, self.search(g, &sub, opts, t0));
+                keep_faster(best, self.search(g, &sub, opts, t0, pool));
             }
             d /= 2;
         }
@@ -771,6 +796,7 @@ impl Gpp {
         cluster: &Cluster,
         opts: &PlanOptions,
         t0: Instant,
+        pool: &ScratchPool,
     ) -> Result<Plan> {
         let cands = Gpp::candidates(opts)?;
         let (_, coarse) = self.coarse_tree(g, cluster);
@@ -791,7 +817,7 @@ impl Gpp {
             let b = p.micro_batch;
             let which = if linear { &seq_ug } else { &ug };
             let (r, tab) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                search_with(g, which, cluster, p, tab)
+                search_with(g, which, cluster, p, tab, pool)
             }))
             .unwrap_or_else(|_| {
                 let e = format!("gpp: the search at micro-batch {b} panicked");

@@ -12,6 +12,7 @@ pub mod passmgr;
 pub mod program;
 pub mod shape;
 pub mod text;
+pub mod topo;
 pub mod verify;
 
 pub use error::{Error, Result};

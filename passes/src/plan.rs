@@ -248,30 +248,18 @@ fn stage_structure(
         }
     }
     let preds: Vec<Vec<usize>> = preds.into_iter().map(|p| p.into_iter().collect()).collect();
-    // Acyclic stage DAG (Kahn).
+    // Acyclic stage DAG.
     let n = specs.len();
-    let mut indeg: Vec<usize> = preds.iter().map(Vec::len).collect();
     let mut succ = vec![Vec::new(); n];
     for (s, ps) in preds.iter().enumerate() {
         for &p in ps {
             succ[p].push(s);
         }
     }
-    let mut queue: Vec<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
-    let mut seen = 0;
-    while let Some(s) = queue.pop() {
-        seen += 1;
-        for &t in &succ[s] {
-            indeg[t] -= 1;
-            if indeg[t] == 0 {
-                queue.push(t);
-            }
-        }
-    }
-    if seen != n {
-        let s = (0..n).find(|&s| indeg[s] > 0).unwrap_or(0);
+    if let Err(c) = pipec_compiler::topo::topo_order(n, |s| succ[s].iter().copied()) {
         return Err(Error::msg(format!(
-            "the stage graph has a cycle through stage {s} (a stage is not convex)"
+            "the stage graph has a cycle through stage {} (a stage is not convex)",
+            c.stuck
         )));
     }
     Ok((stage_of, preds))

@@ -237,46 +237,31 @@ impl Graph {
             .enumerate()
             .map(|(i, o)| (*o, i))
             .collect();
-        let mut indeg = vec![0usize; n];
         let mut succ: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, &op) in self.order.iter().enumerate() {
             for v in self.ops[op].inputs.iter().flatten() {
                 if let ValueDef::Result(p, _) = self.values[*v].def {
                     if let Some(&j) = pos.get(&p) {
                         succ[j].push(i);
-                        indeg[i] += 1;
                     }
                 }
             }
         }
-        // Kahn's algorithm with a min-heap on the old position keeps the order stable.
-        let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
-            .filter(|i| indeg[*i] == 0)
-            .map(std::cmp::Reverse)
-            .collect();
-        let mut out = Vec::with_capacity(n);
-        while let Some(std::cmp::Reverse(i)) = heap.pop() {
-            out.push(self.order[i]);
-            for &s in &succ[i] {
-                indeg[s] -= 1;
-                if indeg[s] == 0 {
-                    heap.push(std::cmp::Reverse(s));
-                }
+        // Lowest old position first keeps the order stable.
+        match crate::topo::topo_order(n, |i| succ[i].iter().copied()) {
+            Ok(order) => {
+                self.order = order.into_iter().map(|i| self.order[i]).collect();
+                Ok(())
+            }
+            Err(cycle) => {
+                let o = self.order[cycle.stuck];
+                Err(Error::node(
+                    self.ops[o].name.clone(),
+                    self.ops[o].op_type.clone(),
+                    "the graph has a cycle through this node",
+                ))
             }
         }
-        if out.len() != n {
-            let stuck = (0..n).find(|i| indeg[*i] > 0).map(|i| self.order[i]);
-            let (name, ty) = stuck
-                .map(|o| (self.ops[o].name.clone(), self.ops[o].op_type.clone()))
-                .unwrap_or_default();
-            return Err(Error::node(
-                name,
-                ty,
-                "the graph has a cycle through this node",
-            ));
-        }
-        self.order = out;
-        Ok(())
     }
 }
 

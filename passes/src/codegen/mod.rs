@@ -705,30 +705,14 @@ fn check_per_stage(
 /// Kahn order of the stage DAG (ties to the lower id).
 fn topo_order(preds: &[BTreeSet<usize>]) -> Result<Vec<usize>> {
     let n = preds.len();
-    let mut indeg: Vec<usize> = preds.iter().map(|p| p.len()).collect();
     let mut succ = vec![Vec::new(); n];
     for (s, ps) in preds.iter().enumerate() {
         for &p in ps {
             succ[p].push(s);
         }
     }
-    let mut ready: BTreeSet<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
-    let mut out = Vec::with_capacity(n);
-    while let Some(s) = ready.pop_first() {
-        out.push(s);
-        for &t in &succ[s] {
-            indeg[t] -= 1;
-            if indeg[t] == 0 {
-                ready.insert(t);
-            }
-        }
-    }
-    if out.len() != n {
-        return Err(Error::msg(
-            "codegen: the stage graph has a cycle (a stage is not convex)",
-        ));
-    }
-    Ok(out)
+    pipec_compiler::topo::topo_order(n, |s| succ[s].iter().copied())
+        .map_err(|_| Error::msg("codegen: the stage graph has a cycle (a stage is not convex)"))
 }
 
 /// For integer data inputs used as `Gather` indices: the size of the gathered axis (random

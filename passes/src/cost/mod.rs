@@ -51,6 +51,7 @@ pub use cluster::{Cluster, Device, DeviceKind, Level, Precision, PRESETS};
 pub use comm::AllReduceAlgo;
 pub use memory::{MemoryBreakdown, Optimizer};
 
+use pipec_compiler::topo::topo_order;
 use pipec_compiler::{Error, Result};
 use std::collections::HashMap;
 
@@ -295,30 +296,13 @@ impl CostGraph {
             out_edges[e.src].push(i);
             in_edges[e.dst].push(i);
         }
-        // Kahn with a min-heap: deterministic, ties to the lower index.
-        let mut indeg: Vec<usize> = in_edges.iter().map(Vec::len).collect();
-        let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
-            .filter(|&i| indeg[i] == 0)
-            .map(std::cmp::Reverse)
-            .collect();
-        let mut topo = Vec::with_capacity(n);
-        while let Some(std::cmp::Reverse(u)) = heap.pop() {
-            topo.push(u);
-            for &e in &out_edges[u] {
-                let v = edges[e].dst;
-                indeg[v] -= 1;
-                if indeg[v] == 0 {
-                    heap.push(std::cmp::Reverse(v));
-                }
-            }
-        }
-        if topo.len() != n {
-            let stuck = (0..n).find(|&i| indeg[i] > 0).unwrap_or(0);
-            return Err(Error::Usage(format!(
+        // Deterministic, ties to the lower index.
+        let topo = topo_order(n, |u| out_edges[u].iter().map(|&e| edges[e].dst)).map_err(|c| {
+            Error::Usage(format!(
                 "{file}: the graph has a cycle through node '{}'",
-                nodes[stuck].name
-            )));
-        }
+                nodes[c.stuck].name
+            ))
+        })?;
         Ok(CostGraph {
             name: name.into(),
             reference_batch,

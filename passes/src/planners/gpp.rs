@@ -40,12 +40,15 @@
 //!    fastest simulated plan that fits in memory wins. A sequential pipeline is a special case
 //!    of a graph pipeline, so GPP never returns a plan slower than theirs on this cost model
 //!    (property test in `passes/tests/gpp.rs`). A seed that provably cannot beat the best plan
-//!    so far is not made: `straight` and `dapple` when their lower bounds
-//!    ([`super::straight::iteration_lower_bound`], [`super::dapple::iteration_lower_bound`]; no
-//!    search, no simulation) already exceed it. Both join up to 32 devices
-//!    ([`SEQUENTIAL_SEEDS`]: their searches grow faster with the devices than GPP's). Search cost: the searches on `D/2^k` devices
-//!    cost less than the one on `D` (the DP grows steeply with devices) and stop at the bound;
-//!    the seeds cost what those planners cost.
+//!    so far is not made: `straight` when its lower bound
+//!    ([`super::straight::iteration_lower_bound`]; no search, no simulation) already exceeds
+//!    it; and a seed's plan whose compute or channel bound reaches it is not simulated
+//!    ([`super::Planner::plan_below`]). `dapple`, the slowest seed, runs on a thread of its own
+//!    from the start, beside GPP's own search (with one core: after it, skipped when
+//!    [`super::dapple::iteration_lower_bound`] exceeds the best). Both join up to 32 devices
+//!    ([`SEQUENTIAL_SEEDS`]: their searches grow faster with the devices than GPP's). Search
+//!    cost: the searches on `D/2^k` devices cost less than the one on `D` (the DP grows steeply
+//!    with devices) and stop at the bound; the seeds cost what those planners cost.
 //!
 //! The searches at one micro-batch size share their stage evaluations
 //! ([`crate::partition_gpp::StageTable`]): the graph and linearised unit graphs have the same
@@ -428,29 +431,11 @@ fn stage_edges(
     (succ, bytes)
 }
 
+/// The stage DAG's order (ties to the lower id); on a cycle, which a stage DAG of convex stages
+/// cannot have, the stages before it.
 fn topo_order(succ: &[Vec<usize>]) -> Vec<usize> {
-    let n = succ.len();
-    let mut indeg = vec![0usize; n];
-    for s in succ {
-        for &t in s {
-            indeg[t] += 1;
-        }
-    }
-    let mut heap: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
-        .filter(|&s| indeg[s] == 0)
-        .map(std::cmp::Reverse)
-        .collect();
-    let mut order = Vec::with_capacity(n);
-    while let Some(std::cmp::Reverse(s)) = heap.pop() {
-        order.push(s);
-        for &t in &succ[s] {
-            indeg[t] -= 1;
-            if indeg[t] == 0 {
-                heap.push(std::cmp::Reverse(t));
-            }
-        }
-    }
-    order
+    pipec_compiler::topo::topo_order(succ.len(), |s| succ[s].iter().copied())
+        .unwrap_or_else(|c| c.partial)
 }
 
 fn reachability(succ: &[Vec<usize>], topo: &[usize]) -> Vec<Vec<bool>> {

@@ -148,24 +148,9 @@ pub fn takes_turns(micro_batch: f64, replicas: usize) -> bool {
 /// to a sink, its own weight included: with weight 1 the depth in stages, with replica counts
 /// PipeDream's number of machines. (A node on a cycle, which no stage DAG has, keeps its own.)
 pub fn heaviest_path_to_sink(succ: &[Vec<usize>], weight: &[usize]) -> Vec<usize> {
-    let n = succ.len();
-    let mut indeg = vec![0usize; n];
-    for ts in succ {
-        for &t in ts {
-            indeg[t] += 1;
-        }
-    }
-    let mut order = Vec::with_capacity(n);
-    let mut stack: Vec<usize> = (0..n).filter(|&s| indeg[s] == 0).collect();
-    while let Some(s) = stack.pop() {
-        order.push(s);
-        for &t in &succ[s] {
-            indeg[t] -= 1;
-            if indeg[t] == 0 {
-                stack.push(t);
-            }
-        }
-    }
+    // Any topological order gives the same sums; on a cycle, the nodes before it.
+    let order = pipec_compiler::topo::topo_order(succ.len(), |s| succ[s].iter().copied())
+        .unwrap_or_else(|c| c.partial);
     let mut w = weight.to_vec();
     for &s in order.iter().rev() {
         let below = succ[s].iter().map(|&t| w[t]).max().unwrap_or(0);

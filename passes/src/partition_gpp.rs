@@ -1595,7 +1595,7 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
         if cfg.schedule.is_some() {
             module
                 .attrs
-                .insert("pipec.schedule".into(), Attr::String(plan.schedule.clone()));
+                .insert("pipec.schedule".into(), Attr::String(plan.schedule.label()));
         }
         module.attrs.insert(
             "pipec.micro_batch".into(),

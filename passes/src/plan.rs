@@ -39,6 +39,22 @@ pub struct Stage {
     pub group: Option<u64>,
 }
 
+/// [`Plan::schedule`] in JSON: its label, the `--schedule` name ([`ScheduleKind::label`]).
+mod schedule_name {
+    use crate::sim::ScheduleKind;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(k: &ScheduleKind, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&k.label())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ScheduleKind, D::Error> {
+        let name = String::deserialize(d)?;
+        ScheduleKind::parse(&name)
+            .ok_or_else(|| D::Error::custom(format!("unknown schedule '{name}'")))
+    }
+}
+
 /// A whole plan, as printed by `plan --json` (extra fields after the contract's).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -47,7 +63,10 @@ pub struct Plan {
     pub batch: u64,
     pub micro_batch: u64,
     pub micro_batches: u64,
-    pub schedule: String,
+    /// The schedule, written as its `--schedule` name (`1f1b`, `kfkb-4`, ...); reading an
+    /// unknown name fails.
+    #[serde(with = "schedule_name")]
+    pub schedule: ScheduleKind,
     pub stages: Vec<Stage>,
     /// Number of stages on the longest path of the stage DAG.
     pub pipeline_depth: usize,
@@ -465,7 +484,7 @@ impl Plan {
             batch,
             micro_batch,
             micro_batches: m,
-            schedule: schedule.label(),
+            schedule,
             pipeline_depth: sg.depth(),
             iteration_time_s: t,
             throughput_samples_per_s: if t > 0.0 { batch as f64 / t } else { 0.0 },

@@ -184,7 +184,7 @@ fn so_pays_on_slow_links_only() {
         time("15.75e9", ScheduleKind::OneFOneBSo),
     );
     assert!(so < 0.85 * sno, "15.75 GB/s: SO {so} vs SNO {sno}");
-    assert_eq!(plan("15.75e9", None).schedule, "1f1b-so");
+    assert_eq!(plan("15.75e9", None).schedule, ScheduleKind::OneFOneBSo);
 }
 
 #[test]

@@ -704,7 +704,7 @@ fn kfkb_plans_fit_their_in_flight_memory() {
                 return None;
             }
         };
-        assert_eq!(pk.schedule, format!("kfkb-{k}"));
+        assert_eq!(pk.schedule.label(), format!("kfkb-{k}"));
         let sk = pk.specs(&g).unwrap();
         let (peakk, sched, inflight) = peak(c, &sk, ScheduleKind::Kfkb(k));
         assert!(peakk <= mem, "kfkb plan: {peakk} > {mem}");
@@ -771,7 +771,7 @@ fn per_stage_micro_batches_never_lose() {
         let uniform = own.plan(&g, &c, &opts).expect("gpp");
         opts.schedule = Some(ScheduleKind::GppPerStage);
         let ps = Gpp::default().plan(&g, &c, &opts).expect("gpp-per-stage");
-        assert_eq!(ps.schedule, "gpp-per-stage");
+        assert_eq!(ps.schedule.label(), "gpp-per-stage");
         assert!(!ps.out_of_memory, "{name}@{d}");
         assert!(
             ps.iteration_time_s <= uniform.iteration_time_s * (1.0 + 1e-9),

@@ -77,6 +77,11 @@ fn straight_and_dp_on_vgg16() {
                 "missing stage field {k}"
             );
         }
+        assert_eq!(json["schedule"], plan.schedule.label());
+        let mut bad = json.clone();
+        bad["schedule"] = "1f2b".into();
+        let e = serde_json::from_value::<Plan>(bad).unwrap_err().to_string();
+        assert!(e.contains("unknown schedule '1f2b'"), "{e}");
         let back: Plan = serde_json::from_value(json).expect("round trip");
         assert_eq!(back, plan);
     }

@@ -21,7 +21,6 @@ use pipec_passes::loss::LossKind;
 use pipec_passes::optimizer::OptimizerKind;
 use pipec_passes::plan::PlanOptions;
 use pipec_passes::planners;
-use pipec_passes::sim::ScheduleKind;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -155,7 +154,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     let specs = plan.specs(&g)?;
-    let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
+    let kind = plan.schedule;
     let copts = CompileOptions {
         model_name: a
             .model

@@ -485,7 +485,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     if let Some(path) = &a.trace {
         let specs = plan.specs(&g)?;
-        let kind = ScheduleKind::parse(&plan.schedule).unwrap_or(ScheduleKind::OneFOneB);
+        let kind = plan.schedule;
         let sg = StageGraph::from_specs_for(
             &g,
             &cluster,

@@ -76,6 +76,13 @@ pub enum ScheduleKind {
     GppPerStage,
 }
 
+/// The label ([`ScheduleKind::label`]).
+impl std::fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
 impl ScheduleKind {
     /// All kinds, in `--schedule` order.
     pub const ALL: [ScheduleKind; 9] = [

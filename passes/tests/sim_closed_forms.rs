@@ -286,6 +286,7 @@ fn pipedream_round_robin_throughput() {
         step_s: vec![0.0; devices.len()],
         devices,
         parameter_bytes: 0.0,
+        tied_bytes: 0.0,
         static_bytes: 0.0,
         saved_bytes: 1.0,
     };
@@ -412,6 +413,7 @@ fn pinned_devices_share_only_their_core() {
                 bwd_s: vec![0.0],
                 step_s: vec![0.0],
                 parameter_bytes: 0.0,
+                tied_bytes: 0.0,
                 static_bytes: 0.0,
                 saved_bytes: 1.0,
             })

@@ -352,6 +352,9 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         .unwrap_or(1) as f64;
     let side = side_ops(m);
     let mut owned: HashSet<Value> = HashSet::new();
+    // Per parameter (in order of first reader): its bytes and reading nodes.
+    let mut readers: Vec<(Value, f64, Vec<usize>)> = Vec::new();
+    let mut reader_of: HashMap<Value, usize> = HashMap::new();
     let mut index = HashMap::new();
     let mut nodes = Vec::with_capacity(g.order.len());
     let mut used_names: HashSet<String> = HashSet::new();
@@ -363,6 +366,15 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         for v in d.inputs.iter().flatten() {
             if is_param(*v) && owned.insert(*v) {
                 params += bytes_of(g.ty(*v), env);
+            }
+            if is_param(*v) {
+                let k = *reader_of.entry(*v).or_insert_with(|| {
+                    readers.push((*v, bytes_of(g.ty(*v), env), Vec::new()));
+                    readers.len() - 1
+                });
+                if readers[k].2.last() != Some(&nodes.len()) {
+                    readers[k].2.push(nodes.len());
+                }
             }
         }
         let mut name = if d.name.is_empty() {
@@ -426,7 +438,13 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         .into_iter()
         .map(|((src, dst), bytes)| CostEdge { src, dst, bytes })
         .collect();
-    CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)
+    let mut cg = CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)?;
+    cg.tied = readers
+        .into_iter()
+        .filter(|r| r.2.len() > 1 && r.1 > 0.0)
+        .map(|(_, bytes, readers)| super::TiedParameter { bytes, readers })
+        .collect();
+    Ok(cg)
 }
 
 /// Replace the backward work of every counted node of `g` (built by [`from_module`] from `m`,

@@ -214,6 +214,20 @@ pub struct CostGraph {
     out_edges: Vec<Vec<usize>>,
     topo: Vec<NodeId>,
     by_name: HashMap<String, NodeId>,
+    /// Parameters read by more than one node (see [`TiedParameter`]); empty for graphs from
+    /// profiles.
+    pub tied: Vec<TiedParameter>,
+}
+
+/// A parameter read by several nodes (a tied parameter, e.g. GPT-2's `wte` in the embedding
+/// and the LM head). Its bytes count once in [`CostNode::parameter_bytes`], at its first
+/// reader; codegen keeps a copy in every stage that reads it, and one all-reduce over all those
+/// stages' devices sums the gradient shares (the simulator models both, [`crate::sim`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TiedParameter {
+    pub bytes: f64,
+    /// The nodes that read it, in node order; the first holds its bytes.
+    pub readers: Vec<NodeId>,
 }
 
 impl CostGraph {
@@ -312,6 +326,7 @@ impl CostGraph {
             out_edges,
             topo,
             by_name,
+            tied: Vec::new(),
         })
     }
 

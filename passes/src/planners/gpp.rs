@@ -235,9 +235,10 @@ fn stage_graph(
             edges.push(StageEdge::new(i - 1, i, 0.0));
         }
     }
-    let round_robin = sg.round_robin.clone();
+    let (round_robin, tied) = (sg.round_robin.clone(), sg.tied.clone());
     let mut out = StageGraph::new(sg.stages, edges);
     out.round_robin = round_robin;
+    out.tied = tied;
     out
 }
 

@@ -69,7 +69,11 @@ pub struct SimStage {
     pub bwd_s: Vec<f64>,
     /// Optimizer step seconds per replica.
     pub step_s: Vec<f64>,
+    /// Parameter bytes the stage holds (its copies of tied parameters included).
     pub parameter_bytes: f64,
+    /// Of `parameter_bytes`, those of tied parameters, all-reduced in a [`TiedGroup`] rather
+    /// than over the stage's replicas.
+    pub tied_bytes: f64,
     /// Static memory of one replica (parameters, gradients, optimizer state, buffers).
     pub static_bytes: f64,
     /// Activation bytes saved by one micro-batch slice until its backward.
@@ -121,6 +125,20 @@ pub struct StageGraph {
     /// micro-batch `m`) instead of an even slice of each. Codegen does this when the micro-batch
     /// does not divide over the replicas, so the simulator does too. Empty: no stage.
     pub round_robin: Vec<bool>,
+    /// The all-reduces of tied parameters held by several stages, one per set of holding
+    /// devices, ascending by that set.
+    pub tied: Vec<TiedGroup>,
+}
+
+/// Tied parameters ([`crate::cost::TiedParameter`]) held by several stages: codegen keeps a
+/// copy in each and sums the gradient shares with one all-reduce over every replica of every
+/// holding stage, before each holder's optimizer step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TiedGroup {
+    /// The holding devices, ascending.
+    pub devices: Vec<usize>,
+    /// The tied parameters' bytes.
+    pub bytes: f64,
 }
 
 /// GraphPipe's per-stage schedule configuration (§4: `b_i` "the micro-batch size of `S_i`",
@@ -175,6 +193,7 @@ impl StageGraph {
             out_edges,
             per_stage: None,
             round_robin: Vec::new(),
+            tied: Vec::new(),
         }
     }
 
@@ -193,6 +212,7 @@ impl StageGraph {
                 bwd_s: vec![b],
                 step_s: vec![0.0],
                 parameter_bytes: 0.0,
+                tied_bytes: 0.0,
                 static_bytes: 0.0,
                 saved_bytes: 1.0,
             })
@@ -282,6 +302,38 @@ impl StageGraph {
                 stage_of[n] = s;
             }
         }
+        // Tied parameters read in several stages: a copy in each (`extra` beyond the node
+        // that counts the bytes), all-reduced over every holder's devices.
+        let mut extra = vec![0.0f64; specs.len()];
+        let mut tied_in = vec![0.0f64; specs.len()];
+        let mut tied: std::collections::BTreeMap<Vec<usize>, f64> = Default::default();
+        for t in &g.tied {
+            let mut holders: Vec<usize> = t
+                .readers
+                .iter()
+                .map(|&r| stage_of[r])
+                .filter(|&s| s != usize::MAX)
+                .collect();
+            holders.sort_unstable();
+            holders.dedup();
+            if holders.len() < 2 {
+                continue;
+            }
+            let owner = t.readers.first().map_or(usize::MAX, |&r| stage_of[r]);
+            let mut devices: Vec<usize> = holders
+                .iter()
+                .flat_map(|&s| specs[s].devices.iter().copied())
+                .collect();
+            devices.sort_unstable();
+            devices.dedup();
+            for &s in &holders {
+                if s != owner {
+                    extra[s] += t.bytes;
+                }
+                tied_in[s] += t.bytes;
+            }
+            *tied.entry(devices).or_default() += t.bytes;
+        }
         let mut stages = Vec::with_capacity(specs.len());
         let mut round_robin = Vec::with_capacity(specs.len());
         for (s, sp) in specs.iter().enumerate() {
@@ -312,16 +364,11 @@ impl StageGraph {
                     .or_insert_with(|| g.group_cost(&mask, slice, kind));
                 fwd.push(c.fwd_s);
                 bwd.push(c.bwd_s);
-                step.push(step_time(c.parameter_bytes, kind.memory_bandwidth, opt));
-                let mem = stage_memory(
-                    c.parameter_bytes,
-                    c.saved_bytes,
-                    1,
-                    c.in_bytes + c.out_bytes,
-                    opt,
-                );
+                let held = c.parameter_bytes + extra[s];
+                step.push(step_time(held, kind.memory_bandwidth, opt));
+                let mem = stage_memory(held, c.saved_bytes, 1, c.in_bytes + c.out_bytes, opt);
                 static_bytes = static_bytes.max(mem.static_bytes());
-                params = c.parameter_bytes;
+                params = held;
                 saved = c.saved_bytes;
             }
             stages.push(SimStage {
@@ -330,6 +377,7 @@ impl StageGraph {
                 bwd_s: bwd,
                 step_s: step,
                 parameter_bytes: params,
+                tied_bytes: tied_in[s],
                 static_bytes,
                 saved_bytes: saved,
             });
@@ -413,6 +461,10 @@ impl StageGraph {
         if split {
             sg.round_robin = round_robin;
         }
+        sg.tied = tied
+            .into_iter()
+            .map(|(devices, bytes)| TiedGroup { devices, bytes })
+            .collect();
         sg
     }
 
@@ -892,14 +944,29 @@ pub fn compute_bound(
                 m
             };
             let ar = if r > 1 {
-                crate::cost::comm::allreduce_time(cluster, &st.devices, st.parameter_bytes, algo)
+                crate::cost::comm::allreduce_time(
+                    cluster,
+                    &st.devices,
+                    st.parameter_bytes - st.tied_bytes,
+                    algo,
+                )
             } else {
                 0.0
             };
             (0..st.fwd_s.len())
                 .map(|k| {
+                    // The tied groups this replica's device is in.
+                    let tied: f64 = sg
+                        .tied
+                        .iter()
+                        .filter(|t| st.devices.get(k).is_some_and(|d| t.devices.contains(d)))
+                        .map(|t| {
+                            crate::cost::comm::allreduce_time(cluster, &t.devices, t.bytes, algo)
+                        })
+                        .sum();
                     mine as f64 * (st.fwd_s[k] + st.bwd_s[k])
                         + ar
+                        + tied
                         + st.step_s.get(k).copied().unwrap_or(0.0)
                 })
                 .fold(0.0, f64::max)

@@ -396,7 +396,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                     }
                 }
             }
-            push_flush(prog, s, st);
+            push_flush(prog, s, st, sg, d);
         }
     }
     Schedule {
@@ -417,16 +417,44 @@ fn device_count(sg: &StageGraph) -> usize {
         .map_or(0, |d| d + 1)
 }
 
-/// The flush after a replica's last backward: the all-reduce of a replicated stage's gradients,
-/// then the optimizer step.
-fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &crate::sim::SimStage) {
+/// The flush after the last backward of stage `s`'s replica on device `d`: the all-reduces of
+/// its gradients, then the optimizer step. As codegen emits them: one all-reduce per device set
+/// in ascending order of the sets, the stage's replicas (its own parameters, when replicated)
+/// and each tied group holding `d` ([`StageGraph::tied`], `stage` numbered after the stages).
+fn push_flush(
+    prog: &mut Vec<Instr>,
+    s: usize,
+    st: &crate::sim::SimStage,
+    sg: &StageGraph,
+    d: usize,
+) {
+    let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
     if st.devices.len() > 1 {
-        prog.push(Instr::AllReduce {
-            stage: s,
-            group: st.devices.clone(),
-            bytes: st.parameter_bytes,
-        });
+        let mut key = st.devices.clone();
+        key.sort_unstable();
+        ars.push((
+            key,
+            Instr::AllReduce {
+                stage: s,
+                group: st.devices.clone(),
+                bytes: st.parameter_bytes - st.tied_bytes,
+            },
+        ));
     }
+    for (k, t) in sg.tied.iter().enumerate() {
+        if t.devices.contains(&d) {
+            ars.push((
+                t.devices.clone(),
+                Instr::AllReduce {
+                    stage: sg.stages.len() + k,
+                    group: t.devices.clone(),
+                    bytes: t.bytes,
+                },
+            ));
+        }
+    }
+    ars.sort_by(|a, b| a.0.cmp(&b.0));
+    prog.extend(ars.into_iter().map(|x| x.1));
     prog.push(Instr::OptimizerStep { stage: s });
 }
 
@@ -515,7 +543,7 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                     }
                 }
             }
-            push_flush(prog, s, st);
+            push_flush(prog, s, st, sg, d);
         }
     }
     Schedule {
@@ -646,7 +674,7 @@ fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> S
                     }
                 }
             }
-            push_flush(prog, s, st);
+            push_flush(prog, s, st, sg, d);
         }
     }
     Schedule {

@@ -85,6 +85,40 @@ fn simulate_missing_outdir_is_usage_error() {
     assert!(err.contains("pipec compile"), "{err}");
 }
 
+/// `pipec simulate OUTDIR --json` and OUTDIR's plan.json, once the replay is asserted within 5%
+/// of the plan's `iteration_time_s` (`what` names the case).
+fn replay_within_5_percent(out: &std::path::Path, what: &str) -> (Value, Value) {
+    let v: Value =
+        serde_json::from_str(&pipec_ok(&["simulate", out.to_str().unwrap(), "--json"])).unwrap();
+    let replay = v["iteration_time_s"].as_f64().unwrap();
+    let planned = v["planned_iteration_time_s"].as_f64().unwrap();
+    let r = replay / planned;
+    assert!(
+        (0.95..=1.05).contains(&r),
+        "{what}: replay {replay} s vs plan {planned} s (x{r:.3})"
+    );
+    let plan =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    (v, plan)
+}
+
+/// The replay's largest device peak (of `pipec simulate --json`'s `v`) within 10% of the plan's
+/// `peak_memory_bytes`.
+fn peak_within_10_percent(v: &Value, plan: &Value, what: &str) {
+    let planned = plan["peak_memory_bytes"].as_f64().unwrap();
+    let replay = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["peak_memory_bytes"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    let r = replay / planned;
+    assert!(
+        (0.9..=1.1).contains(&r),
+        "{what}: replay peak {replay} B vs plan {planned} B (x{r:.3})"
+    );
+}
+
 /// Plan fidelity (issue: plans judged on the emitted program): the plan's `iteration_time_s` is
 /// the replay of the program `pipec compile` emits for it within 5%, and its peak memory the
 /// replay's within 10% (batch 64, the planner's own micro-batch: `compile` without
@@ -126,30 +160,9 @@ fn plan_time_is_the_replay_of_the_compiled_program() {
         args.extend_from_slice(&cfg);
         args.extend_from_slice(&["-o", out.to_str().unwrap()]);
         pipec_ok(&args);
-        let v: Value =
-            serde_json::from_str(&pipec_ok(&["simulate", out.to_str().unwrap(), "--json"]))
-                .unwrap();
-        let replay = v["iteration_time_s"].as_f64().unwrap();
-        let planned = v["planned_iteration_time_s"].as_f64().unwrap();
-        let r = replay / planned;
-        assert!(
-            (0.95..=1.05).contains(&r),
-            "{name} {planner} {cluster} {devices}: replay {replay} s vs plan {planned} s (x{r:.3})"
-        );
-        let plan: Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
-        let planned = plan["peak_memory_bytes"].as_f64().unwrap();
-        let replay = v["devices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["peak_memory_bytes"].as_f64().unwrap())
-            .fold(0.0, f64::max);
-        let r = replay / planned;
-        assert!(
-            (0.9..=1.1).contains(&r),
-            "{name} {planner} {cluster} {devices}: replay peak {replay} B vs plan {planned} B (x{r:.3})"
-        );
+        let (v, plan) =
+            replay_within_5_percent(&out, &format!("{name} {planner} {cluster} {devices}"));
+        peak_within_10_percent(&v, &plan, &format!("{name} {planner} {cluster} {devices}"));
     }
 }
 
@@ -189,18 +202,7 @@ fn tied_parameters_are_planned_as_emitted() {
             args.extend_from_slice(&["--schedule", "1f1b"]);
         }
         pipec_ok(&args);
-        let v: Value =
-            serde_json::from_str(&pipec_ok(&["simulate", out.to_str().unwrap(), "--json"]))
-                .unwrap();
-        let replay = v["iteration_time_s"].as_f64().unwrap();
-        let planned = v["planned_iteration_time_s"].as_f64().unwrap();
-        let r = replay / planned;
-        assert!(
-            (0.95..=1.05).contains(&r),
-            "{planner}: replay {replay} s vs plan {planned} s (x{r:.3})"
-        );
-        let plan: Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+        let (v, plan) = replay_within_5_percent(&out, planner);
         let devices = v["devices"].as_array().unwrap();
         let mut tied_holders = 0;
         for st in plan["stages"].as_array().unwrap() {
@@ -225,15 +227,6 @@ fn tied_parameters_are_planned_as_emitted() {
         if planner == "bapipe" {
             assert_eq!(tied_holders, 2, "{v}");
         }
-        let planned = plan["peak_memory_bytes"].as_f64().unwrap();
-        let replay = devices
-            .iter()
-            .map(|d| d["peak_memory_bytes"].as_f64().unwrap())
-            .fold(0.0, f64::max);
-        let r = replay / planned;
-        assert!(
-            (0.9..=1.1).contains(&r),
-            "{planner}: replay peak {replay} B vs plan {planned} B (x{r:.3})"
-        );
+        peak_within_10_percent(&v, &plan, planner);
     }
 }

@@ -363,11 +363,15 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         let c = op_cost(d, &ty, &is_param, env);
         // Parameters: each float initializer counts once, at its first reader.
         let mut params = 0.0;
-        for v in d.inputs.iter().flatten() {
+        // Readers for tied parameters: only where a gradient flows (a parameter read as, e.g., a
+        // Dropout ratio or a Clip bound gets none, and codegen all-reduces nothing for it).
+        let diff = crate::autodiff::rules::diff_inputs(d);
+        for (slot, v) in d.inputs.iter().enumerate() {
+            let Some(v) = v else { continue };
             if is_param(*v) && owned.insert(*v) {
                 params += bytes_of(g.ty(*v), env);
             }
-            if is_param(*v) {
+            if is_param(*v) && diff.get(slot).copied().unwrap_or(true) {
                 let k = *reader_of.entry(*v).or_insert_with(|| {
                     readers.push((*v, bytes_of(g.ty(*v), env), Vec::new()));
                     readers.len() - 1

@@ -688,6 +688,11 @@ fn seeds(
         }
         keep_faster(best, got);
     }
+    // Left out by `--time-limit`: wait for DAPPLE's thread here (its own deadline stops it
+    // soon) so that a panic there is its error, not the scope's.
+    if let Some(h) = dapple.take() {
+        let _ = h.join();
+    }
     out_of_time
 }
 

@@ -622,8 +622,8 @@ fn seeds(
     let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
     let wanted: Vec<&str> = SEQUENTIAL_SEEDS
         .iter()
-        .filter(|&&(_, max_devices)| cluster.len() <= max_devices)
         .map(|&(name, _)| name)
+        .filter(|name| seed_wanted(name, cluster))
         .collect();
     // The plans are taken in the order of [`SEQUENTIAL_SEEDS`], as one after another would
     // (DAPPLE's from its thread when it has one: its plan is made whatever the others' are).
@@ -652,12 +652,7 @@ fn seeds(
                     let Ok(planner) = super::by_name(name) else {
                         continue;
                     };
-                    // Only a plan faster than the best can replace it (`keep_faster`).
-                    let cutoff = match &*best {
-                        Ok(b) if !b.out_of_memory => b.iteration_time_s,
-                        _ => f64::INFINITY,
-                    };
-                    match planner.plan_below(g, cluster, opts, cutoff) {
+                    match planner.plan_below(g, cluster, opts, time_to_beat(best)) {
                         Ok(Some(p)) => Ok(p),
                         Ok(None) => {
                             if debug {
@@ -719,9 +714,16 @@ fn seed_cannot_win(
 /// Whether a plan whose simulated iteration is at least `bound()` cannot replace `best` in
 /// [`keep_faster`]: `best` fits in memory and is no slower than the bound.
 fn cannot_beat(best: &Result<Plan>, bound: impl FnOnce() -> Result<f64>) -> bool {
+    let to_beat = time_to_beat(best);
+    to_beat.is_finite() && bound().is_ok_and(|x| x >= to_beat)
+}
+
+/// The simulated iteration a plan must beat to replace `best` in [`keep_faster`]: `best`'s when
+/// it fits in memory, else none (infinite).
+fn time_to_beat(best: &Result<Plan>) -> f64 {
     match best {
-        Ok(b) if !b.out_of_memory => bound().is_ok_and(|x| x >= b.iteration_time_s),
-        _ => false,
+        Ok(b) if !b.out_of_memory => b.iteration_time_s,
+        _ => f64::INFINITY,
     }
 }
 

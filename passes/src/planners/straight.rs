@@ -254,12 +254,12 @@ pub fn comm_aware_partition(ch: &crate::cost::Chain, k: usize, bw: &[f64]) -> (V
             *b = st.time(0, 0, j);
         }
     }
-    // The transfers into stage `s`, divided out once per stage rather than per candidate (the
-    // same divisions, so the same values as [`StageTime::time`]).
+    // The transfers into stage `s` ([`StageTime::comm_in`]), once per stage and start rather
+    // than per candidate.
     let mut comm_in = vec![0.0f64; n + 1];
     for s in 1..k {
-        for (c, cut) in comm_in.iter_mut().zip(&ch.cut) {
-            *c = cut / bw[s - 1];
+        for (i, c) in comm_in.iter_mut().enumerate() {
+            *c = st.comm_in(s, i);
         }
         let (done, rest) = best.split_at_mut(s);
         let (prev_row, row) = (&done[s - 1], &mut rest[0]);

@@ -3,7 +3,7 @@
 //! Checks, in order:
 //! 1. **Structure**: every value is defined exactly once (its `ValueDef` points back at the op
 //!    result, graph input or initializer that defines it); names are unique; op operands and graph
-//!    outputs refer to defined values.
+//!    outputs refer to defined values; an initializer's data has its value's declared type.
 //! 2. **SSA dominance**: an operand is defined before its use in program order. The graph is one
 //!    block, so this also proves **acyclicity**.
 //! 3. **Types** (optional, [`VerifyOptions::types`]): every recorded type agrees with what the op's
@@ -42,7 +42,7 @@ pub fn verify_with(m: &Module, opts: VerifyOptions) -> Result<()> {
 
 fn describe_op(m: &Module, op: Op) -> String {
     let d = &m.graph.ops[op];
-    format!("node '{}' ({})", d.name, d.op_type)
+    format!("node '{}' ({})", d.display_name(&m.graph), d.op_type)
 }
 
 /// Record that `v` is defined; fails if it is defined twice or its name is taken.
@@ -95,6 +95,19 @@ fn verify_structure(m: &Module) -> Result<()> {
             return Err(Error::Verify(format!(
                 "initializer '{}' is not marked as an initializer",
                 g.values[v].name
+            )));
+        }
+        let (data, ty) = (&g.initializers[&v], &g.values[v].ty);
+        let dims_agree = ty.shape.as_ref().is_none_or(|s| {
+            s.len() == data.dims.len()
+                && s.iter().zip(&data.dims).all(|(d, &n)| d.known() == Some(n))
+        });
+        if data.dtype != ty.dtype || !dims_agree {
+            return Err(Error::Verify(format!(
+                "initializer '{}' holds a {} tensor but its value is declared {}",
+                g.values[v].name,
+                crate::ir::fmt_type(&crate::ir::TensorType::known(data.dtype, &data.dims)),
+                crate::ir::fmt_type(ty)
             )));
         }
     }

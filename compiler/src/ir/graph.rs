@@ -55,6 +55,15 @@ pub struct OpData {
 }
 
 impl OpData {
+    /// How errors name this op: its node name, or, when it has none (textual IR without
+    /// `pipec.node`), its first result as the text shows it (`%y`).
+    pub fn display_name(&self, g: &Graph) -> String {
+        match (self.name.is_empty(), self.outputs.first()) {
+            (false, _) => self.name.clone(),
+            (true, Some(&v)) if g.values.is_valid(v) => format!("%{}", g.values[v].name),
+            (true, _) => "<unnamed>".to_string(),
+        }
+    }
     pub fn attr(&self, name: &str) -> Option<&Attr> {
         self.attrs.get(name)
     }

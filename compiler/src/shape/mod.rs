@@ -21,6 +21,7 @@
 //! Rules live in one file per op family and are registered by op type in [`registry`]
 //! (tract's `register_all_ops` style). An op type without a rule is [`Error::UnknownOp`].
 
+mod arity;
 mod control;
 mod conv;
 mod elementwise;
@@ -125,7 +126,7 @@ pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<
     let d = n.data;
     if !(d.domain.is_empty() || d.domain == "ai.onnx") {
         return Err(Error::UnknownOp {
-            node: d.name.clone(),
+            node: d.display_name(g),
             op_type: d.op_type.clone(),
             domain: d.domain.clone(),
         });
@@ -133,10 +134,11 @@ pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<
     let rule = registry()
         .get(d.op_type.as_str())
         .ok_or_else(|| Error::UnknownOp {
-            node: d.name.clone(),
+            node: d.display_name(g),
             op_type: d.op_type.clone(),
             domain: d.domain.clone(),
         })?;
+    check_arity(g, d, opset)?;
     let mut tys = rule(&n)?;
     if tys.len() < d.outputs.len() {
         return Err(n.err(format!(
@@ -167,6 +169,50 @@ pub fn infer_op(g: &Graph, op: Op, opset: i64, vals: &SymbolicValues) -> Result<
         }
     }
     Ok(tys)
+}
+
+/// The operand and result counts of `d` against the ONNX schema of its op at `opset`
+/// ([`arity::ARITY`]; absent optional operands count, as in ONNX, captured values do not). An op that the opset does
+/// not define yet is left to its rule.
+fn check_arity(g: &Graph, d: &crate::ir::OpData, opset: i64) -> Result<()> {
+    let rows = arity::ARITY;
+    let start = rows.partition_point(|r| r.0 < d.op_type.as_str());
+    let Some(&(_, since, min_in, max_in, min_out, max_out)) = rows[start..]
+        .iter()
+        .take_while(|r| r.0 == d.op_type)
+        .filter(|r| i64::from(r.1) <= opset)
+        .last()
+    else {
+        return Ok(());
+    };
+    let count = |what: &str, n: usize, lo: u8, hi: u8| -> Result<()> {
+        if n >= usize::from(lo) && (hi == arity::UNBOUNDED || n <= usize::from(hi)) {
+            return Ok(());
+        }
+        let allowed = match (lo, hi) {
+            (lo, arity::UNBOUNDED) => format!("at least {lo}"),
+            (lo, hi) if lo == hi => format!("{lo}"),
+            (lo, hi) => format!("{lo} to {hi}"),
+        };
+        Err(Error::node(
+            d.display_name(g),
+            d.op_type.clone(),
+            format!(
+                "has {n} {what}{} but {} (opset {since}) takes {allowed}",
+                if n == 1 { "" } else { "s" },
+                d.op_type
+            ),
+        ))
+    };
+    // A control-flow op's captured values are pipec's extra trailing operands (`Subgraph`).
+    let captures = d.int_attr(crate::ir::CAPTURES_ATTR).unwrap_or(0).max(0) as usize;
+    count(
+        "operand",
+        d.inputs.len().saturating_sub(captures),
+        min_in,
+        max_in,
+    )?;
+    count("result", d.outputs.len(), min_out, max_out)
 }
 
 /// Bind named symbols to sizes in every value's type (`sequence_length = 128`): a symbolic dim

@@ -366,21 +366,33 @@ mod tests {
     fn norms() {
         let mut t = T::new();
         let x = t.input(DType::F16, "b,8,4");
-        let op = t.op("LayerNormalization", &[Some(x)], &[], 3);
+        let scale = t.input(DType::F16, "4");
+        let op = t.op("LayerNormalization", &[Some(x), Some(scale)], &[], 3);
         let ty = t.infer(op, 18).unwrap();
         assert_eq!(ty[0].dtype, DType::F16);
         assert_eq!(ty[1].dtype, DType::F32);
         assert_eq!(super::super::testutil::show(&ty[1]), "b,8,1");
         let op = t.op(
             "LayerNormalization",
-            &[Some(x)],
+            &[Some(x), Some(scale)],
             &[("axis", Attr::Int(3))],
             1,
         );
         assert!(t.shapes(op, 18)[0].contains("out of range"));
-        let op = t.op("BatchNormalization", &[Some(x)], &[], 1);
+        let c = t.input(DType::F16, "8");
+        let op = t.op(
+            "BatchNormalization",
+            &[Some(x), Some(c), Some(c), Some(c), Some(c)],
+            &[],
+            1,
+        );
         assert_eq!(t.shapes(op, 15), ["b,8,4"]);
-        let op = t.op("GroupNormalization", &[Some(x)], &[], 1);
+        let op = t.op("GroupNormalization", &[Some(x), Some(c), Some(c)], &[], 1);
         assert_eq!(t.shapes(op, 21), ["b,8,4"]);
+        // Fewer operands than the schema's minimum: refused before the rule runs.
+        let op = t.op("BatchNormalization", &[Some(x)], &[], 1);
+        assert!(
+            t.shapes(op, 15)[0].contains("has 1 operand but BatchNormalization (opset 15) takes 5")
+        );
     }
 }

@@ -34,7 +34,7 @@ impl<'a> Node<'a> {
 
     /// Shape error naming this node.
     pub fn err(&self, msg: impl Into<String>) -> Error {
-        Error::shape(&self.data.name, &self.data.op_type, msg)
+        Error::shape(&self.data.display_name(self.g), &self.data.op_type, msg)
     }
 
     /// Op type.

@@ -75,9 +75,10 @@ mod tests {
         let mut t = T::new();
         let x = t.input(DType::F32, "seq,b,3");
         let w = t.input(DType::F32, "2,16,3");
+        let r = t.input(DType::F32, "2,16,4");
         let op = t.op(
             "LSTM",
-            &[Some(x), Some(w)],
+            &[Some(x), Some(w), Some(r)],
             &[("direction", Attr::String("bidirectional".into()))],
             3,
         );
@@ -85,7 +86,7 @@ mod tests {
         let xb = t.input(DType::F32, "b,seq,3");
         let op = t.op(
             "GRU",
-            &[Some(xb), Some(w)],
+            &[Some(xb), Some(w), Some(r)],
             &[("hidden_size", Attr::Int(5)), ("layout", Attr::Int(1))],
             2,
         );

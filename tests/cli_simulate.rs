@@ -230,3 +230,71 @@ fn tied_parameters_are_planned_as_emitted() {
         peak_within_10_percent(&v, &plan, planner);
     }
 }
+
+/// OUTDIR records the resolved cluster (`cluster.json`, device kinds included), so `simulate`
+/// without flags replays on the cluster compile planned for: here an inline cluster of H100s,
+/// which the old default (V100) would replay differently.
+#[test]
+fn simulate_replays_on_the_recorded_cluster() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let m = model("mlp4.onnx");
+    let m = m.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    pipec_ok(&[
+        "compile",
+        m,
+        "--cluster",
+        "2@25e9",
+        "--device-kind",
+        "H100-80GB",
+        "--planner",
+        "straight",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "-o",
+        o,
+    ]);
+    let cluster: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(cluster["kinds"][0]["name"], "H100-80GB", "{cluster}");
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("artifact.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], "pipec-outdir");
+
+    let replay = |extra: &[&str]| -> f64 {
+        let mut args = vec!["simulate", o, "--json"];
+        args.extend_from_slice(extra);
+        let v: Value = serde_json::from_str(&pipec_ok(&args)).unwrap();
+        v["iteration_time_s"].as_f64().unwrap()
+    };
+    let recorded = replay(&[]);
+    let explicit = replay(&["--cluster", "2@25e9", "--device-kind", "H100-80GB"]);
+    let v100 = replay(&["--cluster", "2@25e9"]);
+    assert_eq!(recorded, explicit);
+    assert!(v100 > recorded * 1.5, "V100 {v100} s vs H100 {recorded} s");
+    // The plan's own estimate is on the same cluster: the replay agrees with it.
+    let plan: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("plan.json")).unwrap()).unwrap();
+    let planned = plan["iteration_time_s"].as_f64().unwrap();
+    assert!(
+        (recorded / planned - 1.0).abs() < 0.05,
+        "replay {recorded} vs plan {planned}"
+    );
+
+    // An OUTDIR of a newer format is refused, naming the file and both versions.
+    std::fs::write(
+        out.join("artifact.json"),
+        r#"{"format": "pipec-outdir", "version": 99}"#,
+    )
+    .unwrap();
+    let r = pipec(&["simulate", o]);
+    assert_eq!(r.status.code(), Some(2));
+    let e = common::stderr(&r);
+    assert!(
+        e.contains("artifact.json: written by a newer pipec (format 99; this one reads up to"),
+        "{e}"
+    );
+}

@@ -73,6 +73,8 @@ pub struct Plan {
     pub iteration_time_s: f64,
     pub throughput_samples_per_s: f64,
     pub peak_memory_bytes: u64,
+    /// Measured; OUTDIR's `plan.json` leaves it out (so reading it gives 0).
+    #[serde(default)]
     pub search_time_s: f64,
     pub objective_s: f64,
     /// Fraction of device-time the compute streams are idle in the simulation.

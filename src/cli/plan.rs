@@ -7,18 +7,19 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use pipec_compiler::ir::Module;
-use pipec_passes::cost::analytic::{self, AnalyticOptions};
-use pipec_passes::cost::cluster::{device_kind_by_name, Cluster, PRESETS};
-use pipec_passes::cost::measured::{self, MeasuredProfile};
+use pipec_passes::cost::cluster::{Cluster, PRESETS};
 use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
 use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
 use pipec_passes::plan::{Plan, PlanOptions};
-use pipec_passes::planners::{self, bapipe};
+use pipec_passes::planners;
 use pipec_passes::sim::{self, ScheduleKind, StageGraph};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+pub use pipec::driver::{
+    apply_measured_profile, deadline, plan_label, plan_model, planning_graph, resolve_cluster,
+};
 
 /// Plan a model on a cluster without emitting code, and simulate the plan.
 ///
@@ -150,12 +151,6 @@ pub fn time_limit(limit: Option<f64>) -> Result<Option<std::time::Duration>> {
     Ok(Some(std::time::Duration::from_secs_f64(s)))
 }
 
-/// The planner's deadline for a `--time-limit` starting now (just before the planner runs, so
-/// importing and costing the model do not count against it).
-pub fn deadline(limit: Option<std::time::Duration>) -> Option<std::time::Instant> {
-    limit.map(|d| std::time::Instant::now() + d)
-}
-
 /// Say on stderr that `plan` is the best found by `--time-limit`, not the planner's optimum.
 pub fn warn_time_limited(plan: &Plan, limit: Option<f64>) {
     if plan.search_capped {
@@ -176,28 +171,6 @@ pub fn warn_time_limited(plan: &Plan, limit: Option<f64>) {
     }
 }
 
-/// Run the planner `name` on `g`. For `bapipe` with the module `m` that `g` was built from
-/// (analytic costs), the intra-layer splits are emitted ([`bapipe::plan_module`]): the plan then
-/// names the nodes of the returned rewritten module and cost graph. Otherwise the plan is on `g`,
-/// returned unchanged, and no module is returned.
-pub fn plan_model(
-    name: &str,
-    m: Option<&Module>,
-    g: CostGraph,
-    cluster: &Cluster,
-    opts: &PlanOptions,
-) -> Result<(Plan, CostGraph, Option<Module>)> {
-    if let (Some(m), "bapipe") = (m, name) {
-        let mp = bapipe::plan_module(m, &g, cluster, opts)?;
-        return Ok(match mp.rewritten {
-            Some((m2, g2)) => (mp.plan, g2, Some(m2)),
-            None => (mp.plan, g, None),
-        });
-    }
-    let plan = planners::by_name(name)?.plan(&g, cluster, opts)?;
-    Ok((plan, g, None))
-}
-
 /// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
 /// model. The batch symbol (the first input's leading dim) is costed at 1 sample when symbolic.
 fn load_onnx_cost_graph(
@@ -209,17 +182,6 @@ fn load_onnx_cost_graph(
     let g = planning_graph(&m, &model.display().to_string())?;
     let batch = g.reference_batch.round().max(1.0) as u64;
     Ok((g, batch))
-}
-
-/// The cost graph planners use for module `m` (named `name` in messages): the analytic model
-/// with autodiff's backward kernels; when autodiff refuses the model, the fixed factors, and a
-/// warning says so.
-pub fn planning_graph(m: &Module, name: &str) -> Result<CostGraph> {
-    let (g, note) = analytic::planning_graph(m, &AnalyticOptions::default(), name)?;
-    if let Some(note) = note {
-        eprintln!("warning: {note}");
-    }
-    Ok(g)
 }
 
 /// `--planner P` or `--stages SPEC` as the name [`plan_model`] takes (`stages:SPEC` for the
@@ -247,62 +209,6 @@ pub fn with_dapple_reference(name: String, reference: Option<&str>) -> Result<St
         ),
         Some(r) => bail!("--dapple-reference {r}: unknown reference (one of: hpgo)"),
     }
-}
-
-/// A planner name as messages show it (`stages` for `--stages SPEC`).
-pub fn plan_label(name: &str) -> &str {
-    if name.starts_with(planners::STAGES_PREFIX) {
-        "stages"
-    } else {
-        name
-    }
-}
-
-/// `--profile prof.json`: replace the works of an ONNX model's cost graph by the measured
-/// seconds of a `pipec profile` output (node names must match, in order). On a cluster whose
-/// devices share the host's cores, the profile's measured all-cores slowdown becomes the
-/// cluster's `host_slowdown`; on the `cpu` preset (the devices `pipec run` emulates with
-/// threads), the measured message latency becomes every link level's latency α.
-pub fn apply_measured_profile(
-    g: &mut CostGraph,
-    cluster: &mut Cluster,
-    model: &Path,
-    profile: &Path,
-) -> Result<()> {
-    if model.extension().is_some_and(|e| e == "txt") {
-        bail!(
-            "--profile {}: MODEL is already a graph.txt profile; --profile needs an ONNX model",
-            profile.display()
-        );
-    }
-    let file = profile.display().to_string();
-    let text = std::fs::read_to_string(profile).with_context(|| format!("{file}: cannot read"))?;
-    let p = MeasuredProfile::parse(&text, &file)?;
-    measured::apply(g, &p, &file)?;
-    if cluster.host_cores.is_some() {
-        cluster.host_slowdown = p.host_slowdown();
-    }
-    if cluster.name == "cpu" && p.message_latency_s > 0.0 {
-        for l in &mut cluster.levels {
-            l.latency = p.message_latency_s;
-        }
-    }
-    Ok(())
-}
-
-/// Resolve `--cluster`, `--device-kind` and `--devices`.
-pub fn resolve_cluster(spec: &str, kind: Option<&str>, devices: Option<usize>) -> Result<Cluster> {
-    let kind = match kind {
-        None => None,
-        Some(k) => Some(device_kind_by_name(k).ok_or_else(|| {
-            anyhow!("--device-kind {k}: unknown device kind (V100-16GB, TitanX-12GB, H100-80GB, cpu-core)")
-        })?),
-    };
-    let c = Cluster::resolve(spec, kind)?;
-    Ok(match devices {
-        Some(n) => c.take(n)?,
-        None => c,
-    })
 }
 
 fn parse_allreduce(s: &str) -> Result<AllReduceAlgo> {

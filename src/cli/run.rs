@@ -212,19 +212,8 @@ fn rejoin_split_params(
 ) -> Result<Vec<(String, pipec_runtime::Tensor)>> {
     let mut entries: Vec<(String, pipec_runtime::Tensor)> =
         params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let plan_path = outdir.join("plan.json");
-    let Ok(text) = std::fs::read_to_string(&plan_path) else {
-        return Ok(entries); // no plan.json: nothing to rejoin
-    };
-    /// Only the field read here (the rest of plan.json may be from another version).
-    #[derive(serde::Deserialize)]
-    struct Splits {
-        #[serde(default)]
-        intra_splits: Vec<pipec_passes::plan::IntraSplitReport>,
-    }
-    let plan: Splits = serde_json::from_str(&text)
-        .with_context(|| format!("{}: cannot read intra_splits", plan_path.display()))?;
-    for sp in plan.intra_splits.iter().flat_map(|s| &s.params) {
+    let splits = pipec::artifact::OutDir::intra_splits(outdir)?;
+    for sp in splits.iter().flat_map(|s| &s.params) {
         let idx: Vec<usize> = sp
             .parts
             .iter()

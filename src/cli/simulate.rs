@@ -6,6 +6,7 @@
 use super::plan::resolve_cluster;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use pipec::artifact::OutDir;
 use pipec_compiler::program::Program;
 use pipec_passes::cost::AllReduceAlgo;
 use pipec_passes::sim::replay::{self, ReplayResult};
@@ -26,12 +27,14 @@ use std::process::ExitCode;
 pub struct SimulateArgs {
     /// Output directory of `pipec compile`.
     pub outdir: PathBuf,
-    /// Cluster to replay on (default: the `cluster` recorded in OUTDIR/plan.json): preset name,
+    /// Cluster to replay on (default: the one recorded in OUTDIR/cluster.json): preset name,
     /// TOML file, or `N1@BW1,N2@BW2,...`.
     #[arg(long)]
     pub cluster: Option<String>,
-    /// Device kind for an inline `N@BW` cluster (default V100-16GB; plan.json does not record
-    /// it, so pass the kind given to `pipec compile`).
+    /// Device kind for an inline `N@BW` cluster given with --cluster (default V100-16GB).
+    /// Without --cluster and --device-kind the replay uses the cluster compile recorded in
+    /// OUTDIR/cluster.json (device kinds included); OUTDIRs from before that file existed
+    /// fall back to the `cluster` of plan.json with this kind.
     #[arg(long = "device-kind")]
     pub device_kind: Option<String>,
     /// Write a Chrome/Perfetto trace (one track per device) to this file.
@@ -44,49 +47,41 @@ pub struct SimulateArgs {
 
 /// Run `pipec simulate`.
 pub fn run(a: SimulateArgs) -> Result<ExitCode> {
-    let dir = &a.outdir;
-    if !dir.is_dir() {
-        bail!(
-            "{}: not a directory (OUTDIR must be the output of `pipec compile`)",
-            dir.display()
-        );
-    }
-    let sched_path = dir.join("schedule.json");
-    let text = std::fs::read_to_string(&sched_path).with_context(|| {
-        format!(
-            "{}: cannot read (is {} the output of `pipec compile`?)",
-            sched_path.display(),
-            dir.display()
-        )
-    })?;
-    let program = Program::from_json(&text, &sched_path.display().to_string())?;
-    let plan_path = dir.join("plan.json");
-    let plan: Option<serde_json::Value> = std::fs::read_to_string(&plan_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let spec = match (&a.cluster, &plan) {
+    let od = OutDir::open(&a.outdir)?;
+    let (dir, program) = (&od.dir, &od.program);
+    let plan_path = od.plan_path();
+    let plan = od.plan_raw.as_ref();
+    let spec = match (&a.cluster, plan) {
         (Some(c), _) => c.clone(),
         (None, Some(p)) => p
             .get("cluster")
             .and_then(|c| c.as_str())
             .filter(|c| !c.is_empty())
             .map(str::to_string)
+            .or_else(|| od.cluster.as_ref().map(|c| c.name.clone()))
             .ok_or_else(|| {
                 anyhow!(
                     "{}: no `cluster` field; pass --cluster",
                     plan_path.display()
                 )
             })?,
-        (None, None) => bail!(
-            "{}: missing or not JSON; pass --cluster",
-            plan_path.display()
-        ),
+        (None, None) => match &od.cluster {
+            Some(c) => c.name.clone(),
+            None => bail!(
+                "{}: missing or not JSON; pass --cluster",
+                plan_path.display()
+            ),
+        },
     };
-    // The program's devices are the first N of the cluster (the `cpu` preset may have been
-    // oversubscribed with `--devices N` at compile time).
-    let cluster = resolve_cluster(&spec, a.device_kind.as_deref(), Some(program.devices.len()))
-        .with_context(|| format!("cannot resolve the cluster '{spec}' (pass --cluster)"))?;
-    let res = replay::replay(&program, dir, &cluster, AllReduceAlgo::Auto)?;
+    let cluster = match (&a.cluster, &od.cluster, &a.device_kind) {
+        // The cluster compile planned for, exactly (device kinds, `--profile`'s measurements).
+        (None, Some(recorded), None) => recorded.clone(),
+        // The program's devices are the first N of the cluster (the `cpu` preset may have been
+        // oversubscribed with `--devices N` at compile time).
+        _ => resolve_cluster(&spec, a.device_kind.as_deref(), Some(program.devices.len()))
+            .with_context(|| format!("cannot resolve the cluster '{spec}' (pass --cluster)"))?,
+    };
+    let res = replay::replay(program, dir, &cluster, AllReduceAlgo::Auto)?;
     let planned = plan
         .as_ref()
         .and_then(|p| p.get("iteration_time_s"))
@@ -111,7 +106,7 @@ pub fn run(a: SimulateArgs) -> Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        print!("{}", render(&program, &spec, &res, planned));
+        print!("{}", render(program, &spec, &res, planned));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,91 @@
+//! pipec as a library: `pipec::driver::compile` and `pipec::artifact` give a build pipeline the
+//! same OUTDIR as the CLI, byte for byte.
+
+mod common;
+
+use common::{model, pipec_ok, tempdir};
+use pipec::artifact::OutDir;
+use pipec::driver::{self, CompileOptions};
+use std::path::Path;
+
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).unwrap().display().to_string();
+                out.push((rel, std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn library_compile_writes_the_cli_outdir() {
+    let t = tempdir();
+    let m = model("gpt2_tiny.onnx");
+    let cli_out = t.path().join("cli");
+    pipec_ok(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "4",
+        "--planner",
+        "gpp",
+        "--batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--optimizer",
+        "adam:lr=0.001",
+        "-o",
+        cli_out.to_str().unwrap(),
+    ]);
+
+    let cluster = driver::resolve_cluster("cpu", None, Some(4)).unwrap();
+    let mut opts = CompileOptions::new("gpp", cluster, 8);
+    opts.micro_batch = Some(2);
+    opts.set_optimizer("adam:lr=0.001").unwrap();
+    opts.keep_ir = true;
+    let steps = std::sync::Mutex::new(Vec::new());
+    let out = driver::compile(&m, &opts, &|s| steps.lock().unwrap().push(s.to_string())).unwrap();
+    let lib_out = t.path().join("lib");
+    out.artifact.write(&lib_out).unwrap();
+
+    let (a, b) = (files(&cli_out), files(&lib_out));
+    assert_eq!(
+        a.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        b.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x == y, "{name} differs between the CLI and the library");
+    }
+    // The IR snapshots start with the import and end with the pieces.
+    assert_eq!(out.ir[0].0, "import");
+    assert!(
+        out.ir.iter().any(|(l, _)| l == "reference-train"),
+        "{:?}",
+        out.ir.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
+    let steps = steps.into_inner().unwrap();
+    assert!(
+        steps[0].starts_with("planning with gpp on 4 devices"),
+        "{steps:?}"
+    );
+
+    // Read back: the program and the typed plan.
+    let od = OutDir::open(&lib_out).unwrap();
+    assert_eq!(od.version, pipec::artifact::FORMAT_VERSION);
+    assert_eq!(od.program.devices.len(), 4);
+    let plan = od.plan.expect("plan.json reads back as a Plan");
+    assert_eq!(plan.stages, out.artifact.plan.stages);
+    assert_eq!(od.cluster.expect("cluster.json"), out.artifact.cluster);
+}

@@ -123,6 +123,18 @@ fn list_passes_names_the_first_passes() {
     for pass in ["shape-infer", "fold-constants", "dce"] {
         assert!(out.lines().any(|l| l.starts_with(pass)), "{out}");
     }
+    // Each pass's contract follows its summary: options with kind and default, statistics,
+    // what it requires, provides and invalidates.
+    for line in [
+        "{devices=...} devices to plan for (an integer >= 1, default 4)",
+        "{type=...} the update rule (one of sgd, adam, default sgd)",
+        "statistics: removed-initializers, removed-ops",
+        "requires: pipec.stages (from partition-gpp)",
+        "provides: pipec.loss, pipec.params, pipec.grads, pipec.saved",
+        "invalidates: pipec.stages",
+    ] {
+        assert!(out.contains(line), "missing '{line}' in:\n{out}");
+    }
 }
 
 #[test]

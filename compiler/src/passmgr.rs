@@ -20,13 +20,148 @@ impl Stats {
     }
 }
 
-/// An IR -> IR pass. Each implementation lives in its own file in `passes/` with a `//!` doc
-/// stating what it requires, what it guarantees and what it invalidates.
-pub trait Pass: Send + Sync {
+/// The type of a pass option's value (`pass{key=value}`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptionKind {
+    /// `true`/`false` (or `1`/`0`).
+    Bool,
+    /// An integer >= 1.
+    Count,
+    /// A finite number.
+    Number,
+    /// Free text, checked by the pass (a loss spec, a cluster name).
+    Text,
+    /// One of the listed words.
+    OneOf(&'static [&'static str]),
+}
+
+/// One option of a pass: `--list-passes` prints it and [`PassInfo::parse_options`] checks it.
+#[derive(Clone, Copy, Debug)]
+pub struct PassOption {
+    pub name: &'static str,
+    pub kind: OptionKind,
+    /// The value when not given, as text (`""`: none).
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// A pass's contract, as data (MLIR's pass registration and preserved analyses): what
+/// `--list-passes` prints, what the option parser accepts and what the [`PassManager`] checks
+/// between passes.
+#[derive(Debug)]
+pub struct PassInfo {
     /// The CLI name (`shape-infer`).
-    fn name(&self) -> &'static str;
+    pub name: &'static str,
     /// One line for `--list-passes`.
-    fn summary(&self) -> &'static str;
+    pub summary: &'static str,
+    pub options: &'static [PassOption],
+    /// The counters it may report ([`Stats`]); reporting another is a bug (checked in debug
+    /// builds).
+    pub statistics: &'static [&'static str],
+    /// Module attributes it needs, each with the pass that sets it: the manager refuses to run
+    /// it when one is missing, or stale because a pass that invalidates it ran since.
+    pub requires: &'static [(&'static str, &'static str)],
+    /// Module attributes it sets (and so makes current again).
+    pub provides: &'static [&'static str],
+    /// Module attributes whose meaning its rewrite breaks (e.g. `pipec.stages` once ops are
+    /// added or removed: the new ops have no stage).
+    pub invalidates: &'static [&'static str],
+}
+
+impl PassInfo {
+    /// Check `key=value` pairs against the declared options: an unknown key, a bool that is not
+    /// `true`/`false`, a count that is not an integer >= 1, a number that is not finite or a word
+    /// outside its list is an error naming the pass and the option.
+    pub fn parse_options(&self, kv: &[(String, String)]) -> Result<()> {
+        let name = self.name;
+        for (k, v) in kv {
+            let Some(o) = self.options.iter().find(|o| o.name == k) else {
+                return Err(Error::Usage(format!("pass '{name}': unknown option '{k}'")));
+            };
+            let ok = match o.kind {
+                OptionKind::Bool => matches!(v.as_str(), "true" | "false" | "1" | "0"),
+                OptionKind::Count => v.parse::<i64>().is_ok_and(|x| x >= 1),
+                OptionKind::Number => v.parse::<f64>().is_ok_and(f64::is_finite),
+                OptionKind::Text => !v.is_empty(),
+                OptionKind::OneOf(words) => words.contains(&v.as_str()),
+            };
+            if !ok {
+                return Err(Error::Usage(format!(
+                    "pass '{name}': {k}={v} must be {}",
+                    o.kind.describe()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `--list-passes` entry: the summary line, then one indented line each for the options,
+    /// statistics, requirements and invalidations the pass declares.
+    pub fn describe(&self, width: usize) -> String {
+        let mut s = format!("{:width$}  {}\n", self.name, self.summary);
+        let pad = " ".repeat(width + 2);
+        for o in self.options {
+            let default = if o.default.is_empty() {
+                String::new()
+            } else {
+                format!(", default {}", o.default)
+            };
+            s.push_str(&format!(
+                "{pad}{{{}=...}} {} ({}{default})\n",
+                o.name,
+                o.help,
+                o.kind.describe()
+            ));
+        }
+        let list = |l: &[&str]| l.join(", ");
+        if !self.statistics.is_empty() {
+            s.push_str(&format!("{pad}statistics: {}\n", list(self.statistics)));
+        }
+        if !self.requires.is_empty() {
+            let r: Vec<String> = self
+                .requires
+                .iter()
+                .map(|(a, by)| format!("{a} (from {by})"))
+                .collect();
+            s.push_str(&format!("{pad}requires: {}\n", r.join(", ")));
+        }
+        if !self.provides.is_empty() {
+            s.push_str(&format!("{pad}provides: {}\n", list(self.provides)));
+        }
+        if !self.invalidates.is_empty() {
+            s.push_str(&format!("{pad}invalidates: {}\n", list(self.invalidates)));
+        }
+        s
+    }
+}
+
+impl OptionKind {
+    /// What a value of this kind is, for messages and `--list-passes`.
+    pub fn describe(&self) -> String {
+        match self {
+            OptionKind::Bool => "true or false".into(),
+            OptionKind::Count => "an integer >= 1".into(),
+            OptionKind::Number => "a number".into(),
+            OptionKind::Text => "text".into(),
+            OptionKind::OneOf(w) => format!("one of {}", w.join(", ")),
+        }
+    }
+}
+
+/// An IR -> IR pass. Each implementation lives in its own file in `passes/` with a `//!` doc
+/// stating what it requires, what it guarantees and what it invalidates; [`Pass::info`] states
+/// the checkable part of that as data.
+pub trait Pass: Send + Sync {
+    /// The contract.
+    fn info(&self) -> &'static PassInfo;
+    /// The CLI name (`shape-infer`).
+    fn name(&self) -> &'static str {
+        self.info().name
+    }
+    /// One line for `--list-passes`.
+    fn summary(&self) -> &'static str {
+        self.info().summary
+    }
     /// Run on the module. An error stops the pipeline.
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()>;
 }
@@ -98,11 +233,27 @@ impl PassManager {
         print: &mut dyn FnMut(&str, &Module),
     ) -> Result<Vec<PassRecord>> {
         let mut records = Vec::with_capacity(self.passes.len());
+        // Module attributes a pass of this pipeline invalidated, with that pass's name.
+        let mut stale: BTreeMap<&'static str, &'static str> = BTreeMap::new();
         for pass in &self.passes {
+            let info = pass.info();
+            check_requires(info, module, &stale).map_err(|e| pass_error(pass.name(), e))?;
             let mut stats = Stats::default();
             let t0 = std::time::Instant::now();
             pass.run(module, &mut stats)
                 .map_err(|e| pass_error(pass.name(), e))?;
+            debug_assert!(
+                stats.0.keys().all(|k| info.statistics.contains(k)),
+                "pass '{}' reported undeclared statistics {:?}",
+                info.name,
+                stats.0.keys().collect::<Vec<_>>()
+            );
+            for a in info.invalidates {
+                stale.insert(a, info.name);
+            }
+            for a in info.provides {
+                stale.remove(a);
+            }
             let wall = t0.elapsed();
             if self.verify_each {
                 crate::verify::verify(module).map_err(|e| Error::Pass {
@@ -126,4 +277,26 @@ impl PassManager {
         }
         Ok(records)
     }
+}
+
+/// `info.requires` against the module and what earlier passes invalidated.
+fn check_requires(
+    info: &PassInfo,
+    module: &Module,
+    stale: &BTreeMap<&'static str, &'static str>,
+) -> Result<()> {
+    for &(attr, by) in info.requires {
+        if let Some(culprit) = stale.get(attr) {
+            return Err(Error::msg(format!(
+                "needs the module attribute '{attr}' from {by}, but {culprit} ran after it and \
+                 invalidated it (run {by} again after {culprit})"
+            )));
+        }
+        if !module.attrs.contains_key(attr) {
+            return Err(Error::msg(format!(
+                "needs the module attribute '{attr}' (run {by} first)"
+            )));
+        }
+    }
+    Ok(())
 }

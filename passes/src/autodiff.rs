@@ -40,6 +40,7 @@ use crate::loss::{add_loss, LossKind};
 use builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, Module, Op, Value, ValueDef};
+use pipec_compiler::passmgr::{OptionKind, PassInfo, PassOption};
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::Result;
 use std::collections::{HashMap, HashSet};
@@ -249,12 +250,33 @@ pub struct TrainingGraph {
     pub grad_of: HashMap<Op, Op>,
 }
 
+/// The contract of `autodiff` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "autodiff",
+    summary: "adds a loss and the backward pass (reverse-mode gradients of the parameters) in standard ONNX ops",
+    options: &[
+        PassOption {
+            name: "loss",
+            kind: OptionKind::Text,
+            default: "mean-square",
+            help: "the loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT, or none (the first output is the 0-D loss)",
+        },
+        PassOption {
+            name: "wrt-inputs",
+            kind: OptionKind::Bool,
+            default: "false",
+            help: "also differentiate with respect to the float graph inputs",
+        },
+    ],
+    statistics: &["backward-ops", "forward-ops", "params", "saved-values"],
+    requires: &[],
+    provides: &["pipec.loss", "pipec.params", "pipec.grads", "pipec.saved"],
+    invalidates: &["pipec.stages"],
+};
+
 impl Pass for Autodiff {
-    fn name(&self) -> &'static str {
-        "autodiff"
-    }
-    fn summary(&self) -> &'static str {
-        "adds a loss and the backward pass (reverse-mode gradients of the parameters) in standard ONNX ops"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let t = differentiate(module, self)?;

@@ -14,6 +14,7 @@
 //! - **Options**: none.
 
 use pipec_compiler::ir::{Module, Value};
+use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::Result;
 use std::collections::HashSet;
@@ -22,15 +23,22 @@ use std::collections::HashSet;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Dce;
 
+/// The contract of `dce` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "dce",
+    summary: "dead-code elimination: removes ops whose results reach no graph output, and unused initializers",
+    options: &[],
+    statistics: &["removed-initializers", "removed-ops"],
+    requires: &[],
+    provides: &[],
+    // The ops that stay keep their annotations.
+    invalidates: &[],
+};
+
 impl Pass for Dce {
-    fn name(&self) -> &'static str {
-        "dce"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
-
-    fn summary(&self) -> &'static str {
-        "dead-code elimination: removes ops whose results reach no graph output, and unused initializers"
-    }
-
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let g = &mut module.graph;
         let mut live: HashSet<Value> = g.outputs.iter().copied().collect();

@@ -33,6 +33,7 @@ use pipec_compiler::eval::eval_op;
 use pipec_compiler::ir::{
     Attr, DType, Dim, Graph, Module, Op, OpData, TensorData, TensorType, ValueDef,
 };
+use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::shape::SymbolicValues;
 use pipec_compiler::Result;
@@ -42,15 +43,22 @@ use std::collections::{BTreeMap, HashSet};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FoldConstants;
 
+/// The contract of `fold-constants` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "fold-constants",
+    summary: "evaluates ops whose operands are all constants (and Shape of statically shaped values) and replaces them with Constant ops",
+    options: &[],
+    statistics: &["canonicalized-constants", "folded-ops", "type-mismatches"],
+    requires: &[],
+    provides: &[],
+    // Folded ops become new Constant ops, which no stage holds.
+    invalidates: &["pipec.stages"],
+};
+
 impl Pass for FoldConstants {
-    fn name(&self) -> &'static str {
-        "fold-constants"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
-
-    fn summary(&self) -> &'static str {
-        "evaluates ops whose operands are all constants (and Shape of statically shaped values) and replaces them with Constant ops"
-    }
-
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let opset = module.opset();
         // Shape arithmetic on symbolically shaped values (`Gather(Shape(x), 1)` with a symbolic

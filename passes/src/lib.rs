@@ -54,15 +54,12 @@ pub fn lookup(name: &str) -> Option<Box<dyn Pass>> {
 }
 
 /// A pass from a spec with MLIR-style options, `name` or `name{key=value key=value}`
-/// (space-separated, so the spec survives a comma-separated pipeline):
-/// - `autodiff{loss=mean-square|sum|cross-entropy:LABEL|none wrt-inputs=true|false}`
-///   (`none`: the first output already is the 0-D loss);
-/// - `optimizer{type=sgd|adam micro-batches=M lr=.. momentum=.. weight_decay=.. beta1=..
-///   beta2=.. eps=..}`;
-/// - `partition-gpp{cluster=C devices=N batch=B micro-batch=b schedule=gpp|kfkb-K|gpp-per-stage}`
-///   (each sets the module attribute `pipec.<key>` the GPP passes read, `micro-batch` →
-///   `pipec.micro_batch`);
-/// - every other pass takes no options.
+/// (space-separated, so the spec survives a comma-separated pipeline). The options a pass takes,
+/// their kinds and defaults are its contract's ([`Pass::info`], printed by `pipec opt
+/// --list-passes`): `autodiff{loss=... wrt-inputs=...}`, `optimizer{type=sgd|adam
+/// micro-batches=M lr=.. ...}`, `partition-gpp{cluster=C devices=N batch=B micro-batch=b
+/// schedule=...}` (each sets the module attribute `pipec.<key>` the GPP passes read,
+/// `micro-batch` → `pipec.micro_batch`); the other passes take none.
 pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
     use pipec_compiler::error::Error;
     let (name, opts) = match spec.split_once('{') {
@@ -81,23 +78,18 @@ pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
         })?;
         kv.push((k.to_string(), v.to_string()));
     }
-    let bad = |k: &str| Error::Usage(format!("pass '{name}': unknown option '{k}'"));
-    let flag = |k: &str, v: &str| match v {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(Error::Usage(format!(
-            "pass '{name}': option '{k}' must be true or false"
-        ))),
-    };
+    let pass = lookup(name).ok_or_else(|| Error::Usage(format!("unknown pass '{name}'")))?;
+    // Keys, and values by kind, are checked against the contract; what is left is how each
+    // option configures its pass.
+    pass.info().parse_options(&kv)?;
     match name {
         "autodiff" => {
             let mut a = Autodiff::default();
             for (k, v) in &kv {
-                match k.as_str() {
-                    "loss" if v == "none" => a.loss = None,
-                    "loss" => a.loss = Some(v.parse()?),
-                    "wrt-inputs" => a.wrt_inputs = flag(k, v)?,
-                    _ => return Err(bad(k)),
+                match (k.as_str(), v.as_str()) {
+                    ("loss", "none") => a.loss = None,
+                    ("loss", _) => a.loss = Some(v.parse()?),
+                    (_, v) => a.wrt_inputs = matches!(v, "true" | "1"),
                 }
             }
             Ok(Box::new(a))
@@ -111,7 +103,9 @@ pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
                     "type" => kind = v.clone(),
                     "micro-batches" => {
                         micro = v.parse().map_err(|_| {
-                            Error::Usage(format!("pass 'optimizer': micro-batches '{v}'"))
+                            Error::Usage(format!(
+                                "pass 'optimizer': micro-batches={v} is too large"
+                            ))
                         })?
                     }
                     _ => hyper.push(format!("{k}={v}")),
@@ -122,37 +116,22 @@ pub fn lookup_spec(spec: &str) -> pipec_compiler::Result<Box<dyn Pass>> {
         }
         "partition-gpp" => {
             use pipec_compiler::ir::Attr;
-            let mut set = Vec::new();
-            for (k, v) in &kv {
-                let int = || {
-                    v.parse::<i64>()
-                        .ok()
-                        .filter(|&x| x >= 1)
-                        .map(Attr::Int)
-                        .ok_or_else(|| {
-                            Error::Usage(format!(
-                                "pass 'partition-gpp': {k}={v} must be an integer >= 1"
-                            ))
-                        })
-                };
-                let (key, attr) = match k.as_str() {
-                    "cluster" => ("pipec.cluster", Attr::String(v.clone())),
-                    "devices" => ("pipec.devices", int()?),
-                    "batch" => ("pipec.batch", int()?),
-                    "micro-batch" => ("pipec.micro_batch", int()?),
-                    "schedule" => ("pipec.schedule", Attr::String(v.clone())),
-                    _ => return Err(bad(k)),
-                };
-                set.push((key.to_string(), attr));
-            }
+            let set = kv
+                .iter()
+                .map(|(k, v)| {
+                    let int = || Attr::Int(v.parse::<i64>().unwrap_or(1));
+                    let (key, attr) = match k.as_str() {
+                        "cluster" => ("pipec.cluster", Attr::String(v.clone())),
+                        "devices" => ("pipec.devices", int()),
+                        "batch" => ("pipec.batch", int()),
+                        "micro-batch" => ("pipec.micro_batch", int()),
+                        _ => ("pipec.schedule", Attr::String(v.clone())),
+                    };
+                    (key.to_string(), attr)
+                })
+                .collect();
             Ok(Box::new(partition_gpp::PartitionGpp { set }))
         }
-        _ => {
-            let p = lookup(name).ok_or_else(|| Error::Usage(format!("unknown pass '{name}'")))?;
-            match kv.first() {
-                Some((k, _)) => Err(bad(k)),
-                None => Ok(p),
-            }
-        }
+        _ => Ok(pass),
     }
 }

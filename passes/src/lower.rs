@@ -26,6 +26,7 @@ pub mod rnn;
 
 use crate::autodiff::builder::Builder;
 use pipec_compiler::ir::{Module, Op, Value};
+use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::Result;
 use std::collections::HashSet;
@@ -52,12 +53,20 @@ impl Lowered {
     }
 }
 
+/// The contract of `lower` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "lower",
+    summary: "unrolls Loop (static trip count), inlines If (constant condition), rewrites LSTM/GRU (unrolled) and Resize (MatMul with constant interpolation matrices) into ops with kernels and gradient rules",
+    options: &[],
+    statistics: &["lowered-control", "lowered-resize", "lowered-rnn", "ops-added"],
+    requires: &[],
+    provides: &[],
+    invalidates: &["pipec.stages"],
+};
+
 impl Pass for Lower {
-    fn name(&self) -> &'static str {
-        "lower"
-    }
-    fn summary(&self) -> &'static str {
-        "unrolls Loop (static trip count), inlines If (constant condition), rewrites LSTM/GRU (unrolled) and Resize (MatMul with constant interpolation matrices) into ops with kernels and gradient rules"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let l = lower(module)?;

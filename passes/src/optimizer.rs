@@ -34,6 +34,7 @@
 use crate::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, DType, Module, TensorType, Value};
+use pipec_compiler::passmgr::{OptionKind, PassInfo, PassOption};
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::Result;
 use std::str::FromStr;
@@ -129,12 +130,70 @@ impl Optimizer {
     }
 }
 
+/// The contract of `optimizer` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "optimizer",
+    summary:
+        "appends the SGD/Adam parameter update (with gradient accumulation) to a training graph",
+    options: &[
+        PassOption {
+            name: "type",
+            kind: OptionKind::OneOf(&["sgd", "adam"]),
+            default: "sgd",
+            help: "the update rule",
+        },
+        PassOption {
+            name: "micro-batches",
+            kind: OptionKind::Count,
+            default: "1",
+            help: "micro-batches whose gradients are accumulated before the step",
+        },
+        PassOption {
+            name: "lr",
+            kind: OptionKind::Number,
+            default: "0.01 (sgd), 0.001 (adam)",
+            help: "learning rate",
+        },
+        PassOption {
+            name: "momentum",
+            kind: OptionKind::Number,
+            default: "0",
+            help: "SGD momentum",
+        },
+        PassOption {
+            name: "weight_decay",
+            kind: OptionKind::Number,
+            default: "0",
+            help: "L2 weight decay",
+        },
+        PassOption {
+            name: "beta1",
+            kind: OptionKind::Number,
+            default: "0.9",
+            help: "Adam's first-moment decay",
+        },
+        PassOption {
+            name: "beta2",
+            kind: OptionKind::Number,
+            default: "0.999",
+            help: "Adam's second-moment decay",
+        },
+        PassOption {
+            name: "eps",
+            kind: OptionKind::Number,
+            default: "1e-8",
+            help: "Adam's epsilon",
+        },
+    ],
+    statistics: &["state-tensors", "updated-params"],
+    requires: &[("pipec.params", "autodiff")],
+    provides: &[],
+    invalidates: &["pipec.stages"],
+};
+
 impl Pass for Optimizer {
-    fn name(&self) -> &'static str {
-        "optimizer"
-    }
-    fn summary(&self) -> &'static str {
-        "appends the SGD/Adam parameter update (with gradient accumulation) to a training graph"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let (n, s) = add_optimizer(module, self)?;

@@ -72,6 +72,7 @@ use crate::cost::comm::AllReduceGroup;
 use crate::cost::memory::step_time;
 use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
 use crate::sp_decompose::{SpKind, SpTree};
+use pipec_compiler::passmgr::{OptionKind, PassInfo, PassOption};
 use pipec_compiler::{Error, Result};
 
 /// The most units a search takes: its stage tables hold every unit range (`(U + 1)²` entries
@@ -1538,12 +1539,51 @@ pub struct PartitionGpp {
     pub set: Vec<(String, pipec_compiler::ir::Attr)>,
 }
 
+/// The contract of `partition-gpp` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "partition-gpp",
+    summary: "GraphPipe stage partitioner (Algorithm 1): annotate ops with pipec.stage, stages with devices",
+    options: &[
+        PassOption {
+            name: "cluster",
+            kind: OptionKind::Text,
+            default: "summit",
+            help: "the cluster: a preset, a TOML file or N1@BW1,N2@BW2,...",
+        },
+        PassOption {
+            name: "devices",
+            kind: OptionKind::Count,
+            default: "4",
+            help: "devices to plan for",
+        },
+        PassOption {
+            name: "batch",
+            kind: OptionKind::Count,
+            default: "32",
+            help: "global mini-batch",
+        },
+        PassOption {
+            name: "micro-batch",
+            kind: OptionKind::Count,
+            default: "",
+            help: "micro-batch size (default: the planner's choice)",
+        },
+        PassOption {
+            name: "schedule",
+            kind: OptionKind::Text,
+            default: "gpp",
+            help: "gpp, kfkb-K or gpp-per-stage",
+        },
+    ],
+    statistics: &["depth", "micro-batch", "stages"],
+    requires: &[],
+    provides: &["pipec.stages"],
+    invalidates: &[],
+};
+
 impl pipec_compiler::passmgr::Pass for PartitionGpp {
-    fn name(&self) -> &'static str {
-        "partition-gpp"
-    }
-    fn summary(&self) -> &'static str {
-        "GraphPipe stage partitioner (Algorithm 1): annotate ops with pipec.stage, stages with devices"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(
         &self,

@@ -27,6 +27,7 @@ use crate::cost::{Cluster, CostGraph};
 use crate::plan::Plan;
 use crate::sim::schedule::{Instr, Schedule};
 use crate::sim::ScheduleKind;
+use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::{Error, Result};
 
 /// Appendix A.1's table: in-flight **samples** of stage `x` (micro-batch `bx`, `kx`F`kx`B) given
@@ -249,12 +250,20 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
 /// `pipec.stage{i}.in_flight` (micro-batches), generates the GPP schedule and checks C1–C4.
 pub struct ScheduleGpp;
 
+/// The contract of `schedule-gpp` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "schedule-gpp",
+    summary: "GraphPipe scheduler (Algorithm 2, ComputeInFlight): per-stage in-flight counts, C1-C4 check",
+    options: &[],
+    statistics: &["max-in-flight", "stages"],
+    requires: &[("pipec.stages", "partition-gpp")],
+    provides: &[],
+    invalidates: &[],
+};
+
 impl pipec_compiler::passmgr::Pass for ScheduleGpp {
-    fn name(&self) -> &'static str {
-        "schedule-gpp"
-    }
-    fn summary(&self) -> &'static str {
-        "GraphPipe scheduler (Algorithm 2, ComputeInFlight): per-stage in-flight counts, C1-C4 check"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(
         &self,

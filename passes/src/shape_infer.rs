@@ -13,18 +13,27 @@
 //! it after transformations or on hand-written IR.
 
 use pipec_compiler::ir::Module;
+use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::Result;
 
 /// The `shape-infer` pass.
 pub struct ShapeInfer;
 
+/// The contract of `shape-infer` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "shape-infer",
+    summary: "infer element types and (symbolic) shapes of every value",
+    options: &[],
+    statistics: &["inferred-ops", "refined-values", "unranked-values"],
+    requires: &[],
+    provides: &[],
+    invalidates: &[],
+};
+
 impl Pass for ShapeInfer {
-    fn name(&self) -> &'static str {
-        "shape-infer"
-    }
-    fn summary(&self) -> &'static str {
-        "infer element types and (symbolic) shapes of every value"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let s = pipec_compiler::shape::infer_shapes(module)?;

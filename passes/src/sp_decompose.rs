@@ -64,6 +64,7 @@
 
 use crate::cost::{CostGraph, DeviceKind, NodeId};
 use pipec_compiler::ir::Module;
+use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::passmgr::{Pass, Stats};
 use pipec_compiler::Result;
 
@@ -845,12 +846,27 @@ pub fn assign_side_nodes(
 /// `pipec.sp_unit` (unit index in depth-first order; −1 for duplicated side ops).
 pub struct SpDecompose;
 
+/// The contract of `sp-decompose` (`--list-passes`, the option parser, the pass manager's checks).
+pub static INFO: PassInfo = PassInfo {
+    name: "sp-decompose",
+    summary: "series-parallel decomposition (GraphPipe §5): annotate ops with pipec.sp_unit",
+    options: &[],
+    statistics: &[
+        "forced-splits",
+        "parallel",
+        "series",
+        "side-ops",
+        "tree-depth",
+        "units",
+    ],
+    requires: &[],
+    provides: &[],
+    invalidates: &[],
+};
+
 impl Pass for SpDecompose {
-    fn name(&self) -> &'static str {
-        "sp-decompose"
-    }
-    fn summary(&self) -> &'static str {
-        "series-parallel decomposition (GraphPipe §5): annotate ops with pipec.sp_unit"
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
         let g = crate::partition_gpp::ir::cost_graph(module)?;

@@ -34,7 +34,8 @@ pub struct OptArgs {
     /// Write the IR here instead of stdout (written atomically).
     #[arg(short = 'o', long = "output", value_name = "OUT")]
     pub output: Option<PathBuf>,
-    /// List the passes with a one-line summary each, then exit.
+    /// List the passes: a one-line summary each, then their options (kind, default), statistics,
+    /// the module attributes they require, provide and invalidate; then exit.
     #[arg(long)]
     pub list_passes: bool,
     /// Print per-pass wall time and statistics to stderr.
@@ -54,7 +55,7 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
     if a.list_passes {
         let width = registry.iter().map(|p| p.name().len()).max().unwrap_or(0);
         for p in &registry {
-            println!("{:width$}  {}", p.name(), p.summary());
+            print!("{}", p.info().describe(width));
         }
         return Ok(ExitCode::SUCCESS);
     }

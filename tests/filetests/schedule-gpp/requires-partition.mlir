@@ -1,8 +1,8 @@
-// schedule-gpp needs the stages partition-gpp annotates; run alone it fails with exit 2 and
-// says which pass to run first.
+// schedule-gpp needs the stages partition-gpp annotates (its contract requires `pipec.stages`);
+// run alone it fails with exit 2 and says which pass to run first.
 // RUN: not pipec opt %s --passes=schedule-gpp 2>&1 | FileCheck %s
 
-// CHECK: error: pass 'schedule-gpp': {{.*}}run partition-gpp first (no pipec.stage)
+// CHECK: error: pass 'schedule-gpp': needs the module attribute 'pipec.stages' (run partition-gpp first)
 
 module attributes {pipec.ir_version = 8 : i64, pipec.opset_imports = [["", 17]]} {
   func.func @main(%x: tensor<?x4xf32, ["batch"]>) -> (tensor<?x2xf32, ["batch"]>) {

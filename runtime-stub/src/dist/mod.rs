@@ -31,6 +31,9 @@
 pub mod check;
 pub mod collective;
 pub mod data;
+/// Hand-built programs for tests (feature `test-support`: the runtime's own tests and the CLI's
+/// enable it as a dev-dependency feature; release builds do not contain it).
+#[cfg(feature = "test-support")]
 pub mod fixtures;
 pub mod inproc;
 #[cfg(feature = "mpi")]

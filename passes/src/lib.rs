@@ -7,6 +7,7 @@ pub mod codegen;
 pub mod cost;
 pub mod dce;
 pub mod fold_constants;
+pub mod gpp_ir;
 pub mod loss;
 pub mod lower;
 pub mod optimizer;
@@ -18,6 +19,7 @@ pub mod shape_infer;
 pub mod sim;
 pub mod sp_decompose;
 pub mod split_layer;
+pub mod stage;
 
 pub use autodiff::Autodiff;
 pub use dce::Dce;

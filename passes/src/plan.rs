@@ -6,7 +6,7 @@
 //! simulator ([`crate::sim`]) and fills in every reported time and memory figure, so plans from
 //! different planners are comparable.
 
-use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
+use crate::cost::{AllReduceAlgo, Cluster, CostGraph, Optimizer};
 use crate::sim::{self, ScheduleKind, StageGraph};
 use pipec_compiler::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -156,12 +156,7 @@ pub fn check_micro_batch(batch: u64, mb: u64) -> Result<u64> {
     Ok(m)
 }
 
-/// What a planner decides for one stage.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StageSpec {
-    pub nodes: Vec<NodeId>,
-    pub devices: Vec<usize>,
-}
+pub use crate::stage::StageSpec;
 
 /// Options every planner gets (from the CLI flags).
 #[derive(Clone, Debug)]

@@ -869,8 +869,8 @@ impl Pass for SpDecompose {
         &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
-        let g = crate::partition_gpp::ir::cost_graph(module)?;
-        let cfg = crate::partition_gpp::ir::IrConfig::from_module(module, &g)?;
+        let g = crate::gpp_ir::cost_graph(module)?;
+        let cfg = crate::gpp_ir::IrConfig::from_module(module, &g)?;
         let sp = decompose(&g, cfg.cluster.kind_of(0));
         check_tree(&g, &sp)
             .map_err(|e| pipec_compiler::Error::msg(format!("sp-decompose: {e}")))?;

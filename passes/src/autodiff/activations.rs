@@ -21,8 +21,7 @@
 //! - **Tile** with constant repeats `r` over static dims `d`: `dY` reshaped to
 //!   `[r0, d0, r1, d1, ...]` and summed over the `r` axes.
 
-use super::builder::Builder;
-use super::rules::Grads;
+use super::builder::{Builder, Grads};
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, DType, OpData, Value};
 use pipec_compiler::Result;

@@ -11,6 +11,9 @@ use pipec_compiler::shape::SymbolicValues;
 use pipec_compiler::Result;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// Gradients of the operands, one slot per operand.
+pub type Grads = Vec<Option<Value>>;
+
 /// Appends ops to a graph. `tag` is stored as the `pipec.phase` annotation of every op made.
 pub struct Builder<'g> {
     pub g: &'g mut Graph,

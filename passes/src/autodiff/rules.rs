@@ -11,8 +11,7 @@ use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, DType, Dim, Op, OpData, Value};
 use pipec_compiler::Result;
 
-/// Gradients of the operands, one slot per operand.
-pub type Grads = Vec<Option<Value>>;
+pub use super::builder::Grads;
 
 /// Which operands of `d` carry gradients (the rest are indices, shapes, masks, running stats).
 /// Ops without a rule report all operands, so that reaching one from a parameter is an error.

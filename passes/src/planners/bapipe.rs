@@ -63,7 +63,7 @@
 //! stage and `SR` the slowest boundary transfer of one micro-batch:
 //! SNO `(M+N−1)(F+B) + (N+M−2−⌈(M−1)/N⌉)·2SR`, SO `(M+N−1)(F+B) + (N−1)·2SR`.
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::analytic::{self, AnalyticOptions};
 use crate::cost::antichain::Linearization;
 use crate::cost::memory::{stage_memory, step_time};

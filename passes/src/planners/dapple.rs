@@ -89,7 +89,7 @@
 //!
 //! Objective: `L` of Eq. 2 for the chosen plan.
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::antichain::{CutSums, Cuts};
 use crate::cost::comm::allreduce_time;
 use crate::cost::memory::stage_memory;

@@ -79,7 +79,7 @@
 //! early backward (policy A) unless `--schedule`. `objective_s` is HPGO's `L`; the simulated
 //! iteration time is pipec's as for every plan.
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::antichain::{pipedream_exclusions, stage_of_nodes, Linearization, StateOrder};
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{micro_batches, Plan, PlanOptions, StageSpec};

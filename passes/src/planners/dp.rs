@@ -11,7 +11,7 @@
 //! Search cost: none; one pass over the nodes per device kind and one all-reduce costing
 //! (`O(nodes · kinds + devices)`), then one simulation of the plan.
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::comm::allreduce_time;
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};

@@ -13,10 +13,10 @@
 //!    the search on all devices; same or better plans than `g = 1` at 128 and 256 devices on
 //!    the GraphPipe models, BENCHMARKS.md).
 //! 2. **Coarse pass.** For each candidate micro-batch size (powers of two dividing the batch with
-//!    at most 512 micro-batches, or `--micro-batch`), [`crate::partition_gpp::search`]
+//!    at most 512 micro-batches, or `--micro-batch`), [`crate::planners::gpp_search::search`]
 //!    (Algorithm 1) at ε = 5·10⁻², strict (no relaxed targets), on a fixed pool of worker
 //!    threads. Sizes are searched in waves in the order of their lower bound
-//!    ([`crate::partition_gpp::lower_bounds`]); a size whose bound exceeds the third-best coarse
+//!    ([`crate::planners::gpp_search::lower_bounds`]); a size whose bound exceeds the third-best coarse
 //!    estimate so far cannot make the shortlist and is skipped.
 //! 3. **Refinement.** The three best by estimated iteration time `(M + depth − 1)·max per_mb +
 //!    sync` are searched again at ε = 10⁻³ from their coarse bracket, now also at the relaxed
@@ -51,7 +51,7 @@
 //!    with devices) and stop at the bound; the seeds cost what those planners cost.
 //!
 //! The searches at one micro-batch size share their stage evaluations
-//! ([`crate::partition_gpp::StageTable`]): the graph and linearised unit graphs have the same
+//! ([`crate::planners::gpp_search::StageTable`]): the graph and linearised unit graphs have the same
 //! units, so the coarse, refined and linearised searches cost each stage once.
 //!
 //! `gpp-seq` plans are simulated as the chain they are (stage `i+1` after stage `i`, see
@@ -61,13 +61,13 @@
 //! Objective (`objective_s`): the bottleneck stage's time-per-sample × the batch (Eq. 1 in seconds
 //! per iteration).
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::{Cluster, CostGraph};
-use crate::partition_gpp::{
+use crate::plan::{Plan, PlanOptions, StageSpec};
+use crate::planners::gpp_search::{
     device_granule, lower_bounds, search_with, ScratchPool, SearchParams, SearchResult, StageTable,
     UnitGraph, MAX_DP_UNITS,
 };
-use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
 use crate::sp_decompose::{assign_side_nodes, decompose, node_work, SpTree};
 use pipec_compiler::{Error, Result};
@@ -558,7 +558,7 @@ impl Planner for Gpp {
             let dapple = (seed_wanted("dapple", cluster)
                 && !self.seed_plans.iter().any(|(n, _)| n == "dapple")
                 && std::thread::available_parallelism().map_or(1, |n| n.get()) > 1)
-                .then(|| sc.spawn(|| super::by_name("dapple")?.plan(g, cluster, opts)));
+                .then(|| sc.spawn(|| super::dapple::Dapple::default().plan(g, cluster, opts)));
             let mut best = self.search(g, cluster, opts, t0, &pool);
             // `--time-limit`: the searches on fewer devices and the seeds are left out once it
             // has passed (the search on all devices always completes).
@@ -573,6 +573,19 @@ impl Planner for Gpp {
         plan.time_limited |= time_limited;
         Ok(plan)
     }
+}
+
+/// The planner of a [`SEQUENTIAL_SEEDS`] name (built here rather than through the registry,
+/// which lists `gpp` itself).
+fn seed_planner(name: &str) -> Option<Box<dyn Planner>> {
+    Some(match name {
+        "dp" => Box::new(super::dp::DataParallel),
+        "dapple" => Box::new(super::dapple::Dapple::default()),
+        "straight" => Box::new(super::straight::Straight),
+        "pipedream" => Box::new(super::pipedream::PipeDream::default()),
+        "bapipe" => Box::new(super::bapipe::BaPipe),
+        _ => return None,
+    })
 }
 
 /// The planners whose plans join `gpp`'s final choice. Their stage graphs are sequential
@@ -649,7 +662,7 @@ fn seeds(
                     .join()
                     .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
                 None => {
-                    let Ok(planner) = super::by_name(name) else {
+                    let Some(planner) = seed_planner(name) else {
                         continue;
                     };
                     match planner.plan_below(g, cluster, opts, time_to_beat(best)) {

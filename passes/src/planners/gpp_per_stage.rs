@@ -11,7 +11,7 @@
 //!   the simulated iteration ([`crate::sim::schedule`]'s per-stage kFkB schedule) fits every
 //!   device's memory and is no slower than the uniform `b`, 1F1B start (the plan the default
 //!   schedule gives); each `k_s` is the paper's `argmin_k max_y ComputeInFlight(k, b_s, k_y, b_y,
-//!   i_y)` over `k ∈ {1, 2, 4}` ([`crate::schedule_gpp::choose_k`]), taken in reverse topological
+//!   i_y)` over `k ∈ {1, 2, 4}` ([`crate::sim::in_flight::choose_k`]), taken in reverse topological
 //!   order as Algorithm 2 schedules stages.
 //!
 //! # Method (and how it differs from the paper)
@@ -32,7 +32,7 @@
 
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{couples_samples, PlanOptions, StageSpec};
-use crate::schedule_gpp::{choose_k, in_flight_samples, reverse_topo};
+use crate::sim::in_flight::{choose_k, in_flight_samples, reverse_topo};
 use crate::sim::{schedule, simulate, PerStage, ScheduleKind, SimResult, StageGraph};
 use pipec_compiler::Result;
 

@@ -33,35 +33,14 @@ pub mod dapple_hpgo;
 pub mod dp;
 pub mod gpp;
 pub mod gpp_per_stage;
+pub mod gpp_search;
 pub mod pipedream;
+pub mod planner;
 pub mod stages;
 pub mod straight;
 
-use crate::cost::{Cluster, CostGraph};
-use crate::plan::{Plan, PlanOptions};
 use pipec_compiler::{Error, Result};
-
-/// A planner.
-pub trait Planner {
-    /// The `--planner` name.
-    fn name(&self) -> &'static str;
-    /// Plan `g` on `cluster`.
-    fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan>;
-    /// [`Planner::plan`] for a caller that only wants a plan whose simulated iteration is below
-    /// `cutoff` seconds (GPP's seeds): `None` when the planner can tell without simulating it
-    /// that its plan is not (its iteration is at or above `cutoff`). A planner without such a
-    /// shortcut returns its plan.
-    fn plan_below(
-        &self,
-        g: &CostGraph,
-        cluster: &Cluster,
-        opts: &PlanOptions,
-        cutoff: f64,
-    ) -> Result<Option<Plan>> {
-        let _ = cutoff;
-        self.plan(g, cluster, opts).map(Some)
-    }
-}
+pub use planner::Planner;
 
 /// The planner name `stages:SPEC` is the user's own stages ([`stages`], `--stages SPEC`).
 pub const STAGES_PREFIX: &str = "stages:";

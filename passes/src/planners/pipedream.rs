@@ -46,7 +46,7 @@
 //! synchronous flush variant (gradients all-reduced after the last backward; no weight stashing).
 //! Default micro-batch: `M ≥ 4·stages`.
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::antichain::{pipedream_exclusions, stage_of_nodes, Linearization};
 use crate::cost::{Cluster, CostGraph, NodeId};
 use crate::plan::{Plan, PlanOptions, StageSpec};

@@ -16,7 +16,7 @@
 //! is simulated and the fastest is kept (ties: the larger micro-batch); the schedule defaults to
 //! `gpp` (1F1B on the stage DAG).
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{micro_batches, Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;

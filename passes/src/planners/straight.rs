@@ -15,7 +15,7 @@
 //! Objective: `max_s T_s` at the whole batch, PipeDream's "time per stage" for a pipeline without
 //! replication.
 
-use super::Planner;
+use super::planner::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;

@@ -43,6 +43,7 @@
 //! micro-batches in flight per stage, and every task's start and end for the Chrome trace
 //! ([`trace::chrome_trace`]).
 
+pub mod in_flight;
 pub mod replay;
 pub mod schedule;
 pub mod trace;
@@ -51,7 +52,7 @@ pub use schedule::{Dir, Instr, Schedule, ScheduleKind};
 
 use crate::cost::memory::{stage_memory, step_time};
 use crate::cost::{comm, AllReduceAlgo, Cluster, CostGraph, Optimizer};
-use crate::plan::StageSpec;
+use crate::stage::StageSpec;
 use pipec_compiler::{Error, Result};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Ordering;

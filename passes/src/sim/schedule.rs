@@ -41,7 +41,7 @@
 //! **kFkB** (`kfkb-K`, GraphPipe §6 footnote 2: a schedule "starts with `ℓ` forward passes (for
 //! warm-up), alternates between `k` backward and `k` forward passes, and ends with `ℓ` backward
 //! passes"): every stage uses the same `K` and micro-batch. Its in-flight count is Appendix A.1's
-//! [`crate::schedule_gpp::in_flight_samples`] with uniform `k = K`, `b = 1`: a sink holds `K`, and
+//! [`crate::sim::in_flight::in_flight_samples`] with uniform `k = K`, `b = 1`: a sink holds `K`, and
 //! each stage edge adds `2` (row 8, `max(b_x, b_y) < k_y b_y = k_x b_x`, for `K ≥ 2`; row 7 adds
 //! `1` for `K = 1`, which is `gpp`), so `K_s = K + 2·(depth(s) − 1)` on the longest path. Larger
 //! `K` groups `K` forwards (and backwards) back to back — fewer switches between directions — at
@@ -574,9 +574,9 @@ pub fn covering(b: u64, r: usize, lo: u64, hi: u64) -> Vec<(usize, usize, u64)> 
 
 /// The warm-up `K_s = ⌈i_s / b_s⌉` (capped at the stage's `B / b_s` micro-batches) of every
 /// stage of a per-stage configuration, from the in-flight samples `i_s` of
-/// [`crate::schedule_gpp::in_flight_samples`] on the stage DAG `succ`. Codegen emits the same.
+/// [`crate::sim::in_flight::in_flight_samples`] on the stage DAG `succ`. Codegen emits the same.
 pub fn per_stage_warmups(succ: &[Vec<usize>], ps: &crate::sim::PerStage) -> Vec<usize> {
-    let samples = crate::schedule_gpp::in_flight_samples(succ, &ps.micro_batch, &ps.group);
+    let samples = crate::sim::in_flight::in_flight_samples(succ, &ps.micro_batch, &ps.group);
     samples
         .iter()
         .zip(&ps.micro_batch)
@@ -590,7 +590,7 @@ pub fn per_stage_warmups(succ: &[Vec<usize>], ps: &crate::sim::PerStage) -> Vec<
 /// Per-stage micro-batch sizes and `k_sFk_sB` orders (GraphPipe §6, Figure 5): stage `s` runs
 /// `M_s = B / b_s` micro-batches of `b_s` samples, each split evenly over its replicas, in the
 /// order [`fb_order_grouped`]`(K_s, k_s, M_s)` with the warm-up `K_s = ⌈i_s / b_s⌉` from the
-/// in-flight samples `i_s` of [`crate::schedule_gpp::in_flight_samples`] (Appendix A.1, reverse
+/// in-flight samples `i_s` of [`crate::sim::in_flight::in_flight_samples`] (Appendix A.1, reverse
 /// topological order). A forward receives, per input edge, the pieces of the producer's
 /// micro-batches that overlap its samples (a concat when the producer's micro-batches are
 /// smaller, a split when larger) and sends its output pieces to the consumers' micro-batches;

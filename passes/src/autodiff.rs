@@ -32,6 +32,7 @@
 pub mod activations;
 pub mod builder;
 pub mod conv;
+mod extra;
 pub mod norm;
 pub mod pad;
 pub mod rules;
@@ -90,7 +91,7 @@ impl Autodiff {
 
 /// Op types with a gradient rule (those whose operands carry no gradient, such as `Shape`,
 /// comparisons or `ArgMax`, need none). Kept in step with the match arms of [`rules::grad`],
-/// [`extra_grad`] and [`activations::OPS`] by a unit test.
+/// [`extra::extra_grad`] and [`activations::OPS`] by a unit test.
 pub const GRAD_OPS: &[&str] = &[
     "Abs",
     "Add",
@@ -191,41 +192,6 @@ fn no_rule(node: &str, op_type: &str, via: &str) -> Error {
             GRAD_OPS.join(", ")
         ),
     )
-}
-
-/// Which operands carry gradients, for the op types whose rules live outside [`rules`]
-/// (`None`: not one of them).
-fn extra_diff_inputs(d: &pipec_compiler::ir::OpData) -> Option<Vec<bool>> {
-    match d.op_type.as_str() {
-        // X and constant_value (pads and axes are integers).
-        "Pad" => Some((0..d.inputs.len()).map(|i| i == 0 || i == 2).collect()),
-        _ => activations::diff_inputs(d),
-    }
-}
-
-/// The rules that live outside [`rules`] (`Ok(None)`: no rule for the op type).
-fn extra_grad(
-    b: &mut Builder,
-    op: Op,
-    d: &pipec_compiler::ir::OpData,
-    dys: &[Option<Value>],
-    need: &[bool],
-    opset: i64,
-) -> Result<Option<rules::Grads>> {
-    let _ = op;
-    let mut out: rules::Grads = vec![None; d.inputs.len()];
-    let Some(g) = dys.first().copied().flatten() else {
-        return activations::grad(b, d, dys, need);
-    };
-    match d.op_type.as_str() {
-        "ConvTranspose" => conv::conv_transpose_grads(b, d, g, need, &mut out)?,
-        "Pad" => pad::pad_grads(b, d, g, need, &mut out)?,
-        "InstanceNormalization" | "GroupNormalization" => {
-            norm::group_norm_grads(b, d, g, need, &mut out, opset)?
-        }
-        _ => return activations::grad(b, d, dys, need),
-    }
-    Ok(Some(out))
 }
 
 /// What [`differentiate`] built.
@@ -626,9 +592,9 @@ mod tests {
             "fn matmul_grads",
         );
         found.extend(arms(
-            include_str!("autodiff.rs"),
+            include_str!("autodiff/extra.rs"),
             "fn extra_grad(",
-            "/// What",
+            "Ok(Some(out))",
         ));
         found.extend(activations::OPS.iter().map(|s| s.to_string()));
         assert!(found.len() > 60, "{found:?}");

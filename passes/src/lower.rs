@@ -204,12 +204,3 @@ fn rename_into(b: &mut Builder, old: Value, new: Value) {
     b.g.values[old].name = spare;
     b.g.values[new].name = name;
 }
-
-/// `Slice(x, [start], [end], [axis])` with constant bounds.
-pub(crate) fn slice(b: &mut Builder, x: Value, axis: i64, start: i64, end: i64) -> Value {
-    let s = b.ints(&[start]);
-    let e = b.ints(&[end]);
-    let a = b.ints(&[axis]);
-    let dt = b.dt(x);
-    b.op1("Slice", &[x, s, e, a], vec![], dt)
-}

@@ -18,7 +18,7 @@ pub use super::builder::Grads;
 pub fn diff_inputs(d: &OpData) -> Vec<bool> {
     let n = d.inputs.len();
     let only = |k: &[usize]| (0..n).map(|i| k.contains(&i)).collect::<Vec<_>>();
-    if let Some(v) = super::extra_diff_inputs(d) {
+    if let Some(v) = super::extra::extra_diff_inputs(d) {
         return v;
     }
     match d.op_type.as_str() {
@@ -924,7 +924,7 @@ pub fn grad(
             let g = dy!();
             super::norm::layer_norm_grads(b, &d, g, need, &mut out)?;
         }
-        _ => return super::extra_grad(b, op, &d, dys, need, opset),
+        _ => return super::extra::extra_grad(b, op, &d, dys, need, opset),
     }
     Ok(Some(out))
 }

@@ -24,7 +24,7 @@
 //! Cotangents take the routes of their activations in reverse. Message tags are allocated in a
 //! deterministic order, so the same plan always gives byte-identical schedules.
 
-use super::{concrete_dims, layout, Layout};
+use super::layout::{concrete_dims, cot_name, layout, Layout};
 use crate::sim::schedule::{fb_order_grouped, round_robin_micro_batches};
 use crate::sim::{heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
@@ -586,7 +586,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         for &c in cs {
                             let side = Side::Producer { mp: mb, i: j };
                             let hops = edge_hops(cx, lay, s, c, side, vn)?;
-                            let cot = super::cot_name(vn, c);
+                            let cot = cot_name(vn, c);
                             let mut pieces = Vec::with_capacity(hops.len());
                             for h in &hops {
                                 pieces.push(Incoming {

@@ -42,11 +42,13 @@
 pub mod insert_comm;
 pub mod pieces;
 
+mod layout;
 use crate::loss::LossKind;
 use crate::optimizer::OptimizerKind;
 use crate::plan::StageSpec;
 use crate::sim::ScheduleKind;
 pub use insert_comm::Replication;
+pub use layout::{concrete_dims, cot_name, layout, Layout};
 use pipec_compiler::ir::{DType, Dim, Module, Op, TensorData, TensorType, Value, ValueDef};
 use pipec_compiler::program::{
     self, DataInput, Piece, Program, ReferenceProgram, StageProgram, PROGRAM_VERSION,
@@ -81,17 +83,6 @@ pub struct Compiled {
     pub dumps: Vec<(String, Module)>,
 }
 
-/// How a cross value is laid out over a stage's replicas.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    /// Axis 0 carries the batch: replicas hold row slices.
-    Rows,
-    /// No batch axis: every replica holds the whole value.
-    Whole,
-    /// The batch is on another axis: only exchangeable between equal replica counts.
-    Other,
-}
-
 /// The batch symbol: axis 0 of the first data input.
 fn batch_symbol(m: &Module) -> Result<String> {
     let g = &m.graph;
@@ -106,33 +97,6 @@ fn batch_symbol(m: &Module) -> Result<String> {
             g.name(*first),
             "codegen: the first data input needs a symbolic batch on axis 0 (re-export the model with a dynamic batch axis)",
         )),
-    }
-}
-
-/// Concrete dims of `ty` with the batch symbol bound to `n` (`-1` where a dim stays unknown).
-pub fn concrete_dims(ty: &TensorType, batch: &str, n: u64) -> Vec<i64> {
-    ty.shape
-        .as_deref()
-        .unwrap_or(&[])
-        .iter()
-        .map(|d| match d {
-            Dim::Known(k) => *k,
-            Dim::Sym(s) if s.syms.iter().all(|x| x == batch) => {
-                s.coeff * (n as i64).pow(s.syms.len() as u32)
-            }
-            Dim::Sym(_) => -1,
-        })
-        .collect()
-}
-
-/// The layout of a value of type `ty`.
-pub fn layout(ty: &TensorType, batch: &str) -> Layout {
-    let has = |d: &Dim| matches!(d, Dim::Sym(s) if s.syms.iter().any(|x| x == batch));
-    let dims = ty.shape.as_deref().unwrap_or(&[]);
-    match dims.iter().position(has) {
-        None => Layout::Whole,
-        Some(0) if !dims[1..].iter().any(has) => Layout::Rows,
-        Some(_) => Layout::Other,
     }
 }
 
@@ -631,11 +595,6 @@ fn depends_on_parameters(m: &Module) -> HashSet<Value> {
         }
     }
     out
-}
-
-/// The cotangent input name for value `v` coming back from stage `consumer`.
-pub fn cot_name(v: &str, consumer: usize) -> String {
-    format!("cot/{v}/s{consumer}")
 }
 
 fn piece(file: &str, m: &Module) -> Piece {

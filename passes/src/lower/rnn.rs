@@ -27,7 +27,6 @@
 //! transposed to layout 0 and back. `X·Wᵀ` is computed once for the whole sequence per gate;
 //! the recurrence is unrolled, `S` steps per direction.
 
-use super::slice;
 use crate::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, Op, Value};
@@ -386,4 +385,13 @@ fn activate(b: &mut Builder, act: Act, v: Value, clip: Option<f32>) -> Result<Va
         Act::Tanh => b.un("Tanh", v),
         Act::Relu => b.un("Relu", v),
     })
+}
+
+/// `Slice(x, [start], [end], [axis])` with constant bounds.
+fn slice(b: &mut Builder, x: Value, axis: i64, start: i64, end: i64) -> Value {
+    let s = b.ints(&[start]);
+    let e = b.ints(&[end]);
+    let a = b.ints(&[axis]);
+    let dt = b.dt(x);
+    b.op1("Slice", &[x, s, e, a], vec![], dt)
 }

@@ -50,143 +50,10 @@
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
 
-use super::StageGraph;
+pub use super::kind::ScheduleKind;
+use super::stage_graph::{PerStage, SimStage, StageGraph};
 use crate::cost::comm::redistribute;
 use serde::Serialize;
-
-/// A schedule kind (`--schedule`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-pub enum ScheduleKind {
-    GPipe,
-    OneFOneB,
-    DappleA,
-    DappleB,
-    OneFOneBSo,
-    Gpp,
-    /// GPipe with re-computation of the forward during the backward.
-    GPipeRecompute,
-    /// 1F1B (policy A) with re-computation.
-    OneFOneBRecompute,
-    /// PipeDream's 1F1B with whole micro-batches given to replicas round robin.
-    OneFOneBRr,
-    /// GraphPipe's kFkB with the same `k` (≥ 1) and micro-batch on every stage.
-    Kfkb(u32),
-    /// GraphPipe's per-stage micro-batch sizes and `k_sFk_sB` schedules
-    /// ([`crate::sim::PerStage`] on the stage graph; without it, the same as `gpp`).
-    GppPerStage,
-}
-
-/// The label ([`ScheduleKind::label`]).
-impl std::fmt::Display for ScheduleKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.label())
-    }
-}
-
-impl ScheduleKind {
-    /// All kinds, in `--schedule` order.
-    pub const ALL: [ScheduleKind; 9] = [
-        ScheduleKind::GPipe,
-        ScheduleKind::OneFOneB,
-        ScheduleKind::DappleA,
-        ScheduleKind::DappleB,
-        ScheduleKind::OneFOneBSo,
-        ScheduleKind::Gpp,
-        ScheduleKind::GPipeRecompute,
-        ScheduleKind::OneFOneBRecompute,
-        ScheduleKind::OneFOneBRr,
-    ];
-
-    /// The `--schedule` name.
-    pub fn name(self) -> &'static str {
-        match self {
-            ScheduleKind::GPipe => "gpipe",
-            ScheduleKind::OneFOneB => "1f1b",
-            ScheduleKind::DappleA => "dapple-a",
-            ScheduleKind::DappleB => "dapple-b",
-            ScheduleKind::OneFOneBSo => "1f1b-so",
-            ScheduleKind::Gpp => "gpp",
-            ScheduleKind::GPipeRecompute => "gpipe-recompute",
-            ScheduleKind::OneFOneBRecompute => "1f1b-recompute",
-            ScheduleKind::OneFOneBRr => "1f1b-rr",
-            ScheduleKind::Kfkb(_) => "kfkb",
-            ScheduleKind::GppPerStage => "gpp-per-stage",
-        }
-    }
-
-    /// The name with its parameter, as `--schedule` takes it and `plan.json` records it:
-    /// [`ScheduleKind::name`], or `kfkb-K`.
-    pub fn label(self) -> String {
-        match self {
-            ScheduleKind::Kfkb(k) => format!("kfkb-{k}"),
-            _ => self.name().to_string(),
-        }
-    }
-
-    /// The `--schedule` names, for help and error messages.
-    pub fn names() -> Vec<&'static str> {
-        let mut v: Vec<&'static str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
-        v.push("kfkb-K");
-        v.push("gpp-per-stage");
-        v
-    }
-
-    /// `k` of kFkB: how many forwards (and backwards) a stage runs back to back after its
-    /// warm-up (1 for every kind but `kfkb-K`).
-    pub fn group(self) -> usize {
-        match self {
-            ScheduleKind::Kfkb(k) => k.max(1) as usize,
-            _ => 1,
-        }
-    }
-
-    /// Whether the backward re-runs the forward (only stage inputs are kept in flight).
-    pub fn recompute(self) -> bool {
-        matches!(
-            self,
-            ScheduleKind::GPipeRecompute | ScheduleKind::OneFOneBRecompute
-        )
-    }
-
-    /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
-    /// even slice of every micro-batch.
-    pub fn round_robin(self) -> bool {
-        self == ScheduleKind::OneFOneBRr
-    }
-
-    /// Parse a `--schedule` name.
-    pub fn parse(s: &str) -> Option<ScheduleKind> {
-        if let Some(k) = s.strip_prefix("kfkb-") {
-            return k
-                .parse::<u32>()
-                .ok()
-                .filter(|k| (1..=1024).contains(k))
-                .map(ScheduleKind::Kfkb);
-        }
-        if s == "gpp-per-stage" {
-            return Some(ScheduleKind::GppPerStage);
-        }
-        ScheduleKind::ALL.iter().copied().find(|k| k.name() == s)
-    }
-
-    /// Warm-up forwards `K` of a stage at `depth` (stages to the sink, ≥ 1) with `m` micro-batches.
-    pub fn warmup(self, depth: usize, m: usize) -> usize {
-        let k = match self {
-            ScheduleKind::GPipe | ScheduleKind::GPipeRecompute => m,
-            ScheduleKind::OneFOneB
-            | ScheduleKind::DappleA
-            | ScheduleKind::Gpp
-            | ScheduleKind::OneFOneBRecompute
-            | ScheduleKind::OneFOneBRr
-            | ScheduleKind::GppPerStage => depth,
-            ScheduleKind::DappleB => 2 * depth - 1,
-            ScheduleKind::OneFOneBSo => 2 * depth,
-            ScheduleKind::Kfkb(1) => depth,
-            ScheduleKind::Kfkb(k) => k as usize + 2 * depth.saturating_sub(1),
-        };
-        k.clamp(1, m.max(1))
-    }
-}
 
 /// Direction of a transfer between stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -421,13 +288,7 @@ fn device_count(sg: &StageGraph) -> usize {
 /// its gradients, then the optimizer step. As codegen emits them: one all-reduce per device set
 /// in ascending order of the sets, the stage's replicas (its own parameters, when replicated)
 /// and each tied group holding `d` ([`StageGraph::tied`], `stage` numbered after the stages).
-fn push_flush(
-    prog: &mut Vec<Instr>,
-    s: usize,
-    st: &crate::sim::SimStage,
-    sg: &StageGraph,
-    d: usize,
-) {
+fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &SimStage, sg: &StageGraph, d: usize) {
     let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
     if st.devices.len() > 1 {
         let mut key = st.devices.clone();
@@ -575,7 +436,7 @@ pub fn covering(b: u64, r: usize, lo: u64, hi: u64) -> Vec<(usize, usize, u64)> 
 /// The warm-up `K_s = ⌈i_s / b_s⌉` (capped at the stage's `B / b_s` micro-batches) of every
 /// stage of a per-stage configuration, from the in-flight samples `i_s` of
 /// [`crate::sim::in_flight::in_flight_samples`] on the stage DAG `succ`. Codegen emits the same.
-pub fn per_stage_warmups(succ: &[Vec<usize>], ps: &crate::sim::PerStage) -> Vec<usize> {
+pub fn per_stage_warmups(succ: &[Vec<usize>], ps: &PerStage) -> Vec<usize> {
     let samples = crate::sim::in_flight::in_flight_samples(succ, &ps.micro_batch, &ps.group);
     samples
         .iter()
@@ -595,7 +456,7 @@ pub fn per_stage_warmups(succ: &[Vec<usize>], ps: &crate::sim::PerStage) -> Vec<
 /// micro-batches that overlap its samples (a concat when the producer's micro-batches are
 /// smaller, a split when larger) and sends its output pieces to the consumers' micro-batches;
 /// gradients take the same pieces back.
-fn generate_per_stage(sg: &StageGraph, ps: &crate::sim::PerStage, m: usize) -> Schedule {
+fn generate_per_stage(sg: &StageGraph, ps: &PerStage, m: usize) -> Schedule {
     let ndev = device_count(sg);
     let b = &ps.micro_batch;
     let ms: Vec<usize> = b.iter().map(|&x| (ps.batch / x.max(1)) as usize).collect();

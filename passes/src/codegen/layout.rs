@@ -1,0 +1,48 @@
+//! How codegen lays a value out over a stage's replicas, its concrete dims for a micro-batch,
+//! and the names of cotangent inputs: the vocabulary `mod.rs` (the stage pieces) and
+//! `insert_comm.rs` (the communication) share, apart from both.
+
+use pipec_compiler::ir::{Dim, TensorType};
+
+/// How a cross value is laid out over a stage's replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Axis 0 carries the batch: replicas hold row slices.
+    Rows,
+    /// No batch axis: every replica holds the whole value.
+    Whole,
+    /// The batch is on another axis: only exchangeable between equal replica counts.
+    Other,
+}
+
+/// Concrete dims of `ty` with the batch symbol bound to `n` (`-1` where a dim stays unknown).
+pub fn concrete_dims(ty: &TensorType, batch: &str, n: u64) -> Vec<i64> {
+    ty.shape
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .map(|d| match d {
+            Dim::Known(k) => *k,
+            Dim::Sym(s) if s.syms.iter().all(|x| x == batch) => {
+                s.coeff * (n as i64).pow(s.syms.len() as u32)
+            }
+            Dim::Sym(_) => -1,
+        })
+        .collect()
+}
+
+/// The layout of a value of type `ty`.
+pub fn layout(ty: &TensorType, batch: &str) -> Layout {
+    let has = |d: &Dim| matches!(d, Dim::Sym(s) if s.syms.iter().any(|x| x == batch));
+    let dims = ty.shape.as_deref().unwrap_or(&[]);
+    match dims.iter().position(has) {
+        None => Layout::Whole,
+        Some(0) if !dims[1..].iter().any(has) => Layout::Rows,
+        Some(_) => Layout::Other,
+    }
+}
+
+/// The cotangent input name for value `v` coming back from stage `consumer`.
+pub fn cot_name(v: &str, consumer: usize) -> String {
+    format!("cot/{v}/s{consumer}")
+}

@@ -1,0 +1,139 @@
+//! The schedule kinds (`--schedule`): their names, parsing and what each implies for the
+//! stage graph. Apart from the generator (`schedule.rs`) so the stage graph can name a kind
+//! without depending on the generator.
+
+use serde::Serialize;
+
+/// A schedule kind (`--schedule`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum ScheduleKind {
+    GPipe,
+    OneFOneB,
+    DappleA,
+    DappleB,
+    OneFOneBSo,
+    Gpp,
+    /// GPipe with re-computation of the forward during the backward.
+    GPipeRecompute,
+    /// 1F1B (policy A) with re-computation.
+    OneFOneBRecompute,
+    /// PipeDream's 1F1B with whole micro-batches given to replicas round robin.
+    OneFOneBRr,
+    /// GraphPipe's kFkB with the same `k` (≥ 1) and micro-batch on every stage.
+    Kfkb(u32),
+    /// GraphPipe's per-stage micro-batch sizes and `k_sFk_sB` schedules
+    /// ([`crate::sim::PerStage`] on the stage graph; without it, the same as `gpp`).
+    GppPerStage,
+}
+
+/// The label ([`ScheduleKind::label`]).
+impl std::fmt::Display for ScheduleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label())
+    }
+}
+
+impl ScheduleKind {
+    /// All kinds, in `--schedule` order.
+    pub const ALL: [ScheduleKind; 9] = [
+        ScheduleKind::GPipe,
+        ScheduleKind::OneFOneB,
+        ScheduleKind::DappleA,
+        ScheduleKind::DappleB,
+        ScheduleKind::OneFOneBSo,
+        ScheduleKind::Gpp,
+        ScheduleKind::GPipeRecompute,
+        ScheduleKind::OneFOneBRecompute,
+        ScheduleKind::OneFOneBRr,
+    ];
+
+    /// The `--schedule` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScheduleKind::GPipe => "gpipe",
+            ScheduleKind::OneFOneB => "1f1b",
+            ScheduleKind::DappleA => "dapple-a",
+            ScheduleKind::DappleB => "dapple-b",
+            ScheduleKind::OneFOneBSo => "1f1b-so",
+            ScheduleKind::Gpp => "gpp",
+            ScheduleKind::GPipeRecompute => "gpipe-recompute",
+            ScheduleKind::OneFOneBRecompute => "1f1b-recompute",
+            ScheduleKind::OneFOneBRr => "1f1b-rr",
+            ScheduleKind::Kfkb(_) => "kfkb",
+            ScheduleKind::GppPerStage => "gpp-per-stage",
+        }
+    }
+
+    /// The name with its parameter, as `--schedule` takes it and `plan.json` records it:
+    /// [`ScheduleKind::name`], or `kfkb-K`.
+    pub fn label(self) -> String {
+        match self {
+            ScheduleKind::Kfkb(k) => format!("kfkb-{k}"),
+            _ => self.name().to_string(),
+        }
+    }
+
+    /// The `--schedule` names, for help and error messages.
+    pub fn names() -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
+        v.push("kfkb-K");
+        v.push("gpp-per-stage");
+        v
+    }
+
+    /// `k` of kFkB: how many forwards (and backwards) a stage runs back to back after its
+    /// warm-up (1 for every kind but `kfkb-K`).
+    pub fn group(self) -> usize {
+        match self {
+            ScheduleKind::Kfkb(k) => k.max(1) as usize,
+            _ => 1,
+        }
+    }
+
+    /// Whether the backward re-runs the forward (only stage inputs are kept in flight).
+    pub fn recompute(self) -> bool {
+        matches!(
+            self,
+            ScheduleKind::GPipeRecompute | ScheduleKind::OneFOneBRecompute
+        )
+    }
+
+    /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
+    /// even slice of every micro-batch.
+    pub fn round_robin(self) -> bool {
+        self == ScheduleKind::OneFOneBRr
+    }
+
+    /// Parse a `--schedule` name.
+    pub fn parse(s: &str) -> Option<ScheduleKind> {
+        if let Some(k) = s.strip_prefix("kfkb-") {
+            return k
+                .parse::<u32>()
+                .ok()
+                .filter(|k| (1..=1024).contains(k))
+                .map(ScheduleKind::Kfkb);
+        }
+        if s == "gpp-per-stage" {
+            return Some(ScheduleKind::GppPerStage);
+        }
+        ScheduleKind::ALL.iter().copied().find(|k| k.name() == s)
+    }
+
+    /// Warm-up forwards `K` of a stage at `depth` (stages to the sink, ≥ 1) with `m` micro-batches.
+    pub fn warmup(self, depth: usize, m: usize) -> usize {
+        let k = match self {
+            ScheduleKind::GPipe | ScheduleKind::GPipeRecompute => m,
+            ScheduleKind::OneFOneB
+            | ScheduleKind::DappleA
+            | ScheduleKind::Gpp
+            | ScheduleKind::OneFOneBRecompute
+            | ScheduleKind::OneFOneBRr
+            | ScheduleKind::GppPerStage => depth,
+            ScheduleKind::DappleB => 2 * depth - 1,
+            ScheduleKind::OneFOneBSo => 2 * depth,
+            ScheduleKind::Kfkb(1) => depth,
+            ScheduleKind::Kfkb(k) => k as usize + 2 * depth.saturating_sub(1),
+        };
+        k.clamp(1, m.max(1))
+    }
+}

@@ -1,0 +1,473 @@
+//! The stage graph the simulator runs: stages with their per-micro-batch times, memory and
+//! replicas, the edges between them, tied-parameter groups and per-stage micro-batches
+//! (`gpp-per-stage`), built from a plan's stages on the cost graph.
+
+use super::kind::ScheduleKind;
+use crate::cost::memory::{stage_memory, step_time};
+use crate::cost::{Cluster, CostGraph, Optimizer};
+use crate::stage::StageSpec;
+use std::collections::HashMap;
+
+/// One stage as the simulator sees it. Times are for one micro-batch slice (`micro_batch /
+/// replicas` samples) on each replica's device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimStage {
+    /// Devices, one per replica.
+    pub devices: Vec<usize>,
+    /// Forward seconds per replica.
+    pub fwd_s: Vec<f64>,
+    /// Backward seconds per replica.
+    pub bwd_s: Vec<f64>,
+    /// Optimizer step seconds per replica.
+    pub step_s: Vec<f64>,
+    /// Parameter bytes the stage holds (its copies of tied parameters included).
+    pub parameter_bytes: f64,
+    /// Of `parameter_bytes`, those of tied parameters, all-reduced in a [`TiedGroup`] rather
+    /// than over the stage's replicas.
+    pub tied_bytes: f64,
+    /// Static memory of one replica (parameters, gradients, optimizer state, buffers).
+    pub static_bytes: f64,
+    /// Activation bytes saved by one micro-batch slice until its backward.
+    pub saved_bytes: f64,
+}
+
+/// A data edge between stages: `bytes` per whole micro-batch (split over replicas as needed).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageEdge {
+    pub src: usize,
+    pub dst: usize,
+    pub bytes: f64,
+    /// Values crossing the edge: codegen sends each as its own message (per micro-batch and
+    /// replica piece), so a transfer pays the link latency once per value.
+    pub tensors: usize,
+    /// Bytes of the cotangents coming back per whole micro-batch: only values a consumer
+    /// differentiates get one (not those read only by side computations, nor values that
+    /// depend on no parameter).
+    pub grad_bytes: f64,
+    /// Values whose cotangents come back (0: no gradient message on this edge).
+    pub grad_tensors: usize,
+}
+
+impl StageEdge {
+    /// An edge of one value, `bytes` per micro-batch each way.
+    pub fn new(src: usize, dst: usize, bytes: f64) -> StageEdge {
+        StageEdge {
+            src,
+            dst,
+            bytes,
+            tensors: 1,
+            grad_bytes: bytes,
+            grad_tensors: 1,
+        }
+    }
+}
+
+/// The stage DAG the simulator runs.
+#[derive(Clone, Debug, Default)]
+pub struct StageGraph {
+    pub stages: Vec<SimStage>,
+    pub edges: Vec<StageEdge>,
+    pub in_edges: Vec<Vec<usize>>,
+    pub out_edges: Vec<Vec<usize>>,
+    /// Per-stage micro-batch sizes and kFkB groups (`gpp-per-stage`); `None`: one micro-batch
+    /// size for all stages, the schedule kind's own order.
+    pub per_stage: Option<PerStage>,
+    /// Per stage: its replicas take whole micro-batches in turn (replica `m mod r` runs
+    /// micro-batch `m`) instead of an even slice of each. Codegen does this when the micro-batch
+    /// does not divide over the replicas, so the simulator does too. Empty: no stage.
+    pub round_robin: Vec<bool>,
+    /// The all-reduces of tied parameters held by several stages, one per set of holding
+    /// devices, ascending by that set.
+    pub tied: Vec<TiedGroup>,
+}
+
+/// Tied parameters ([`crate::cost::TiedParameter`]) held by several stages: codegen keeps a
+/// copy in each and sums the gradient shares with one all-reduce over every replica of every
+/// holding stage, before each holder's optimizer step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TiedGroup {
+    /// The holding devices, ascending.
+    pub devices: Vec<usize>,
+    /// The tied parameters' bytes.
+    pub bytes: f64,
+}
+
+/// GraphPipe's per-stage schedule configuration (§4: `b_i` "the micro-batch size of `S_i`",
+/// §6: a `k_iFk_iB` schedule per stage): what [`ScheduleKind::GppPerStage`] runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PerStage {
+    /// The mini-batch `B` (samples per iteration).
+    pub batch: u64,
+    /// The micro-batch size the stage graph's edge bytes are for.
+    pub base_micro_batch: u64,
+    /// `b_s` per stage: divides `B` and is a multiple of the stage's replica count.
+    pub micro_batch: Vec<u64>,
+    /// `k_s` per stage.
+    pub group: Vec<u64>,
+}
+
+/// Whether a stage's `replicas` take whole micro-batches in turn (replica `m mod r` runs
+/// micro-batch `m`) instead of an even slice of each: when the micro-batch does not divide over
+/// them. Codegen emits this and the simulator, GPP's stage evaluation and the C4 check model it.
+pub fn takes_turns(micro_batch: f64, replicas: usize) -> bool {
+    replicas > 1 && (micro_batch / replicas as f64).fract() != 0.0
+}
+
+/// Per node of a DAG given by successor lists, the largest sum of `weight` over a path from it
+/// to a sink, its own weight included: with weight 1 the depth in stages, with replica counts
+/// PipeDream's number of machines. (A node on a cycle, which no stage DAG has, keeps its own.)
+pub fn heaviest_path_to_sink(succ: &[Vec<usize>], weight: &[usize]) -> Vec<usize> {
+    // Any topological order gives the same sums; on a cycle, the nodes before it.
+    let order = pipec_compiler::topo::topo_order(succ.len(), |s| succ[s].iter().copied())
+        .unwrap_or_else(|c| c.partial);
+    let mut w = weight.to_vec();
+    for &s in order.iter().rev() {
+        let below = succ[s].iter().map(|&t| w[t]).max().unwrap_or(0);
+        w[s] = weight[s] + below;
+    }
+    w
+}
+
+impl StageGraph {
+    /// A stage graph from stages and edges (edges must go between existing stages, acyclic).
+    pub fn new(stages: Vec<SimStage>, edges: Vec<StageEdge>) -> StageGraph {
+        let mut in_edges = vec![Vec::new(); stages.len()];
+        let mut out_edges = vec![Vec::new(); stages.len()];
+        for (i, e) in edges.iter().enumerate() {
+            out_edges[e.src].push(i);
+            in_edges[e.dst].push(i);
+        }
+        StageGraph {
+            stages,
+            edges,
+            in_edges,
+            out_edges,
+            per_stage: None,
+            round_robin: Vec::new(),
+            tied: Vec::new(),
+        }
+    }
+
+    /// Whether stage `s`'s replicas take whole micro-batches in turn ([`StageGraph::round_robin`]).
+    pub fn is_round_robin(&self, s: usize) -> bool {
+        self.round_robin.get(s).copied().unwrap_or(false)
+    }
+
+    /// A chain of `s` unreplicated stages (device i runs stage i) with forward `f`, backward `b`,
+    /// `bytes` per micro-batch between neighbours, no parameters: the closed-form test fixture.
+    pub fn uniform_chain(s: usize, f: f64, b: f64, bytes: f64) -> StageGraph {
+        let stages = (0..s)
+            .map(|i| SimStage {
+                devices: vec![i],
+                fwd_s: vec![f],
+                bwd_s: vec![b],
+                step_s: vec![0.0],
+                parameter_bytes: 0.0,
+                tied_bytes: 0.0,
+                static_bytes: 0.0,
+                saved_bytes: 1.0,
+            })
+            .collect();
+        let edges = (1..s).map(|i| StageEdge::new(i - 1, i, bytes)).collect();
+        StageGraph::new(stages, edges)
+    }
+
+    /// Cost a planner's stages: per replica, its slice `micro_batch / replicas` on its device kind.
+    pub fn from_specs(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+        opt: Optimizer,
+    ) -> StageGraph {
+        Self::build(g, cluster, specs, micro_batch, opt, true, None)
+    }
+
+    /// Cost a planner's stages with GraphPipe's per-stage micro-batch sizes `ps` (for
+    /// [`ScheduleKind::GppPerStage`]): stage `s`'s replicas each take `ps.micro_batch[s] /
+    /// replicas` samples; the edges' bytes are per micro-batch of `ps.base_micro_batch`.
+    pub fn from_specs_per_stage(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        opt: Optimizer,
+        ps: PerStage,
+    ) -> StageGraph {
+        let mut sg = Self::build(
+            g,
+            cluster,
+            specs,
+            ps.base_micro_batch as f64,
+            opt,
+            true,
+            Some(&ps.micro_batch),
+        );
+        sg.per_stage = Some(ps);
+        sg
+    }
+
+    /// Cost a planner's stages for the schedule `kind`: as [`StageGraph::from_specs`], except
+    /// that under round robin (`1f1b-rr`) every replica runs the whole micro-batch. Apply
+    /// [`StageGraph::for_schedule`] to get the figures the simulator uses.
+    pub fn from_specs_for(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+        opt: Optimizer,
+        kind: ScheduleKind,
+    ) -> StageGraph {
+        Self::build(
+            g,
+            cluster,
+            specs,
+            micro_batch,
+            opt,
+            !kind.round_robin(),
+            None,
+        )
+    }
+
+    /// The stage graph the simulator runs `kind` on: itself, or
+    /// [`StageGraph::with_recomputation`] for the re-computing kinds.
+    pub fn for_schedule(&self, kind: ScheduleKind) -> std::borrow::Cow<'_, StageGraph> {
+        if kind.recompute() {
+            std::borrow::Cow::Owned(self.with_recomputation())
+        } else {
+            std::borrow::Cow::Borrowed(self)
+        }
+    }
+
+    fn build(
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+        opt: Optimizer,
+        split: bool,
+        per_stage_mb: Option<&[u64]>,
+    ) -> StageGraph {
+        let mut stage_of = vec![usize::MAX; g.len()];
+        for (s, sp) in specs.iter().enumerate() {
+            for &n in &sp.nodes {
+                stage_of[n] = s;
+            }
+        }
+        // Tied parameters read in several stages: a copy in each (`extra` beyond the node
+        // that counts the bytes), all-reduced over every holder's devices.
+        let mut extra = vec![0.0f64; specs.len()];
+        let mut tied_in = vec![0.0f64; specs.len()];
+        let mut tied: std::collections::BTreeMap<Vec<usize>, f64> = Default::default();
+        for t in &g.tied {
+            let mut holders: Vec<usize> = t
+                .readers
+                .iter()
+                .map(|&r| stage_of[r])
+                .filter(|&s| s != usize::MAX)
+                .collect();
+            holders.sort_unstable();
+            holders.dedup();
+            if holders.len() < 2 {
+                continue;
+            }
+            let owner = t.readers.first().map_or(usize::MAX, |&r| stage_of[r]);
+            let mut devices: Vec<usize> = holders
+                .iter()
+                .flat_map(|&s| specs[s].devices.iter().copied())
+                .collect();
+            devices.sort_unstable();
+            devices.dedup();
+            for &s in &holders {
+                if s != owner {
+                    extra[s] += t.bytes;
+                }
+                tied_in[s] += t.bytes;
+            }
+            *tied.entry(devices).or_default() += t.bytes;
+        }
+        let mut stages = Vec::with_capacity(specs.len());
+        let mut round_robin = Vec::with_capacity(specs.len());
+        for (s, sp) in specs.iter().enumerate() {
+            let mask = g.mask(&sp.nodes);
+            let own = per_stage_mb
+                .and_then(|v| v.get(s))
+                .map_or(micro_batch, |&b| b as f64);
+            // As codegen: replicas split each micro-batch evenly when it divides over them,
+            // else (and always under 1F1B-RR) take whole micro-batches in turn.
+            let replicas = sp.devices.len().max(1);
+            let r = if split && !takes_turns(own, replicas) {
+                replicas
+            } else {
+                1
+            };
+            round_robin.push(replicas > 1 && r == 1);
+            let slice = own / r as f64;
+            let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
+            let (mut fwd, mut bwd, mut step) = (Vec::new(), Vec::new(), Vec::new());
+            let mut static_bytes: f64 = 0.0;
+            let mut params = 0.0;
+            let mut saved = 0.0;
+            for &d in &sp.devices {
+                let k = cluster.devices[d].kind;
+                let kind = &cluster.kinds[k];
+                let c = by_kind
+                    .entry(k)
+                    .or_insert_with(|| g.group_cost(&mask, slice, kind));
+                fwd.push(c.fwd_s);
+                bwd.push(c.bwd_s);
+                let held = c.parameter_bytes + extra[s];
+                step.push(step_time(held, kind.memory_bandwidth, opt));
+                let mem = stage_memory(held, c.saved_bytes, 1, c.in_bytes + c.out_bytes, opt);
+                static_bytes = static_bytes.max(mem.static_bytes());
+                params = held;
+                saved = c.saved_bytes;
+            }
+            stages.push(SimStage {
+                devices: sp.devices.clone(),
+                fwd_s: fwd,
+                bwd_s: bwd,
+                step_s: step,
+                parameter_bytes: params,
+                tied_bytes: tied_in[s],
+                static_bytes,
+                saved_bytes: saved,
+            });
+        }
+        // Stage edges: a node's output crosses once per consuming stage (the largest of its edges
+        // into that stage: graph.txt edges all carry the node's whole output).
+        // Side computations are not sent: codegen recomputes each in its own stage and in every
+        // stage that reads it, directly or through other side computations; what a side
+        // computation reads from a heavy node crosses to each of those stages.
+        let mut need: HashMap<usize, std::collections::BTreeSet<usize>> = HashMap::new();
+        for &x in g.topo_order().iter().rev() {
+            if !g.nodes[x].side {
+                continue;
+            }
+            let mut set = std::collections::BTreeSet::from([stage_of[x]]);
+            for &e in g.out_edges(x) {
+                let d = g.edges[e].dst;
+                match need.get(&d) {
+                    Some(ss) if g.nodes[d].side => set.extend(ss.iter().copied()),
+                    _ => {
+                        set.insert(stage_of[d]);
+                    }
+                }
+            }
+            need.insert(x, set);
+        }
+        // Nodes whose output depends on a parameter: only those get cotangents back.
+        let mut trained = vec![false; g.len()];
+        for &u in g.topo_order() {
+            trained[u] = g.nodes[u].parameter_bytes > 0.0 || g.preds(u).any(|p| trained[p]);
+        }
+        // Per (stage, stage): activation bytes and values; cotangent bytes and values.
+        let mut acc: std::collections::BTreeMap<(usize, usize), (f64, usize, f64, usize)> =
+            Default::default();
+        for u in 0..g.len() {
+            if g.nodes[u].side {
+                continue;
+            }
+            let su = stage_of[u];
+            // Per consumer stage: (bytes, differentiated by a consumer there).
+            let mut per: std::collections::BTreeMap<usize, (f64, bool)> = Default::default();
+            for &e in g.out_edges(u) {
+                let d = g.edges[e].dst;
+                let bytes = g.edge_bytes(e, micro_batch);
+                let mut cross = |t: usize, grad: bool| {
+                    if t != su {
+                        let b = per.entry(t).or_insert((0.0, false));
+                        b.0 = b.0.max(bytes);
+                        b.1 |= grad;
+                    }
+                };
+                match need.get(&d) {
+                    Some(ss) => ss.iter().for_each(|&t| cross(t, false)),
+                    None => cross(stage_of[d], trained[u]),
+                }
+            }
+            for (t, (b, grad)) in per {
+                let e = acc.entry((su, t)).or_insert((0.0, 0, 0.0, 0));
+                e.0 += b;
+                e.1 += 1;
+                if grad {
+                    e.2 += b;
+                    e.3 += 1;
+                }
+            }
+        }
+        let edges = acc
+            .into_iter()
+            .map(
+                |((src, dst), (bytes, tensors, grad_bytes, grad_tensors))| StageEdge {
+                    src,
+                    dst,
+                    bytes,
+                    tensors,
+                    grad_bytes,
+                    grad_tensors,
+                },
+            )
+            .collect();
+        let mut sg = StageGraph::new(stages, edges);
+        if split {
+            sg.round_robin = round_robin;
+        }
+        sg.tied = tied
+            .into_iter()
+            .map(|(devices, bytes)| TiedGroup { devices, bytes })
+            .collect();
+        sg
+    }
+
+    /// The same stages with **re-computation** (GPipe's rematerialisation, DAPPLE's "RC"): a stage
+    /// keeps only its input (the boundary activations it received, or nothing for a source stage)
+    /// per in-flight micro-batch, and re-runs its forward before each backward, so
+    /// `B' = B + F`, the saved bytes become the input slice, and one micro-batch's full
+    /// activations are live during a backward (added to the static memory).
+    pub fn with_recomputation(&self) -> StageGraph {
+        let mut out = self.clone();
+        for (s, st) in out.stages.iter_mut().enumerate() {
+            let r = if self.is_round_robin(s) {
+                1.0
+            } else {
+                st.devices.len().max(1) as f64
+            };
+            let input: f64 = self.in_edges[s]
+                .iter()
+                .map(|&e| self.edges[e].bytes)
+                .sum::<f64>()
+                / r;
+            for (b, f) in st.bwd_s.iter_mut().zip(&st.fwd_s) {
+                *b += f;
+            }
+            st.static_bytes += st.saved_bytes;
+            st.saved_bytes = input.min(st.saved_bytes);
+        }
+        out
+    }
+
+    /// Per stage, the most workers (replicas summed over the stages) on a path from it to a sink,
+    /// itself included: PipeDream's "number of machines" that 1F1B-RR's warm-up divides.
+    pub fn workers_to_sink(&self) -> Vec<usize> {
+        let replicas: Vec<usize> = self.stages.iter().map(|s| s.devices.len()).collect();
+        heaviest_path_to_sink(&self.successors(), &replicas)
+    }
+
+    /// Per stage, the stages its edges feed (the stage DAG's successor lists).
+    pub fn successors(&self) -> Vec<Vec<usize>> {
+        self.out_edges
+            .iter()
+            .map(|es| es.iter().map(|&e| self.edges[e].dst).collect())
+            .collect()
+    }
+
+    /// Per stage, the number of stages on the longest path from it to a sink (a sink has 1).
+    pub fn depth_to_sink(&self) -> Vec<usize> {
+        heaviest_path_to_sink(&self.successors(), &vec![1; self.stages.len()])
+    }
+
+    /// Pipeline depth: stages on the longest path (the stage graph's diameter in GraphPipe's sense).
+    pub fn depth(&self) -> usize {
+        self.depth_to_sink().into_iter().max().unwrap_or(0)
+    }
+}

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{model, pipec, pipec_ok, python_with_onnx, root, tempdir};
+use common::{files_under, model, pipec, pipec_ok, python_with_onnx, root, tempdir};
 use pipec_compiler::program::{self, Instr, Program};
 use std::path::Path;
 use std::process::Command;
@@ -104,24 +104,6 @@ fn outdir_has_every_piece_and_a_verified_schedule() {
     assert_eq!((sends, recvs), (4, 4));
     let plan = plan_json(&out);
     assert_eq!(plan["planner"], "straight");
-}
-
-/// Every file under `dir`, relative, sorted.
-fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// Two compiles of the same inputs give byte-identical OUTDIRs (every file, `plan.json`

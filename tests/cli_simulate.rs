@@ -238,25 +238,23 @@ fn tied_parameters_are_planned_as_emitted() {
 fn simulate_replays_on_the_recorded_cluster() {
     let t = tempdir();
     let out = t.path().join("o");
-    let m = model("mlp4.onnx");
-    let m = m.to_str().unwrap();
     let o = out.to_str().unwrap();
-    pipec_ok(&[
-        "compile",
-        m,
-        "--cluster",
-        "2@25e9",
-        "--device-kind",
-        "H100-80GB",
-        "--planner",
-        "straight",
-        "--batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "-o",
-        o,
-    ]);
+    common::compile(
+        "mlp4.onnx",
+        &out,
+        &[
+            "--cluster",
+            "2@25e9",
+            "--device-kind",
+            "H100-80GB",
+            "--planner",
+            "straight",
+            "--batch",
+            "8",
+            "--micro-batch",
+            "2",
+        ],
+    );
     let cluster: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("cluster.json")).unwrap()).unwrap();
     assert_eq!(cluster["kinds"][0]["name"], "H100-80GB", "{cluster}");

@@ -26,6 +26,8 @@
 //! Run one file: `cargo test --test filetests -- --nocapture` prints each file as it runs;
 //! `PIPEC_FILETEST=dce cargo test --test filetests` runs only files whose path contains `dce`.
 
+mod common;
+
 use litcheck_filecheck::litcheck::reporting::PrintDiagnostic;
 use litcheck_filecheck::litcheck::Symbol;
 use litcheck_filecheck::{Config, Test};
@@ -40,20 +42,12 @@ fn root() -> PathBuf {
 
 /// Every `.mlir` file under `tests/filetests`, sorted.
 fn files() -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut dirs = vec![root()];
-    while let Some(d) = dirs.pop() {
-        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
-            let p = e.expect("directory entry").path();
-            if p.is_dir() {
-                dirs.push(p);
-            } else if p.extension().is_some_and(|x| x == "mlir") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
+    let root = root();
+    common::files_under(&root)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "mlir"))
+        .map(|p| root.join(p))
+        .collect()
 }
 
 /// One RUN line, parsed.

@@ -3,52 +3,33 @@
 
 mod common;
 
-use common::{model, pipec_ok, tempdir};
+use common::{files_under, model, tempdir};
 use pipec::artifact::OutDir;
 use pipec::driver::{self, CompileOptions};
-use std::path::Path;
-
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).unwrap().display().to_string();
-                out.push((rel, std::fs::read(&p).unwrap()));
-            }
-        }
-    }
-    out.sort();
-    out
-}
 
 #[test]
 fn library_compile_writes_the_cli_outdir() {
     let t = tempdir();
     let m = model("gpt2_tiny.onnx");
     let cli_out = t.path().join("cli");
-    pipec_ok(&[
-        "compile",
-        m.to_str().unwrap(),
-        "--cluster",
-        "cpu",
-        "--devices",
-        "4",
-        "--planner",
-        "gpp",
-        "--batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "--optimizer",
-        "adam:lr=0.001",
-        "-o",
-        cli_out.to_str().unwrap(),
-    ]);
+    common::compile(
+        "gpt2_tiny.onnx",
+        &cli_out,
+        &[
+            "--cluster",
+            "cpu",
+            "--devices",
+            "4",
+            "--planner",
+            "gpp",
+            "--batch",
+            "8",
+            "--micro-batch",
+            "2",
+            "--optimizer",
+            "adam:lr=0.001",
+        ],
+    );
 
     let cluster = driver::resolve_cluster("cpu", None, Some(4)).unwrap();
     let mut opts = CompileOptions::new("gpp", cluster, 8);
@@ -60,13 +41,18 @@ fn library_compile_writes_the_cli_outdir() {
     let lib_out = t.path().join("lib");
     out.artifact.write(&lib_out).unwrap();
 
-    let (a, b) = (files(&cli_out), files(&lib_out));
-    assert_eq!(
-        a.iter().map(|f| &f.0).collect::<Vec<_>>(),
-        b.iter().map(|f| &f.0).collect::<Vec<_>>()
-    );
-    for ((name, x), (_, y)) in a.iter().zip(&b) {
-        assert!(x == y, "{name} differs between the CLI and the library");
+    let names = files_under(&cli_out);
+    assert_eq!(names, files_under(&lib_out));
+    for name in &names {
+        let (x, y) = (
+            std::fs::read(cli_out.join(name)).unwrap(),
+            std::fs::read(lib_out.join(name)).unwrap(),
+        );
+        assert!(
+            x == y,
+            "{} differs between the CLI and the library",
+            name.display()
+        );
     }
     // The IR snapshots start with the import and end with the pieces.
     assert_eq!(out.ir[0].0, "import");

@@ -25,13 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             side: false,
         })
         .collect();
-    let edges = (1..n)
-        .map(|i| CostEdge {
-            src: i - 1,
-            dst: i,
-            bytes: 4e6,
-        })
-        .collect();
+    let edges = (1..n).map(|i| CostEdge::new(i - 1, i, 4e6)).collect();
     let g = CostGraph::new("bert48", 2.0, nodes, edges, "bert48")?;
     let c = Cluster::preset("dapple-b").ok_or("preset")?.take(2)?;
     let specs = vec![

@@ -27,18 +27,8 @@ fn graph(n: usize) -> CostGraph {
             side: false,
         })
         .collect();
-    let mut edges: Vec<CostEdge> = (1..n)
-        .map(|i| CostEdge {
-            src: i - 1,
-            dst: i,
-            bytes: 1e6,
-        })
-        .collect();
-    edges.extend((10..n).step_by(10).map(|i| CostEdge {
-        src: i - 10,
-        dst: i,
-        bytes: 1e6,
-    }));
+    let mut edges: Vec<CostEdge> = (1..n).map(|i| CostEdge::new(i - 1, i, 1e6)).collect();
+    edges.extend((10..n).step_by(10).map(|i| CostEdge::new(i - 10, i, 1e6)));
     CostGraph::new("bench", 64.0, nodes, edges, "bench").expect("graph")
 }
 

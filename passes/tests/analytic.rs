@@ -203,3 +203,91 @@ fn saved_bytes_are_what_backward_reads() {
     assert!(get("relu") + get("fc2") >= 128.0, "{saved:?}");
     assert!(total / 32.0 <= 64.0 + 128.0 * 2.0 + 10.0 * 2.0, "{saved:?}");
 }
+
+/// What does not grow with the batch stays fixed (a tied LM head: `Transpose(W)` feeding a
+/// `MatMul`, as GPT-2 exports `wte`): the edge carrying `Wᵀ` has fixed bytes only, the
+/// `Transpose`'s forward is fixed work, the `MatMul`'s grows. A `Split`'s outputs cross as
+/// separate values (one bit each), so a consumer stage reading three of them pays three
+/// messages, as codegen sends them.
+#[test]
+fn fixed_values_and_output_sets() {
+    let mut m = Module::default();
+    let g = &mut m.graph;
+    let bt = |n: i64| TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::Known(n)]);
+    let x = g.add_input("x", bt(96));
+    let w = g.add_initializer("w", TensorData::from_f32(vec![50, 32], &[0.0; 1600]));
+    let mut split = op("split", "Split", vec![x]);
+    split.attrs.insert("axis".into(), Attr::Int(1));
+    split.attrs.insert("num_outputs".into(), Attr::Int(3));
+    let (_, parts) = g.add_op(
+        split,
+        vec![
+            ("a".into(), bt(32)),
+            ("b".into(), bt(32)),
+            ("c".into(), bt(32)),
+        ],
+    );
+    let (_, ab) = g.add_op(
+        op("add", "Add", vec![parts[0], parts[1]]),
+        vec![("ab".into(), bt(32))],
+    );
+    let (_, abc) = g.add_op(
+        op("mul", "Mul", vec![ab[0], parts[2]]),
+        vec![("abc".into(), bt(32))],
+    );
+    let (_, wt) = g.add_op(
+        op("transpose", "Transpose", vec![w]),
+        vec![(
+            "wt".into(),
+            TensorType::new(DType::F32, vec![Dim::Known(32), Dim::Known(50)]),
+        )],
+    );
+    let (_, y) = g.add_op(
+        op("head", "MatMul", vec![abc[0], wt[0]]),
+        vec![("y".into(), bt(50))],
+    );
+    g.outputs.push(y[0]);
+    let opts = AnalyticOptions {
+        dims: BTreeMap::new(),
+    };
+    let cg = from_module(&m, &opts, "t").expect("cost graph");
+    let id = |n: &str| cg.nodes.iter().position(|x| x.name == n).unwrap();
+    let edge = |a: &str, b: &str| {
+        cg.edges
+            .iter()
+            .find(|e| e.src == id(a) && e.dst == id(b))
+            .unwrap_or_else(|| panic!("no edge {a} -> {b}"))
+    };
+    let e = edge("transpose", "head");
+    assert_eq!((e.bytes, e.fixed_bytes), (0.0, 32.0 * 50.0 * 4.0), "{e:?}");
+    let e = edge("mul", "head");
+    assert_eq!((e.bytes, e.fixed_bytes), (32.0 * 4.0, 0.0), "{e:?}");
+    // Both outputs a and b on one edge, c on another.
+    assert_eq!(edge("split", "add").outputs, 0b011);
+    assert_eq!(edge("split", "mul").outputs, 0b100);
+    // At batch 1 and 64: the transpose costs the same, the MatMul 64 times its FLOPs.
+    let kind = h100_80gb();
+    let (t1, t64) = (
+        cg.fwd_time(id("transpose"), 1.0, &kind),
+        cg.fwd_time(id("transpose"), 64.0, &kind),
+    );
+    assert!(t1 > 0.0 && (t64 - t1).abs() < 1e-15, "{t1} {t64}");
+    assert_eq!(
+        cg.edge_bytes(
+            cg.edges
+                .iter()
+                .position(|e| e.src == id("transpose"))
+                .unwrap(),
+            64.0
+        ),
+        32.0 * 50.0 * 4.0
+    );
+    match &cg.nodes[id("head")].work {
+        Work::Counted {
+            fwd_flops,
+            fwd_fixed_flops,
+            ..
+        } => assert!(*fwd_flops > 0.0 && *fwd_fixed_flops == 0.0),
+        Work::Measured { .. } => panic!("not counted"),
+    }
+}

@@ -25,6 +25,7 @@ fn counted_chain(n: usize, gflops: f64, act: f64, params: f64) -> CostGraph {
             op: "MatMul".into(),
             work: Work::Counted {
                 fwd_flops: gflops * 1e9,
+                fwd_fixed_flops: 0.0,
                 bwd_flops: 2.0 * gflops * 1e9,
                 fwd_bytes: 0.0,
                 bwd_bytes: 0.0,
@@ -41,13 +42,7 @@ fn counted_chain(n: usize, gflops: f64, act: f64, params: f64) -> CostGraph {
             side: false,
         })
         .collect();
-    let edges = (1..n)
-        .map(|i| CostEdge {
-            src: i - 1,
-            dst: i,
-            bytes: act,
-        })
-        .collect();
+    let edges = (1..n).map(|i| CostEdge::new(i - 1, i, act)).collect();
     CostGraph::new("mm", 1.0, nodes, edges, "mm").expect("graph")
 }
 

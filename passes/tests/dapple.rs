@@ -41,11 +41,7 @@ fn chain(layers: &[(f64, f64, f64, f64)]) -> CostGraph {
         })
         .collect();
     let edges = (1..layers.len())
-        .map(|i| CostEdge {
-            src: i - 1,
-            dst: i,
-            bytes: layers[i - 1].2,
-        })
+        .map(|i| CostEdge::new(i - 1, i, layers[i - 1].2))
         .collect();
     CostGraph::new("chain", 32.0, nodes, edges, "chain").expect("graph")
 }

@@ -143,11 +143,7 @@ fn random_sp(
     if rng.below(2) == 0 {
         for &a in &t1 {
             for &b in &s2 {
-                edges.push(CostEdge {
-                    src: a,
-                    dst: b,
-                    bytes: 0.0,
-                });
+                edges.push(CostEdge::new(a, b, 0.0));
             }
         }
         (s1, t2)
@@ -624,11 +620,7 @@ fn deep_nesting_fits_any_stack() {
     for k in 0..levels {
         let (a, b, c) = (3 * k + 1, 3 * k + 2, 3 * k + 3);
         for (s, d) in [(a, src), (dst, c), (a, b), (b, c)] {
-            edges.push(CostEdge {
-                src: s,
-                dst: d,
-                bytes: 0.0,
-            });
+            edges.push(CostEdge::new(s, d, 0.0));
         }
         (src, dst) = (a, c);
     }
@@ -824,11 +816,7 @@ fn side_nodes_follow_their_inputs() {
         node("concat", "Concat", 0.0),
         node("const", "Constant", 0.0),
     ];
-    let e = |src, dst| CostEdge {
-        src,
-        dst,
-        bytes: 64.0,
-    };
+    let e = |src, dst| CostEdge::new(src, dst, 64.0);
     let edges = vec![
         e(0, 1),
         e(1, 2),
@@ -904,11 +892,7 @@ fn a_shape_that_carries_the_only_dependency_stays_in_the_skeleton() {
         node("shape_n1", "Shape", 0.0, 0.0),
         node("reshape", "Reshape", 1e-3, 0.0),
     ];
-    let e = |src, dst| CostEdge {
-        src,
-        dst,
-        bytes: 64.0,
-    };
+    let e = |src, dst| CostEdge::new(src, dst, 64.0);
     let edges = vec![
         e(0, 1),
         e(1, 9),

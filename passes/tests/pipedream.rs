@@ -346,11 +346,7 @@ fn wide_graphs_fall_back_to_a_coarsened_chain() {
             for _ in 0..depth {
                 let id = nodes.len();
                 nodes.push(node(id));
-                edges.push(CostEdge {
-                    src: prev,
-                    dst: id,
-                    bytes: 1e6,
-                });
+                edges.push(CostEdge::new(prev, id, 1e6));
                 prev = id;
             }
             ends.push(prev);
@@ -358,11 +354,7 @@ fn wide_graphs_fall_back_to_a_coarsened_chain() {
         let id = nodes.len();
         nodes.push(node(id));
         for e in ends {
-            edges.push(CostEdge {
-                src: e,
-                dst: id,
-                bytes: 1e6,
-            });
+            edges.push(CostEdge::new(e, id, 1e6));
         }
         join = id;
     }

@@ -49,7 +49,7 @@
 use super::{CostEdge, CostGraph, CostNode, Precision, Work};
 use pipec_compiler::ir::{DType, Dim, Module, Op, OpData, TensorType, Value, ValueDef};
 use pipec_compiler::Result;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Options of the analytic model.
 #[derive(Clone, Debug, Default)]
@@ -334,6 +334,32 @@ fn float_initializers(g: &pipec_compiler::ir::Graph) -> HashSet<Value> {
         .collect()
 }
 
+/// The dims of `env` with every symbol doubled, and symbols `env` leaves unbound (which count
+/// as 1) bound to 2: counting at both tells what grows with the batch from what does not. The
+/// flag is false when `g` has no unbound symbol (a model exported at a fixed batch).
+fn doubled_dims(
+    g: &pipec_compiler::ir::Graph,
+    env: &BTreeMap<String, i64>,
+) -> (BTreeMap<String, i64>, bool) {
+    let mut env2 = env.clone();
+    for v in g.values.values() {
+        for d in v.ty.shape.iter().flatten() {
+            if let Dim::Sym(s) = d {
+                for sym in &s.syms {
+                    if !env.contains_key(sym) {
+                        env2.insert(sym.clone(), 2);
+                    }
+                }
+            }
+        }
+    }
+    let symbolic = env2.len() > env.len();
+    for (sym, v) in env {
+        env2.insert(sym.clone(), 2 * v);
+    }
+    (env2, symbolic)
+}
+
 /// Build the [`CostGraph`] of a shape-inferred module: one node per live op, edges for the
 /// values ops pass each other (bytes summed per op pair). `file` names the model in errors.
 pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<CostGraph> {
@@ -358,9 +384,26 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     let mut index = HashMap::new();
     let mut nodes = Vec::with_capacity(g.order.len());
     let mut used_names: HashSet<String> = HashSet::new();
+    // What grows with the batch and what does not, from counting at the batch and at twice it:
+    // an op on a value computed from parameters alone (the LM head's `Transpose(wte)`, and the
+    // `MatMul` reading it) has a forward whose cost is fixed, whatever the micro-batch.
+    let (env2, symbolic) = doubled_dims(g, env);
     for (i, &op) in g.order.iter().enumerate() {
         let d = &g.ops[op];
         let c = op_cost(d, &ty, &is_param, env);
+        let (fwd_flops, fwd_fixed_flops, fwd_bytes, fwd_fixed_act) = if symbolic {
+            let c2 = op_cost(d, &ty, &is_param, &env2);
+            let pf = (c2.fwd_flops - c.fwd_flops).max(0.0);
+            let pb = (c2.fwd_bytes - c.fwd_bytes).max(0.0);
+            (
+                pf,
+                (c.fwd_flops - pf).max(0.0),
+                pb,
+                (c.fwd_bytes - pb).max(0.0),
+            )
+        } else {
+            (c.fwd_flops, 0.0, c.fwd_bytes, 0.0)
+        };
         // Parameters: each float initializer counts once, at its first reader.
         let mut params = 0.0;
         // Readers for tied parameters: only where a gradient flows (a parameter read as, e.g., a
@@ -396,16 +439,18 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             name,
             op: d.op_type.clone(),
             work: Work::Counted {
-                fwd_flops: c.fwd_flops,
+                fwd_flops,
+                fwd_fixed_flops,
                 bwd_flops: c.bwd_flops,
-                fwd_bytes: c.fwd_bytes,
+                fwd_bytes,
                 bwd_bytes: c.bwd_bytes,
                 // A lookup reads the rows it gathers (counted in `fwd_bytes`), not its table.
-                fwd_fixed_bytes: if d.op_type == "Gather" {
-                    0.0
-                } else {
-                    c.weight_bytes
-                },
+                fwd_fixed_bytes: fwd_fixed_act
+                    + if d.op_type == "Gather" {
+                        0.0
+                    } else {
+                        c.weight_bytes
+                    },
                 bwd_fixed_bytes: 2.0 * c.weight_bytes,
                 precision: op_precision(d, &ty),
                 bwd_kernels: Vec::new(),
@@ -418,21 +463,33 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             side: is_side,
         });
     }
-    let mut acc: BTreeMap<(usize, usize), f64> = BTreeMap::new();
+    // Per op pair: the bytes that grow with the batch and those that do not (a value computed
+    // from parameters alone), split by counting at the batch and at twice it.
+    let mut acc: BTreeMap<(usize, usize), (f64, f64, u64)> = BTreeMap::new();
     for &op in &g.order {
         let dst = index[&op];
         let mut seen = HashSet::new();
         for &v in g.ops[op].inputs.iter().flatten() {
-            if let ValueDef::Result(p, _) = g.values[v].def {
+            if let ValueDef::Result(p, k) = g.values[v].def {
                 if let Some(&src) = index.get(&p) {
                     if src != dst && seen.insert(v) {
+                        let bit = 1u64 << k.min(63);
                         // A side value is recomputed by its reader, never sent.
-                        let bytes = if side.contains(&p) {
-                            0.0
+                        if side.contains(&p) {
+                            acc.entry((src, dst)).or_default().2 |= bit;
+                            continue;
+                        }
+                        let b1 = bytes_of(g.ty(v), env);
+                        let (prop, fixed) = if symbolic {
+                            let prop = (bytes_of(g.ty(v), &env2) - b1).max(0.0);
+                            (prop, (b1 - prop).max(0.0))
                         } else {
-                            bytes_of(g.ty(v), env)
+                            (b1, 0.0)
                         };
-                        *acc.entry((src, dst)).or_insert(0.0) += bytes;
+                        let e = acc.entry((src, dst)).or_default();
+                        e.0 += prop;
+                        e.1 += fixed;
+                        e.2 |= bit;
                     }
                 }
             }
@@ -440,7 +497,13 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     }
     let edges = acc
         .into_iter()
-        .map(|((src, dst), bytes)| CostEdge { src, dst, bytes })
+        .map(|((src, dst), (bytes, fixed_bytes, outputs))| CostEdge {
+            src,
+            dst,
+            bytes,
+            fixed_bytes,
+            outputs,
+        })
         .collect();
     let mut cg = CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)?;
     cg.tied = readers
@@ -497,33 +560,19 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         .and_then(|op| fwd_ops.iter().position(|&o| o == op));
     let tgr = &t.graph;
     let env1 = &opts.dims;
-    let mut env2 = env1.clone();
-    for v in tgr.values.values() {
-        for d in v.ty.shape.iter().flatten() {
-            if let Dim::Sym(s) = d {
-                for sym in &s.syms {
-                    if !env1.contains_key(sym) {
-                        env2.insert(sym.clone(), 2);
-                    }
-                }
-            }
-        }
-    }
-    let symbolic = env2.len() > env1.len();
-    for (sym, v) in env1 {
-        env2.insert(sym.clone(), 2 * v);
-    }
+    let (env2, symbolic) = doubled_dims(tgr, env1);
     let ty = |v: Value| tgr.ty(v).clone();
     let param_set = float_initializers(tgr);
     let is_param = |v: Value| param_set.contains(&v);
     let mut kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.len()];
     // Saved activations: the forward values (and graph inputs) that backward ops read, which
     // codegen's forward piece hands to the backward piece and the runtime keeps alive in between.
-    // Each is counted once, at the last node (in forward order) whose backward reads it: that
-    // node's stage holds it (received there when it crosses a cut).
+    // Each is counted at the last node (in forward order) whose backward reads it: that node's
+    // stage holds it (received there when it crosses a cut). One read by the backward of several
+    // nodes is also listed in `shared_saved`: a cut between its readers keeps it on both sides.
     let role_of: HashMap<Op, &Role> = tgr.order.iter().copied().zip(&roles).collect();
     // Ordered, so the sums below are the same on every run.
-    let mut reader: BTreeMap<Value, usize> = BTreeMap::new();
+    let mut reader: BTreeMap<Value, BTreeSet<usize>> = BTreeMap::new();
     for (&op, role) in tgr.order.iter().zip(&roles) {
         let node = match role {
             Role::Bwd(n) => *n,
@@ -545,8 +594,7 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
                 _ => tgr.inputs.contains(&v) && !tgr.initializers.contains_key(&v),
             };
             if forward {
-                let e = reader.entry(v).or_insert(node);
-                *e = (*e).max(node);
+                reader.entry(v).or_default().insert(node);
             }
         }
         let d = &tgr.ops[op];
@@ -577,7 +625,9 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     // Split like the kernels: the part that doubles with the batch, and the rest (a value
     // computed from parameters alone is saved whole by every micro-batch).
     let mut saved = vec![(0.0, 0.0); g.len()];
-    for (v, n) in reader {
+    let mut shared = Vec::new();
+    for (v, readers) in reader {
+        let Some(&n) = readers.last() else { continue };
         let b1 = bytes_of(tgr.ty(v), env1);
         let (prop, fixed) = if symbolic {
             let b2 = bytes_of(tgr.ty(v), &env2);
@@ -588,7 +638,15 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         };
         saved[n].0 += prop;
         saved[n].1 += fixed;
+        if readers.len() > 1 && prop + fixed > 0.0 {
+            shared.push(super::SharedSaved {
+                bytes: prop,
+                fixed_bytes: fixed,
+                readers: readers.into_iter().collect(),
+            });
+        }
     }
+    g.shared_saved = shared;
     for (node, (prop, fixed)) in g.nodes.iter_mut().zip(saved) {
         node.saved_bytes = prop;
         node.saved_fixed_bytes = fixed;

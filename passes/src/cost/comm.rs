@@ -174,6 +174,25 @@ pub fn redistribute(src: usize, dst: usize, bytes: f64) -> Vec<(usize, usize, f6
     out
 }
 
+/// [`redistribute`] for a stage edge whose `bytes` (whole micro-batch) include `whole` bytes of
+/// values with no batch axis: those go whole to every consumer replica `j`, from producer
+/// replica `j mod src` (codegen's route for such values), the rest is sliced. One entry per
+/// replica pair, in [`redistribute`]'s order, then the pairs only the whole values use.
+pub fn routes(src: usize, dst: usize, bytes: f64, whole: f64) -> Vec<(usize, usize, f64)> {
+    if whole <= 0.0 {
+        return redistribute(src, dst, bytes);
+    }
+    let mut out = redistribute(src, dst, (bytes - whole).max(0.0));
+    for j in 0..dst {
+        let i = j % src.max(1);
+        match out.iter_mut().find(|(a, b, _)| (*a, *b) == (i, j)) {
+            Some(r) => r.2 += whole,
+            None => out.push((i, j, whole)),
+        }
+    }
+    out
+}
+
 /// Time to redistribute one tensor of `bytes` from the devices `src` to the devices `dst`
 /// ([`redistribute`]), with every device sending and receiving one message at a time: the most
 /// loaded sender or receiver sets the time.

@@ -9,13 +9,17 @@
 //! - the bytes of its output (**activation**, what crosses a stage boundary and, by default, what
 //!   is saved for backward) and of its **parameters** (weights; not batch-dependent);
 //!
-//! and per edge `u → v`, the bytes that flow from `u` to `v`.
+//! and per edge `u → v`, the bytes that flow from `u` to `v` and which of `u`'s outputs carry
+//! them ([`CostEdge`]).
 //!
 //! Every batch-dependent quantity is stored **at the reference batch** [`CostGraph::reference_batch`]
 //! (the profile batch, or the batch the ONNX shapes were costed at) and **scaled linearly** to
 //! any other batch, as DAPPLE's planner does with its profiles: `t(b) = t(ref) · b/ref`. (Counted
 //! work scales its FLOPs and activation bytes linearly; the weight traffic stays fixed, so small
-//! micro-batches become memory-bound as on real hardware.) Batches are `f64` so that a micro-batch
+//! micro-batches become memory-bound as on real hardware. So does the work on, and the edge
+//! bytes of, values computed from parameters alone, such as a tied LM head's transposed
+//! embedding: the analytic model splits each count into the part that grows with the batch and
+//! the part that does not by counting at the batch and at twice it.) Batches are `f64` so that a micro-batch
 //! split over replicas (`b/r` samples each) needs no rounding.
 //!
 //! Typical use in a planner:
@@ -53,7 +57,7 @@ pub use memory::{MemoryBreakdown, Optimizer};
 
 use pipec_compiler::topo::topo_order;
 use pipec_compiler::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Index of a node in a [`CostGraph`].
 pub type NodeId = usize;
@@ -69,12 +73,16 @@ pub enum Work {
     /// traffic that does not grow with the batch (reading weights, writing weight gradients).
     Counted {
         fwd_flops: f64,
+        /// Forward FLOPs that do not grow with the batch (ops on values computed from
+        /// parameters alone).
+        fwd_fixed_flops: f64,
         bwd_flops: f64,
         /// Activation bytes read and written by the forward kernel(s).
         fwd_bytes: f64,
         /// Activation bytes read and written by the backward kernel(s).
         bwd_bytes: f64,
-        /// Weight bytes the forward reads.
+        /// Weight bytes the forward reads, and its traffic on values computed from parameters
+        /// alone.
         fwd_fixed_bytes: f64,
         /// Weight bytes the backward reads and weight-gradient bytes it writes.
         bwd_fixed_bytes: f64,
@@ -135,12 +143,33 @@ pub struct CostNode {
     pub side: bool,
 }
 
-/// A data edge `src → dst` carrying `bytes` at the reference batch.
+/// A data edge `src → dst` carrying `bytes` at the reference batch (scaled with the batch)
+/// plus `fixed_bytes` that do not grow with it: a value computed from parameters alone, such as
+/// GPT-2's transposed `wte` feeding the LM head, which codegen sends whole with every
+/// micro-batch (and its cotangent back).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CostEdge {
     pub src: NodeId,
     pub dst: NodeId,
     pub bytes: f64,
+    pub fixed_bytes: f64,
+    /// Which of the producer's outputs the edge carries: bit `k` for result `k` (results past
+    /// 63 share bit 63). Codegen sends each output as its own message, so a consumer stage
+    /// reading three outputs of a `Split` pays three link latencies. 0: one output (profiles).
+    pub outputs: u64,
+}
+
+impl CostEdge {
+    /// An edge of one output whose bytes all scale with the batch.
+    pub fn new(src: NodeId, dst: NodeId, bytes: f64) -> CostEdge {
+        CostEdge {
+            src,
+            dst,
+            bytes,
+            fixed_bytes: 0.0,
+            outputs: 0,
+        }
+    }
 }
 
 /// Costs of a set of nodes (a stage), at some batch, on some device kind.
@@ -202,6 +231,28 @@ impl Chain {
     }
 }
 
+/// The union of one producer's outputs read over several edges, each edge given as (output
+/// set [`CostEdge::outputs`], `[bytes, part]`) with `part` any share of its bytes to total
+/// alike: the sets largest first, each counted unless those already counted cover it (equal
+/// sets count once, at their largest bytes). Returns the summed `[bytes, part]` and the union.
+pub fn output_union(mut sets: Vec<(u64, [f64; 2])>) -> ([f64; 2], u64) {
+    sets.sort_by(|a, b| {
+        b.0.count_ones()
+            .cmp(&a.0.count_ones())
+            .then(a.0.cmp(&b.0))
+            .then(b.1[0].total_cmp(&a.1[0]))
+    });
+    let (mut seen, mut total) = (0u64, [0.0, 0.0]);
+    for (m, [b, p]) in sets {
+        if m & !seen != 0 {
+            seen |= m;
+            total[0] += b;
+            total[1] += p;
+        }
+    }
+    (total, seen)
+}
+
 /// The planners' input graph. See the module documentation.
 #[derive(Clone, Debug)]
 pub struct CostGraph {
@@ -217,6 +268,23 @@ pub struct CostGraph {
     /// Parameters read by more than one node (see [`TiedParameter`]); empty for graphs from
     /// profiles.
     pub tied: Vec<TiedParameter>,
+    /// Saved values that the backward of several nodes reads (see [`SharedSaved`]); empty for
+    /// graphs from profiles.
+    pub shared_saved: Vec<SharedSaved>,
+}
+
+/// A forward value saved for backward that the backward ops of several nodes read (a `Relu`
+/// output read by its own gradient and, as the input of the next `Conv`, by that one's weight
+/// gradient). Its bytes count in [`CostNode::saved_bytes`] of its last reader; a stage cut
+/// between the readers keeps it in every stage holding one (the producer's keeps it for its
+/// own backward, the consumer's receives and keeps it), which [`CostGraph::group_cost`] adds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedSaved {
+    /// Bytes at the reference batch (scaled with the batch) and bytes that do not grow with it.
+    pub bytes: f64,
+    pub fixed_bytes: f64,
+    /// The reading nodes, ascending; the last holds the bytes.
+    pub readers: Vec<NodeId>,
 }
 
 /// A parameter read by several nodes (a tied parameter, e.g. GPT-2's `wte` in the embedding
@@ -266,12 +334,14 @@ impl CostGraph {
                 ],
                 Work::Counted {
                     fwd_flops,
+                    fwd_fixed_flops,
                     bwd_flops,
                     fwd_bytes,
                     bwd_bytes,
                     ..
                 } => vec![
                     ("forward FLOPs", *fwd_flops),
+                    ("fixed forward FLOPs", *fwd_fixed_flops),
                     ("backward FLOPs", *bwd_flops),
                     ("forward bytes", *fwd_bytes),
                     ("backward bytes", *bwd_bytes),
@@ -301,7 +371,11 @@ impl CostGraph {
                     nodes[e.src].name, nodes[e.dst].name
                 )));
             }
-            if !(e.bytes.is_finite() && e.bytes >= 0.0) {
+            if !(e.bytes.is_finite()
+                && e.bytes >= 0.0
+                && e.fixed_bytes.is_finite()
+                && e.fixed_bytes >= 0.0)
+            {
                 return Err(Error::Usage(format!(
                     "{file}: edge {} -- {}: bytes must be >= 0",
                     nodes[e.src].name, nodes[e.dst].name
@@ -327,6 +401,7 @@ impl CostGraph {
             topo,
             by_name,
             tied: Vec::new(),
+            shared_saved: Vec::new(),
         })
     }
 
@@ -391,6 +466,7 @@ impl CostGraph {
             Work::Measured { fwd_s, bwd_s } => (fwd_s * s, bwd_s * s),
             Work::Counted {
                 fwd_flops,
+                fwd_fixed_flops,
                 bwd_flops,
                 fwd_bytes,
                 bwd_bytes,
@@ -407,7 +483,8 @@ impl CostGraph {
                     bwd_kernels.iter().map(|k| k.time(s, kind)).sum()
                 };
                 (
-                    (fwd_flops * s / peak).max((fwd_bytes * s + fwd_fixed_bytes) / bw),
+                    ((fwd_flops * s + fwd_fixed_flops) / peak)
+                        .max((fwd_bytes * s + fwd_fixed_bytes) / bw),
                     bwd,
                 )
             }
@@ -431,7 +508,7 @@ impl CostGraph {
 
     /// Bytes of edge `e` for `batch` samples.
     pub fn edge_bytes(&self, e: usize, batch: f64) -> f64 {
-        self.edges[e].bytes * self.scale(batch)
+        self.edges[e].bytes * self.scale(batch) + self.edges[e].fixed_bytes
     }
 
     /// Parameter bytes of the whole graph.
@@ -448,8 +525,10 @@ impl CostGraph {
     }
 
     /// Cost of the node set `member` (`member[n]` true for members) at `batch` samples on `kind`:
-    /// summed compute, parameters and saved activations, and the boundary traffic. A value that
-    /// leaves the set to several consumers outside it is counted once per consuming edge.
+    /// summed compute, parameters and saved activations, and the boundary buffers: each output
+    /// that enters or leaves the set counted once, however many nodes on the other side read it
+    /// (the runtime holds one buffer per value; a residual stream read by two ops of the next
+    /// stage is received once).
     pub fn group_cost(&self, member: &[bool], batch: f64, kind: &DeviceKind) -> GroupCost {
         let mut c = GroupCost::default();
         let s = self.scale(batch);
@@ -460,11 +539,32 @@ impl CostGraph {
             c.parameter_bytes += self.nodes[n].parameter_bytes;
             c.saved_bytes += self.nodes[n].saved_bytes * s + self.nodes[n].saved_fixed_bytes;
         }
+        for v in &self.shared_saved {
+            let last = v.readers.last().is_some_and(|&r| member[r]);
+            if !last && v.readers.iter().any(|&r| member[r]) {
+                c.saved_bytes += v.bytes * s + v.fixed_bytes;
+            }
+        }
+        // Per producer crossing the boundary, the output sets its crossing edges carry.
+        type Sets = Vec<(u64, [f64; 2])>;
+        let mut crossing: BTreeMap<(NodeId, bool), Sets> = BTreeMap::new();
         for e in &self.edges {
-            match (member[e.src], member[e.dst]) {
-                (false, true) => c.in_bytes += e.bytes * s,
-                (true, false) => c.out_bytes += e.bytes * s,
-                _ => {}
+            let inward = match (member[e.src], member[e.dst]) {
+                (false, true) => true,
+                (true, false) => false,
+                _ => continue,
+            };
+            crossing
+                .entry((e.src, inward))
+                .or_default()
+                .push((e.outputs.max(1), [e.bytes * s + e.fixed_bytes, 0.0]));
+        }
+        for ((_, inward), sets) in crossing {
+            let b = output_union(sets).0[0];
+            if inward {
+                c.in_bytes += b;
+            } else {
+                c.out_bytes += b;
             }
         }
         c
@@ -516,9 +616,8 @@ impl CostGraph {
             if let Some(last) = last {
                 let bytes = self.out_edges[u]
                     .iter()
-                    .map(|&e| self.edges[e].bytes)
-                    .fold(0.0, f64::max)
-                    * s;
+                    .map(|&e| self.edges[e].bytes * s + self.edges[e].fixed_bytes)
+                    .fold(0.0, f64::max);
                 diff[pos[u] + 1] += bytes;
                 diff[last + 1] -= bytes;
             }

@@ -191,11 +191,7 @@ pub fn parse_profile(text: &str, file: &str, name: &str, profile_batch: f64) -> 
         };
         let (s, d) = (find(a)?, find(b)?);
         if seen.insert((s, d)) {
-            edges.push(CostEdge {
-                src: s,
-                dst: d,
-                bytes: raws[s].act,
-            });
+            edges.push(CostEdge::new(s, d, raws[s].act));
         }
     }
     let stage_ids = raws.iter().map(|r| r.stage).collect();

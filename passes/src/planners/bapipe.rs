@@ -652,7 +652,7 @@ pub fn orders(g: &CostGraph) -> Vec<Vec<NodeId>> {
                 .map(|u| {
                     g.out_edges(u)
                         .iter()
-                        .map(|&e| g.edges[e].bytes)
+                        .map(|&e| g.edges[e].bytes + g.edges[e].fixed_bytes)
                         .fold(0.0, f64::max)
                 })
                 .sum()

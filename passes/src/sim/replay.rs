@@ -509,7 +509,8 @@ pub fn replay(
                     };
                     let t = b.bytes / bw;
                     put(&mut bufs[d], &mut live[d], output, *mb, b);
-                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, None));
+                    let show = (t > 0.0).then(|| (format!("zeros {output}[{mb}]"), "memory"));
+                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, show));
                 }
                 Instr::Accumulate { mb, tensors } => {
                     // The runtime moves a gradient into an empty global buffer (the first
@@ -526,7 +527,8 @@ pub fn replay(
                         }
                     }
                     let t = 3.0 * bytes / bw;
-                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, None));
+                    let show = (t > 0.0).then(|| (format!("accumulate[{mb}]"), "memory"));
+                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, show));
                 }
                 Instr::Free { mb, tensors } => {
                     for t in tensors {

@@ -52,7 +52,7 @@
 
 pub use super::kind::ScheduleKind;
 use super::stage_graph::{PerStage, SimStage, StageGraph};
-use crate::cost::comm::redistribute;
+use crate::cost::comm::routes;
 use serde::Serialize;
 
 /// Direction of a transfer between stages.
@@ -190,7 +190,8 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                 if fwd {
                     for &e in &sg.in_edges[s] {
                         let ed = &sg.edges[e];
-                        for (i, jj, b) in redistribute(parts(ed.src), parts(s), ed.bytes) {
+                        for (i, jj, b) in routes(parts(ed.src), parts(s), ed.bytes, ed.whole_bytes)
+                        {
                             if jj == me {
                                 prog.push(Instr::Recv {
                                     dir: Dir::Act,
@@ -207,7 +208,8 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                     prog.push(Instr::Forward { stage: s, mb });
                     for &e in &sg.out_edges[s] {
                         let ed = &sg.edges[e];
-                        for (i, jj, b) in redistribute(parts(s), parts(ed.dst), ed.bytes) {
+                        for (i, jj, b) in routes(parts(s), parts(ed.dst), ed.bytes, ed.whole_bytes)
+                        {
                             if i == me {
                                 prog.push(Instr::Send {
                                     dir: Dir::Act,
@@ -227,7 +229,9 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                         if ed.grad_tensors == 0 {
                             continue;
                         }
-                        for (i, jj, b) in redistribute(parts(s), parts(ed.dst), ed.grad_bytes) {
+                        for (i, jj, b) in
+                            routes(parts(s), parts(ed.dst), ed.grad_bytes, ed.whole_grad_bytes)
+                        {
                             if i == me {
                                 prog.push(Instr::Recv {
                                     dir: Dir::Grad,
@@ -247,7 +251,9 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                         if ed.grad_tensors == 0 {
                             continue;
                         }
-                        for (i, jj, b) in redistribute(parts(ed.src), parts(s), ed.grad_bytes) {
+                        for (i, jj, b) in
+                            routes(parts(ed.src), parts(s), ed.grad_bytes, ed.whole_grad_bytes)
+                        {
                             if jj == me {
                                 prog.push(Instr::Send {
                                     dir: Dir::Grad,

@@ -46,6 +46,11 @@ pub struct StageEdge {
     pub grad_bytes: f64,
     /// Values whose cotangents come back (0: no gradient message on this edge).
     pub grad_tensors: usize,
+    /// The part of `bytes` (and of `grad_bytes`) in values with no batch axis (computed from
+    /// parameters alone): codegen sends such a value whole to every consumer replica `j`, from
+    /// producer replica `j mod r`, rather than slicing it ([`crate::cost::comm::routes`]).
+    pub whole_bytes: f64,
+    pub whole_grad_bytes: f64,
 }
 
 impl StageEdge {
@@ -58,6 +63,8 @@ impl StageEdge {
             tensors: 1,
             grad_bytes: bytes,
             grad_tensors: 1,
+            whole_bytes: 0.0,
+            whole_grad_bytes: 0.0,
         }
     }
 }
@@ -355,29 +362,48 @@ impl StageGraph {
             }
             need.insert(x, set);
         }
-        // Nodes whose output depends on a parameter: only those get cotangents back.
+        // Nodes whose output depends on a parameter: only those get cotangents back. A node
+        // reads a parameter when it holds its bytes or is one of a tied parameter's readers
+        // (whose bytes count at the first reader only, e.g. GPT-2's LM-head `Transpose(wte)`).
         let mut trained = vec![false; g.len()];
-        for &u in g.topo_order() {
-            trained[u] = g.nodes[u].parameter_bytes > 0.0 || g.preds(u).any(|p| trained[p]);
+        for t in &g.tied {
+            for &r in &t.readers {
+                trained[r] = true;
+            }
         }
-        // Per (stage, stage): activation bytes and values; cotangent bytes and values.
-        let mut acc: std::collections::BTreeMap<(usize, usize), (f64, usize, f64, usize)> =
-            Default::default();
+        for &u in g.topo_order() {
+            trained[u] |= g.nodes[u].parameter_bytes > 0.0 || g.preds(u).any(|p| trained[p]);
+        }
+        // Per (stage, stage): activation bytes and values, cotangent bytes and values, and the
+        // parts of both in values with no batch axis.
+        #[derive(Default)]
+        struct Acc {
+            bytes: f64,
+            tensors: usize,
+            grad_bytes: f64,
+            grad_tensors: usize,
+            whole: f64,
+            whole_grad: f64,
+        }
+        let mut acc: std::collections::BTreeMap<(usize, usize), Acc> = Default::default();
         for u in 0..g.len() {
             if g.nodes[u].side {
                 continue;
             }
             let su = stage_of[u];
-            // Per consumer stage: (bytes, differentiated by a consumer there).
-            let mut per: std::collections::BTreeMap<usize, (f64, bool)> = Default::default();
+            // Per consumer stage: per set of outputs read (bytes, whole bytes), and whether a
+            // consumer there differentiates them.
+            type Reads = Vec<(u64, [f64; 2])>;
+            let mut per: std::collections::BTreeMap<usize, (Reads, bool)> = Default::default();
             for &e in g.out_edges(u) {
                 let d = g.edges[e].dst;
                 let bytes = g.edge_bytes(e, micro_batch);
+                let (whole, outputs) = (g.edges[e].fixed_bytes, g.edges[e].outputs.max(1));
                 let mut cross = |t: usize, grad: bool| {
                     if t != su {
-                        let b = per.entry(t).or_insert((0.0, false));
-                        b.0 = b.0.max(bytes);
-                        b.1 |= grad;
+                        let (reads, g) = per.entry(t).or_default();
+                        reads.push((outputs, [bytes, whole]));
+                        *g |= grad;
                     }
                 };
                 match need.get(&d) {
@@ -385,28 +411,33 @@ impl StageGraph {
                     None => cross(stage_of[d], trained[u]),
                 }
             }
-            for (t, (b, grad)) in per {
-                let e = acc.entry((su, t)).or_insert((0.0, 0, 0.0, 0));
-                e.0 += b;
-                e.1 += 1;
+            for (t, (reads, grad)) in per {
+                // Each output crosses once, as its own message.
+                let ([b, whole], seen) = crate::cost::output_union(reads);
+                let n = seen.count_ones() as usize;
+                let e = acc.entry((su, t)).or_default();
+                e.bytes += b;
+                e.tensors += n;
+                e.whole += whole;
                 if grad {
-                    e.2 += b;
-                    e.3 += 1;
+                    e.grad_bytes += b;
+                    e.grad_tensors += n;
+                    e.whole_grad += whole;
                 }
             }
         }
         let edges = acc
             .into_iter()
-            .map(
-                |((src, dst), (bytes, tensors, grad_bytes, grad_tensors))| StageEdge {
-                    src,
-                    dst,
-                    bytes,
-                    tensors,
-                    grad_bytes,
-                    grad_tensors,
-                },
-            )
+            .map(|((src, dst), a)| StageEdge {
+                src,
+                dst,
+                bytes: a.bytes,
+                tensors: a.tensors,
+                grad_bytes: a.grad_bytes,
+                grad_tensors: a.grad_tensors,
+                whole_bytes: a.whole,
+                whole_grad_bytes: a.whole_grad,
+            })
             .collect();
         let mut sg = StageGraph::new(stages, edges);
         if split {

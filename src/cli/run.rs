@@ -159,7 +159,8 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
             a.executor
         );
     }
-    let mut lp = dist::load(&a.outdir)?;
+    let od = pipec::artifact::OutDir::open(&a.outdir)?;
+    let mut lp = dist::load_program(&od.dir, od.program, dist::LoadOptions::default())?;
     let f64 = a.precision == "f64";
     if f64 {
         lp.widen_to_f64()?;

@@ -184,6 +184,14 @@ pub fn load_with(outdir: &Path, opts: LoadOptions) -> Result<LoadedProgram> {
         .map_err(|e| input_err(format!("{}: cannot read: {e}", sched.display())))?;
     let program = Program::from_json(&text, &sched.display().to_string())
         .map_err(|e| input_err(e.to_string()))?;
+    load_program(outdir, program, opts)
+}
+
+/// [`load_with`] for a program already read from `outdir`'s `schedule.json` (by the `pipec`
+/// library's `OutDir`, which owns OUTDIR's format): verify it, check the files it names, read
+/// the weights and import the pieces from `outdir`.
+pub fn load_program(outdir: &Path, program: Program, opts: LoadOptions) -> Result<LoadedProgram> {
+    let sched = outdir.join("schedule.json");
     if opts.verify {
         pipec_compiler::program::verify(&program)
             .map_err(|e| input_err(format!("{}: {e}", sched.display())))?;

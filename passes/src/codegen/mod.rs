@@ -548,6 +548,19 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
     };
     program::verify(&program)
         .map_err(|e| Error::msg(format!("codegen produced a bad schedule: {e}")))?;
+    // The IR verifier on every piece and every stage's training module (structure, dominance,
+    // types), as the pass manager runs it after every pass.
+    for (file, md) in &modules {
+        pipec_compiler::verify::verify(md)
+            .map_err(|e| Error::msg(format!("codegen: piece {file} does not verify: {e}")))?;
+    }
+    for (s, p) in built.iter().enumerate() {
+        pipec_compiler::verify::verify(&p.training).map_err(|e| {
+            Error::msg(format!(
+                "codegen: the training module of stage {s} does not verify: {e}"
+            ))
+        })?;
+    }
     let weights: Vec<(String, TensorData)> = g
         .initializers
         .iter()

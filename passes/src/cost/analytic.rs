@@ -334,6 +334,46 @@ fn float_initializers(g: &pipec_compiler::ir::Graph) -> HashSet<Value> {
         .collect()
 }
 
+/// The forward of op `d` as a [`super::Kernel`]: what grows with the batch and what does not
+/// (counted again at `env2`, every symbol doubled, when the module has a symbolic dim), plus
+/// the weights it reads (a lookup reads the rows it gathers, counted in its bytes, not its
+/// table).
+fn forward_work(
+    d: &OpData,
+    ty: &dyn Fn(Value) -> TensorType,
+    is_param: &dyn Fn(Value) -> bool,
+    env: &BTreeMap<String, i64>,
+    env2: Option<&BTreeMap<String, i64>>,
+) -> super::Kernel {
+    let c = op_cost(d, ty, is_param, env);
+    let (flops, fixed_flops, bytes, fixed_act) = match env2 {
+        Some(env2) => {
+            let c2 = op_cost(d, ty, is_param, env2);
+            let pf = (c2.fwd_flops - c.fwd_flops).max(0.0);
+            let pb = (c2.fwd_bytes - c.fwd_bytes).max(0.0);
+            (
+                pf,
+                (c.fwd_flops - pf).max(0.0),
+                pb,
+                (c.fwd_bytes - pb).max(0.0),
+            )
+        }
+        None => (c.fwd_flops, 0.0, c.fwd_bytes, 0.0),
+    };
+    super::Kernel {
+        flops,
+        fixed_flops,
+        bytes,
+        fixed_bytes: fixed_act
+            + if d.op_type == "Gather" {
+                0.0
+            } else {
+                c.weight_bytes
+            },
+        precision: op_precision(d, ty),
+    }
+}
+
 /// The dims of `env` with every symbol doubled, and symbols `env` leaves unbound (which count
 /// as 1) bound to 2: counting at both tells what grows with the batch from what does not. The
 /// flag is false when `g` has no unbound symbol (a model exported at a fixed batch).
@@ -391,19 +431,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     for (i, &op) in g.order.iter().enumerate() {
         let d = &g.ops[op];
         let c = op_cost(d, &ty, &is_param, env);
-        let (fwd_flops, fwd_fixed_flops, fwd_bytes, fwd_fixed_act) = if symbolic {
-            let c2 = op_cost(d, &ty, &is_param, &env2);
-            let pf = (c2.fwd_flops - c.fwd_flops).max(0.0);
-            let pb = (c2.fwd_bytes - c.fwd_bytes).max(0.0);
-            (
-                pf,
-                (c.fwd_flops - pf).max(0.0),
-                pb,
-                (c.fwd_bytes - pb).max(0.0),
-            )
-        } else {
-            (c.fwd_flops, 0.0, c.fwd_bytes, 0.0)
-        };
+        let fwd = forward_work(d, &ty, &is_param, env, symbolic.then_some(&env2));
         // Parameters: each float initializer counts once, at its first reader.
         let mut params = 0.0;
         // Readers for tied parameters: only where a gradient flows (a parameter read as, e.g., a
@@ -439,18 +467,12 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             name,
             op: d.op_type.clone(),
             work: Work::Counted {
-                fwd_flops,
-                fwd_fixed_flops,
+                fwd_flops: fwd.flops,
+                fwd_fixed_flops: fwd.fixed_flops,
                 bwd_flops: c.bwd_flops,
-                fwd_bytes,
+                fwd_bytes: fwd.bytes,
                 bwd_bytes: c.bwd_bytes,
-                // A lookup reads the rows it gathers (counted in `fwd_bytes`), not its table.
-                fwd_fixed_bytes: fwd_fixed_act
-                    + if d.op_type == "Gather" {
-                        0.0
-                    } else {
-                        c.weight_bytes
-                    },
+                fwd_fixed_bytes: fwd.fixed_bytes,
                 bwd_fixed_bytes: 2.0 * c.weight_bytes,
                 precision: op_precision(d, &ty),
                 bwd_kernels: Vec::new(),
@@ -573,6 +595,9 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     let role_of: HashMap<Op, &Role> = tgr.order.iter().copied().zip(&roles).collect();
     // Ordered, so the sums below are the same on every run.
     let mut reader: BTreeMap<Value, BTreeSet<usize>> = BTreeMap::new();
+    // The forward as the training graph runs it: autodiff may change a forward op (a `MaxPool`
+    // also returns its indices, which its backward reads), and the forward piece runs that op.
+    let mut forward: Vec<Option<super::Kernel>> = vec![None; g.len()];
     for (&op, role) in tgr.order.iter().zip(&roles) {
         let node = match role {
             Role::Bwd(n) => *n,
@@ -580,7 +605,19 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
                 Some(n) => n,
                 None => continue,
             },
-            Role::Fwd(_) => continue,
+            Role::Fwd(n) => {
+                let d = &tgr.ops[op];
+                if d.outputs.len() != m.graph.ops[fwd_ops[*n]].outputs.len() {
+                    forward[*n] = Some(forward_work(
+                        d,
+                        &ty,
+                        &is_param,
+                        env1,
+                        symbolic.then_some(&env2),
+                    ));
+                }
+                continue;
+            }
         };
         // Codegen takes a `Shape` / `Size` of a forward value in the forward piece: the backward
         // keeps the few integers, not the value.
@@ -651,8 +688,12 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         node.saved_bytes = prop;
         node.saved_fixed_bytes = fixed;
     }
-    for (node, ks) in g.nodes.iter_mut().zip(kernels) {
+    for ((node, ks), fk) in g.nodes.iter_mut().zip(kernels).zip(forward) {
         if let Work::Counted {
+            fwd_flops,
+            fwd_fixed_flops,
+            fwd_bytes,
+            fwd_fixed_bytes,
             bwd_flops,
             bwd_bytes,
             bwd_fixed_bytes,
@@ -660,6 +701,12 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             ..
         } = &mut node.work
         {
+            if let Some(k) = fk {
+                *fwd_flops = k.flops;
+                *fwd_fixed_flops = k.fixed_flops;
+                *fwd_bytes = k.bytes;
+                *fwd_fixed_bytes = k.fixed_bytes;
+            }
             *bwd_flops = ks.iter().map(|k| k.flops).sum();
             *bwd_bytes = ks.iter().map(|k| k.bytes).sum();
             *bwd_fixed_bytes = ks.iter().map(|k| k.fixed_bytes).sum();

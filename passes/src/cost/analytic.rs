@@ -531,7 +531,12 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     cg.tied = readers
         .into_iter()
         .filter(|r| r.2.len() > 1 && r.1 > 0.0)
-        .map(|(_, bytes, readers)| super::TiedParameter { bytes, readers })
+        .map(|(v, bytes, readers)| super::TiedParameter {
+            bytes,
+            readers,
+            name: g.name(v).to_string(),
+            accumulate: Vec::new(),
+        })
         .collect();
     Ok(cg)
 }
@@ -595,6 +600,38 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     let role_of: HashMap<Op, &Role> = tgr.order.iter().copied().zip(&roles).collect();
     // Ordered, so the sums below are the same on every run.
     let mut reader: BTreeMap<Value, BTreeSet<usize>> = BTreeMap::new();
+    // The sum of a tied parameter's gradient shares (the `Add`/`Sum` under its `grad/<name>`
+    // `Identity`, given to its first reader): a stage holding only some readers does not run
+    // it (the all-reduce sums the shares), so it is costed on the tied parameter instead.
+    let tied_names: HashMap<&str, usize> = g
+        .tied
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.name.as_str(), i))
+        .collect();
+    let mut tied_sum: HashMap<Op, usize> = HashMap::new();
+    for &(p, gv) in &tg.grads {
+        let Some(&ti) = tied_names.get(tgr.name(p)) else {
+            continue;
+        };
+        let mut v = gv;
+        // Through the `Identity` that names the gradient.
+        while let Some(op) = tgr.producer(v) {
+            let d = &tgr.ops[op];
+            match d.op_type.as_str() {
+                "Identity" => match d.inputs.first().copied().flatten() {
+                    Some(x) => v = x,
+                    None => break,
+                },
+                "Add" | "Sum" => {
+                    tied_sum.insert(op, ti);
+                    break;
+                }
+                _ => break,
+            }
+        }
+    }
+    let mut tied_kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.tied.len()];
     // The forward as the training graph runs it: autodiff may change a forward op (a `MaxPool`
     // also returns its indices, which its backward reads), and the forward piece runs that op.
     let mut forward: Vec<Option<super::Kernel>> = vec![None; g.len()];
@@ -651,7 +688,11 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         if flops + fixed_flops + bytes + fixed_bytes == 0.0 {
             continue;
         }
-        kernels[node].push(Kernel {
+        let to = match tied_sum.get(&op) {
+            Some(&ti) => &mut tied_kernels[ti],
+            None => &mut kernels[node],
+        };
+        to.push(Kernel {
             flops,
             fixed_flops,
             bytes,
@@ -687,6 +728,9 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     for (node, (prop, fixed)) in g.nodes.iter_mut().zip(saved) {
         node.saved_bytes = prop;
         node.saved_fixed_bytes = fixed;
+    }
+    for (t, ks) in g.tied.iter_mut().zip(tied_kernels) {
+        t.accumulate = ks;
     }
     for ((node, ks), fk) in g.nodes.iter_mut().zip(kernels).zip(forward) {
         if let Work::Counted {

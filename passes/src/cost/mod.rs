@@ -296,6 +296,12 @@ pub struct TiedParameter {
     pub bytes: f64,
     /// The nodes that read it, in node order; the first holds its bytes.
     pub readers: Vec<NodeId>,
+    /// Its name (the initializer's).
+    pub name: String,
+    /// The backward's sum of the readers' gradient shares (per micro-batch), which runs only
+    /// where one stage holds every reader: split over stages, each keeps its own share and the
+    /// all-reduce sums them ([`CostGraph::group_cost`] adds it to such a stage).
+    pub accumulate: Vec<Kernel>,
 }
 
 impl CostGraph {
@@ -538,6 +544,11 @@ impl CostGraph {
             c.bwd_s += b;
             c.parameter_bytes += self.nodes[n].parameter_bytes;
             c.saved_bytes += self.nodes[n].saved_bytes * s + self.nodes[n].saved_fixed_bytes;
+        }
+        for t in self.tied.iter().filter(|t| !t.accumulate.is_empty()) {
+            if t.readers.iter().all(|&r| member[r]) {
+                c.bwd_s += t.accumulate.iter().map(|k| k.time(s, kind)).sum::<f64>();
+            }
         }
         for v in &self.shared_saved {
             let last = v.readers.last().is_some_and(|&r| member[r]);

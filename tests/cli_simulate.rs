@@ -156,6 +156,9 @@ fn plan_time_is_the_replay_of_the_compiled_program() {
         // The sum of the tied `wte`'s gradient shares runs only where one stage holds both
         // readers (was 0.921: planned on the embedding's stage every micro-batch).
         ("gpt2_tiny", "pipedream", "summit", "32"),
+        // 31 stages on the `cpu` preset's 32 devices: `pipec run` starts 31 workers, which do
+        // not divide over 2 cores, so none is pinned (was 0.908: planned as 32 pinned devices).
+        ("dlrm_tiny", "bapipe", "cpu", "32"),
     ] {
         let t = tempdir();
         let out = t.path().join("o");

@@ -163,6 +163,9 @@ type TransferKey = (Dir, usize, usize, usize, usize);
 #[derive(Default)]
 struct Builder {
     ndev: usize,
+    /// Devices the program runs (`pipec run` starts one worker per device of the program, and
+    /// pins them to cores by that count); 0: every device of the cluster.
+    program_devices: usize,
     /// Transfers by (direction, micro-batch, source device, destination device).
     /// (Fx hash: the simulator's hottest map, keys are small integers.)
     transfers: FxHashMap<TransferKey, u32>,
@@ -265,9 +268,14 @@ impl Builder {
         // tasks running at once share the cores as the OS time-slices threads (processor sharing):
         // with k of them on C < k cores each progresses at C/k. Such a task's end is only known when
         // it finishes, so it starts from `starting` and runs in `running` (remaining seconds of work).
+        let workers = if self.program_devices > 0 {
+            self.program_devices.min(ndev)
+        } else {
+            ndev
+        };
         let host = cluster
             .host_cores
-            .filter(|&c| c > 0 && c < ndev)
+            .filter(|&c| c > 0 && c < workers)
             .map_or(0.0, |c| c as f64);
         let shared: Vec<bool> = kinds
             .iter()
@@ -298,7 +306,7 @@ impl Builder {
         let core_of: Option<Vec<usize>> = cluster
             .host_cores
             .filter(|_| host > 0.0)
-            .and_then(|c| pipec_compiler::program::host_core_map(ndev, c));
+            .and_then(|c| pipec_compiler::program::host_core_map(workers, c));
         let task_core = |id: usize| -> usize {
             let d = match &kinds[id] {
                 TaskKind::Forward { device, .. }
@@ -592,6 +600,7 @@ pub fn simulate(
     }
     let mut tb = Builder {
         ndev,
+        program_devices: sched.programs.len(),
         ..Default::default()
     };
     let mut collectives: FxHashMap<usize, u32> = FxHashMap::default();

@@ -286,6 +286,7 @@ pub fn replay(
     let mut tasks = Tasks {
         tb: super::Builder {
             ndev: cluster.len(),
+            program_devices: n,
             ..Default::default()
         },
         shown: Vec::new(),

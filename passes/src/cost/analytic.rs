@@ -334,6 +334,19 @@ fn float_initializers(g: &pipec_compiler::ir::Graph) -> HashSet<Value> {
         .collect()
 }
 
+/// `(grows with the batch, does not)` of a count taken at the batch (`at`) and, where the
+/// module has a symbolic dim, at twice it (`at_twice`): the difference is the part that
+/// doubles, the rest is fixed. Without a second count everything counts as growing.
+fn batch_split(at: f64, at_twice: Option<f64>) -> (f64, f64) {
+    match at_twice {
+        Some(x2) => {
+            let prop = (x2 - at).max(0.0);
+            (prop, (at - prop).max(0.0))
+        }
+        None => (at, 0.0),
+    }
+}
+
 /// The forward of op `d` as a [`super::Kernel`]: what grows with the batch and what does not
 /// (counted again at `env2`, every symbol doubled, when the module has a symbolic dim), plus
 /// the weights it reads (a lookup reads the rows it gathers, counted in its bytes, not its
@@ -346,20 +359,9 @@ fn forward_work(
     env2: Option<&BTreeMap<String, i64>>,
 ) -> super::Kernel {
     let c = op_cost(d, ty, is_param, env);
-    let (flops, fixed_flops, bytes, fixed_act) = match env2 {
-        Some(env2) => {
-            let c2 = op_cost(d, ty, is_param, env2);
-            let pf = (c2.fwd_flops - c.fwd_flops).max(0.0);
-            let pb = (c2.fwd_bytes - c.fwd_bytes).max(0.0);
-            (
-                pf,
-                (c.fwd_flops - pf).max(0.0),
-                pb,
-                (c.fwd_bytes - pb).max(0.0),
-            )
-        }
-        None => (c.fwd_flops, 0.0, c.fwd_bytes, 0.0),
-    };
+    let c2 = env2.map(|e| op_cost(d, ty, is_param, e));
+    let (flops, fixed_flops) = batch_split(c.fwd_flops, c2.as_ref().map(|c2| c2.fwd_flops));
+    let (bytes, fixed_act) = batch_split(c.fwd_bytes, c2.as_ref().map(|c2| c2.fwd_bytes));
     super::Kernel {
         flops,
         fixed_flops,
@@ -501,13 +503,10 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
                             acc.entry((src, dst)).or_default().2 |= bit;
                             continue;
                         }
-                        let b1 = bytes_of(g.ty(v), env);
-                        let (prop, fixed) = if symbolic {
-                            let prop = (bytes_of(g.ty(v), &env2) - b1).max(0.0);
-                            (prop, (b1 - prop).max(0.0))
-                        } else {
-                            (b1, 0.0)
-                        };
+                        let (prop, fixed) = batch_split(
+                            bytes_of(g.ty(v), env),
+                            symbolic.then(|| bytes_of(g.ty(v), &env2)),
+                        );
                         let e = acc.entry((src, dst)).or_default();
                         e.0 += prop;
                         e.1 += fixed;
@@ -675,13 +674,12 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         let c1 = op_cost(d, &ty, &is_param, env1);
         let (flops, fixed_flops, bytes, fixed_bytes) = if symbolic {
             let c2 = op_cost(d, &ty, &is_param, &env2);
-            let (f1, f2) = (c1.fwd_flops, c2.fwd_flops);
-            let (b1, b2) = (
+            let (f, ff) = batch_split(c1.fwd_flops, Some(c2.fwd_flops));
+            let (b, fb) = batch_split(
                 c1.fwd_bytes + c1.weight_bytes,
-                c2.fwd_bytes + c2.weight_bytes,
+                Some(c2.fwd_bytes + c2.weight_bytes),
             );
-            let (pf, pb) = ((f2 - f1).max(0.0), (b2 - b1).max(0.0));
-            (pf, (f1 - pf).max(0.0), pb, (b1 - pb).max(0.0))
+            (f, ff, b, fb)
         } else {
             (c1.fwd_flops, 0.0, c1.fwd_bytes, c1.weight_bytes)
         };
@@ -706,14 +704,10 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     let mut shared = Vec::new();
     for (v, readers) in reader {
         let Some(&n) = readers.last() else { continue };
-        let b1 = bytes_of(tgr.ty(v), env1);
-        let (prop, fixed) = if symbolic {
-            let b2 = bytes_of(tgr.ty(v), &env2);
-            let prop = (b2 - b1).max(0.0);
-            (prop, (b1 - prop).max(0.0))
-        } else {
-            (b1, 0.0)
-        };
+        let (prop, fixed) = batch_split(
+            bytes_of(tgr.ty(v), env1),
+            symbolic.then(|| bytes_of(tgr.ty(v), &env2)),
+        );
         saved[n].0 += prop;
         saved[n].1 += fixed;
         if readers.len() > 1 && prop + fixed > 0.0 {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{files_under, model, pipec, pipec_ok, python_with_onnx, root, tempdir};
+use common::{model, pipec, pipec_ok, python_with_onnx, root, tempdir};
 use pipec_compiler::program::{self, Instr, Program};
 use std::path::Path;
 use std::process::Command;
@@ -121,20 +121,8 @@ fn compile_is_deterministic() {
         let (a, b) = (t.path().join("a"), t.path().join("b"));
         compile(name, planner, devices, batch, mb, &[], &a);
         compile(name, planner, devices, batch, mb, &[], &b);
-        let (fa, fb) = (files_under(&a), files_under(&b));
-        assert_eq!(fa, fb, "{name} {planner}: different file lists");
+        let fa = common::assert_same_files(&a, &b, &format!("{name} {planner}: two compiles"));
         assert!(fa.len() >= 5, "{fa:?}");
-        for f in &fa {
-            let (x, y) = (
-                std::fs::read(a.join(f)).unwrap(),
-                std::fs::read(b.join(f)).unwrap(),
-            );
-            assert!(
-                x == y,
-                "{name} {planner}: {} differs between two compiles",
-                f.display()
-            );
-        }
         let plan = plan_json(&a);
         assert!(plan.get("search_time_s").is_none(), "{plan}");
         assert!(plan.get("iteration_time_s").is_some(), "{plan}");

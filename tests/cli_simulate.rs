@@ -195,30 +195,13 @@ fn tied_parameters_are_planned_as_emitted() {
     for planner in ["bapipe", "gpp"] {
         let t = tempdir();
         let out = t.path().join("o");
-        let m = model("gpt2_tiny.onnx");
-        let mut args = vec![
-            "compile",
-            m.to_str().unwrap(),
-            "--cluster",
-            "cpu",
-            "--devices",
-            "4",
-            "--planner",
-            planner,
-            "--batch",
-            "8",
-            "--micro-batch",
-            "2",
-            "--optimizer",
-            "adam:lr=0.001",
-            "-o",
-            out.to_str().unwrap(),
-        ];
+        let mut flags = common::README_CONFIG.to_vec();
+        flags.extend_from_slice(&["--planner", planner]);
         if planner == "bapipe" {
             // Four single-device stages: the embedding in the first, the LM head in the last.
-            args.extend_from_slice(&["--schedule", "1f1b"]);
+            flags.extend_from_slice(&["--schedule", "1f1b"]);
         }
-        pipec_ok(&args);
+        common::compile("gpt2_tiny.onnx", &out, &flags);
         let (v, plan) = replay_within_5_percent(&out, planner);
         let devices = v["devices"].as_array().unwrap();
         let mut tied_holders = 0;

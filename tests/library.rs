@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{files_under, model, tempdir};
+use common::{model, tempdir};
 use pipec::artifact::OutDir;
 use pipec::driver::{self, CompileOptions};
 
@@ -12,24 +12,9 @@ fn library_compile_writes_the_cli_outdir() {
     let t = tempdir();
     let m = model("gpt2_tiny.onnx");
     let cli_out = t.path().join("cli");
-    common::compile(
-        "gpt2_tiny.onnx",
-        &cli_out,
-        &[
-            "--cluster",
-            "cpu",
-            "--devices",
-            "4",
-            "--planner",
-            "gpp",
-            "--batch",
-            "8",
-            "--micro-batch",
-            "2",
-            "--optimizer",
-            "adam:lr=0.001",
-        ],
-    );
+    let mut flags = common::README_CONFIG.to_vec();
+    flags.extend_from_slice(&["--planner", "gpp"]);
+    common::compile("gpt2_tiny.onnx", &cli_out, &flags);
 
     let cluster = driver::resolve_cluster("cpu", None, Some(4)).unwrap();
     let mut opts = CompileOptions::new("gpp", cluster, 8);
@@ -41,19 +26,7 @@ fn library_compile_writes_the_cli_outdir() {
     let lib_out = t.path().join("lib");
     out.artifact.write(&lib_out).unwrap();
 
-    let names = files_under(&cli_out);
-    assert_eq!(names, files_under(&lib_out));
-    for name in &names {
-        let (x, y) = (
-            std::fs::read(cli_out.join(name)).unwrap(),
-            std::fs::read(lib_out.join(name)).unwrap(),
-        );
-        assert!(
-            x == y,
-            "{} differs between the CLI and the library",
-            name.display()
-        );
-    }
+    common::assert_same_files(&cli_out, &lib_out, "the CLI's OUTDIR vs the library's");
     // The IR snapshots start with the import and end with the pieces.
     assert_eq!(out.ir[0].0, "import");
     assert!(

@@ -96,6 +96,21 @@ pub const MLP4_DAPPLE_4: &[&str] = &[
     "adam:lr=0.001",
 ];
 
+/// The README's job on gpt2_tiny (`cpu` preset, 4 devices, batch 8, micro-batch 2, Adam), less
+/// the planner.
+pub const README_CONFIG: &[&str] = &[
+    "--cluster",
+    "cpu",
+    "--devices",
+    "4",
+    "--batch",
+    "8",
+    "--micro-batch",
+    "2",
+    "--optimizer",
+    "adam:lr=0.001",
+];
+
 /// Every file under `dir`, relative, sorted.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -112,6 +127,21 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     out.sort();
     out
+}
+
+/// Assert that folders `a` and `b` hold the same files, byte for byte (`what` names the pair in
+/// the failure message); returns the file list.
+pub fn assert_same_files(a: &Path, b: &Path, what: &str) -> Vec<PathBuf> {
+    let names = files_under(a);
+    assert_eq!(names, files_under(b), "{what}: different file lists");
+    for name in &names {
+        let (x, y) = (
+            std::fs::read(a.join(name)).unwrap(),
+            std::fs::read(b.join(name)).unwrap(),
+        );
+        assert!(x == y, "{what}: {} differs", name.display());
+    }
+    names
 }
 
 /// A fresh empty temp directory for one test.

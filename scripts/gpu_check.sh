@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU path end to end, on a machine with an NVIDIA GPU: `pipec run --device cuda --check` on
 # two bundled models compiled for 2 devices (both on this one GPU), step times next to the CPU
-# executors and PyTorch training the same model on the same GPU.
+# executors and PyTorch training the same model on the same GPU; then data-parallel and
+# straight programs whose steps all-reduce on the GPU, with `--transport nccl --check` (NCCL,
+# one rank on this one GPU) next to the in-process GPU sum.
 #
 # Usage: scripts/gpu_check.sh [--wheels DIR] [--pipec BIN] [--steps N] [--models "M1 M2"]
 #                             [--big-batch B]
@@ -115,7 +117,13 @@ for s in "$WORK/site" $sites; do
   for d in $(find "$s/nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u); do libpath=$libpath:$d; done
 done
 export LD_LIBRARY_PATH=${libpath#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for l in libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13 libcudnn.so.9; do
+# NCCL (--transport nccl) is opened as libnccl.so; the nvidia-nccl-cu13 package ships libnccl.so.2.
+nccl2=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | while read -r d; do [ -e "$d/libnccl.so.2" ] && echo "$d/libnccl.so.2" && break; done)
+if [ -n "$nccl2" ] && [ ! -e "$(dirname "$nccl2")/libnccl.so" ]; then
+  mkdir -p "$WORK/nccl-lib" && ln -sf "$nccl2" "$WORK/nccl-lib/libnccl.so"
+  export LD_LIBRARY_PATH=$WORK/nccl-lib:$LD_LIBRARY_PATH
+fi
+for l in libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13 libcudnn.so.9 libnccl.so.2; do
   found=$(echo "$LD_LIBRARY_PATH" | tr ':' '\n' | while read -r d; do [ -e "$d/$l" ] && echo "$d/$l" && break; done)
   echo "$l: ${found:-NOT FOUND}"
 done
@@ -180,15 +188,39 @@ if [ "$BIG" -gt 0 ]; then
     echo "| $m | $BIG | $(steady "$m.big.cuda") | $(tj "$m.big.torch-cuda") | $(copies "$m.big.cuda") |" >> "$BIGSUM"
   done
 fi
-say "NCCL"
-echo "the NCCL transport (--transport nccl) is not implemented yet: collectives run in-process"
+# NCCL: programs whose every step all-reduces on the GPU (data parallel: every parameter's
+# gradient; gpt2_tiny's straight pipeline: its tied embedding), run with the in-process sum and
+# with --transport nccl (one process and GPU: NCCL worlds of one after the in-process sum).
+NCCLSUM=$WORK/summary_nccl.md
+{
+  echo "| model | program | in-process all-reduce s/step | --transport nccl s/step | --check max_rel_diff (nccl) | NCCL calls, bytes (whole run) |"
+  echo "|---|---|---|---|---|---|"
+} > "$NCCLSUM"
+for m in $MODELS; do
+  for planner in dp straight; do
+    say "$m: $planner, 2 devices, --transport nccl ($STEPS steps)"
+    out=$WORK/$m.$planner.out
+    rm -rf "$out"
+    run_log "$m.$planner.compile" "$PIPEC" compile "onnx-models/$m.onnx" --cluster 2@1e10 --device-kind cpu-core \
+      --planner "$planner" --batch 8 --micro-batch 2 --optimizer sgd:lr=0.01,momentum=0.9 -o "$out" || { status=1; continue; }
+    grep -q '"all_reduce"' "$out/schedule.json" || { echo "(no all-reduce in this program: skipped)"; continue; }
+    run_log "$m.$planner.gpu" "$PIPEC" run "$out" --device cuda --steps "$STEPS" --no-pin || status=1
+    run_log "$m.$planner.nccl" env NCCL_DEBUG=WARN "$PIPEC" run "$out" --device cuda --transport nccl --steps "$STEPS" --check --no-pin || status=1
+    grep -q "check ok" "$WORK/logs/$m.$planner.nccl.log" || status=1
+    grep -E "^(NCCL|max_rel|check)" "$WORK/logs/$m.$planner.nccl.log"
+    calls=$(sed -n 's/^NCCL [^:]*: \([0-9]*\) all-reduce calls, \([0-9]*\) bytes.*/\1, \2/p' "$WORK/logs/$m.$planner.nccl.log")
+    echo "| $m | $planner | $(steady "$m.$planner.gpu") | $(steady "$m.$planner.nccl") | $(rel "$m.$planner.nccl") | ${calls:-none} |" >> "$NCCLSUM"
+  done
+done
 say "summary (batch 8 = 4 micro-batches of 2, 2 devices on one GPU, SGD momentum; s/step = steady state)"
 cat "$SUMMARY"
 [ -f "$BIGSUM" ] && cat "$BIGSUM"
+cat "$NCCLSUM"
 if [ -n "$OUTDIR" ]; then
   mkdir -p "$OUTDIR"
   cp "$SUMMARY" "$OUTDIR/"
   [ -f "$BIGSUM" ] && cp "$BIGSUM" "$OUTDIR/"
+  cp "$NCCLSUM" "$OUTDIR/"
   tar -C "$WORK" -czf "$OUTDIR/gpu_check_logs.tgz" logs
 fi
 exit $status

@@ -262,3 +262,35 @@ fn mpi_failing_check_exits_1() {
         text(&o)
     );
 }
+
+/// `--transport nccl` where there is no GPU (this CI machine): a clear error naming the missing
+/// CUDA driver, exit 2, in one process and under `mpirun` (every rank agrees before any
+/// collective, so nobody waits for a communicator that will not come). A GPU machine runs
+/// `scripts/gpu_check.sh` instead.
+#[cfg(feature = "cuda")]
+#[test]
+fn nccl_without_a_gpu_is_a_clear_error() {
+    if Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile_mlp4(&out, "dp", 2);
+    let flags = ["--device", "cuda", "--transport", "nccl"];
+    let o = Command::new(env!("CARGO_BIN_EXE_pipec"))
+        .args(["run", out.to_str().unwrap()])
+        .args(flags)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--transport nccl: the CUDA driver library (libcuda.so.1)"),
+        "{}",
+        text(&o)
+    );
+    let (o, wall) = mpirun(2, &out, &flags, &[]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("libcuda.so.1"), "{}", text(&o));
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    assert!(wall < Duration::from_secs(60), "took {wall:?}");
+}

@@ -232,6 +232,10 @@ fn bad_input_exits_2_with_a_one_line_error() {
             &["--executor", "onnx"][..],
             "--executor onnx: unknown executor",
         ),
+        (
+            &["--transport", "nccl"][..],
+            "--transport nccl sums GPU values with NCCL: it needs --device cuda",
+        ),
     ] {
         let mut args = vec!["run", dir.path().to_str().unwrap()];
         args.extend_from_slice(flags);

@@ -262,7 +262,7 @@ impl Ort {
 
 /// The GPU of `--device cuda`: `PIPEC_CUDA_DEVICE`, else (under OpenMPI's `mpirun`) the
 /// process's local rank, else 0.
-fn cuda_device() -> i32 {
+pub fn cuda_device() -> i32 {
     ["PIPEC_CUDA_DEVICE", "OMPI_COMM_WORLD_LOCAL_RANK"]
         .iter()
         .find_map(|k| std::env::var(k).ok().and_then(|v| v.parse().ok()))
@@ -336,6 +336,16 @@ impl OrtValue {
             shape: self.shape.clone(),
             bytes: self.bytes,
         })
+    }
+
+    /// The GPU address and element count of a CUDA value, for a transport that reads and
+    /// writes it where it is (NCCL); `None` for a value in host memory.
+    pub fn device_buffer_mut(&mut self) -> Option<(*mut std::ffi::c_void, usize)> {
+        if !self.on_device() {
+            return None;
+        }
+        let n = self.shape.iter().product();
+        Some((self.t.data_ptr_mut().cast(), n))
     }
 
     /// A host copy (from the GPU for a CUDA value).

@@ -70,6 +70,14 @@ pub struct RunArgs {
     /// and onnxruntime-gpu with its CUDA libraries: see README, "GPU").
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
+    /// How the all-reduces of GPU values travel: `backend` (default: the backend's own: handed
+    /// over in-process, MPI through the host) or `nccl` (with `--device cuda`: each all-reduce
+    /// group's GPU values are summed where they are by NCCL, one rank per process and GPU; under
+    /// `mpirun` with `--backend mpi` a rank per device, in one process a world of one after the
+    /// devices' in-process sum; needs a build with `--features cuda` and `libnccl.so` on the
+    /// library path, see README, "GPU"). Point-to-point messages are the backend's either way.
+    #[arg(long, default_value = "backend", value_parser = ["backend", "nccl"])]
+    pub transport: String,
     /// Arithmetic of the run (pipeline and `--check` reference alike): `f32` as compiled, or
     /// `f64` (every piece, weight, data input and message widened), which separates real
     /// mismatches from float32 rounding amplified by ill-conditioned training (e.g. Adam on
@@ -101,6 +109,12 @@ pub fn run(mut a: RunArgs) -> Result<ExitCode> {
                  --executor {other} (or use --executor ort)"
             ),
         };
+    }
+    if a.transport == "nccl" && a.device != "cuda" {
+        bail!(
+            "--transport nccl sums GPU values with NCCL: it needs --device cuda (and a build \
+             with --features cuda)"
+        );
     }
     match a.backend.as_str() {
         "inproc" => {}
@@ -185,6 +199,7 @@ fn prepare(a: &RunArgs) -> Result<(dist::LoadedProgram, RunOptions)> {
         executor: a.executor.clone(),
         pin_threads: !a.no_pin,
         steps_done: None,
+        nccl: a.transport == "nccl",
     };
     Ok((lp, opts))
 }
@@ -281,6 +296,16 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
             } else {
                 "host memory: hand-overs and copies"
             }
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if a.transport == "nccl" {
+        let (calls, bytes) = pipec_runtime::dist::nccl::totals();
+        println!(
+            "NCCL {}: {calls} all-reduce calls, {bytes} bytes summed on the GPU",
+            pipec_runtime::dist::nccl::version()
+                .map(|v| v.to_string())
+                .unwrap_or_else(|e| e)
         );
     }
     if let (Some(path), Some(t)) = (&a.trace, &r.trace) {

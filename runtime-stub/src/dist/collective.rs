@@ -8,6 +8,8 @@ use super::transport::{CommError, Endpoint, Tag};
 use crate::tensor::Tensor;
 use ndarray::{ArrayD, IxDyn};
 use pipec_compiler::ir::DType;
+use pipec_compiler::program::{Instr, Program};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Collective operations of a backend.
@@ -24,6 +26,31 @@ pub trait Collectives: Send + Sync {
         tag: u32,
         tensors: &mut [Tensor],
         timeout: Duration,
+    ) -> Result<(), CommError>;
+}
+
+/// Collectives on executor values that stay where they are (NCCL on GPU memory), for the
+/// all-reduce of a group whose devices may share a process.
+///
+/// The worker sums a group in two levels: the group's devices in this process send their
+/// values to the first of them (in-process value messages, no copy off the device), which adds
+/// them, calls [`ValueCollectives::all_reduce_sum`] once for the process (the sum across the
+/// processes that hold the group's devices) and hands each local member a copy. With one
+/// process per device (MPI) the first level is empty; with one process (threads) the second
+/// is a world of one.
+pub trait ValueCollectives: Send + Sync {
+    /// Whether device `d` runs in this process.
+    fn is_local(&self, d: usize) -> bool;
+    /// Whether it can reduce `group` (the worker uses the host collectives for the others).
+    fn covers(&self, group: &[usize]) -> bool;
+    /// Sum `values` element-wise, in place, over the processes of `group`; called once per
+    /// process by the group's first local device, with the same tag and the values of the
+    /// same dtypes and shapes on every process.
+    fn all_reduce_sum(
+        &self,
+        group: &[usize],
+        tag: u32,
+        values: &mut [crate::value::Value],
     ) -> Result<(), CommError>;
 }
 
@@ -235,4 +262,31 @@ impl Collectives for Ring {
         }
         Ok(())
     }
+}
+
+/// Every all-reduce group of the program (2 or more members) whose members all issue the same
+/// sequence of all-reduce tags on it, in a global order (sorted): the groups a backend that
+/// matches collectives by their order on a communicator (MPI, NCCL) can reduce.
+pub fn ordered_groups(p: &Program) -> Vec<Vec<usize>> {
+    let mut seqs: BTreeMap<Vec<usize>, BTreeMap<usize, Vec<u32>>> = BTreeMap::new();
+    for (d, dp) in p.devices.iter().enumerate() {
+        for ins in &dp.instructions {
+            if let Instr::AllReduce { group, tag, .. } = ins {
+                if group.len() > 1 {
+                    seqs.entry(group.clone())
+                        .or_default()
+                        .entry(d)
+                        .or_default()
+                        .push(*tag);
+                }
+            }
+        }
+    }
+    seqs.into_iter()
+        .filter(|(g, per)| {
+            let first = per.values().next();
+            per.len() == g.len() && per.values().all(|s| Some(s) == first)
+        })
+        .map(|(g, _)| g)
+        .collect()
 }

@@ -38,13 +38,15 @@ pub mod fixtures;
 pub mod inproc;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod trace;
 pub mod transport;
 pub mod value_ops;
 pub mod worker;
 
 pub use check::{check, CheckReport};
-pub use collective::{Collectives, Ring};
+pub use collective::{Collectives, Ring, ValueCollectives};
 pub use data::Data;
 pub use transport::{CommError, Endpoint, Tag};
 
@@ -349,6 +351,8 @@ pub struct RunOptions {
     pub pin_threads: bool,
     /// Counts the steps device 0 has finished, for a caller's progress display.
     pub steps_done: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    /// All-reduce GPU values with NCCL (`--transport nccl`; executor `ort-cuda`, feature `cuda`).
+    pub nccl: bool,
 }
 
 impl Default for RunOptions {
@@ -362,6 +366,7 @@ impl Default for RunOptions {
             executor: "reference".into(),
             pin_threads: true,
             steps_done: None,
+            nccl: false,
         }
     }
 }
@@ -428,6 +433,36 @@ pub fn run(lp: &LoadedProgram, opts: &RunOptions) -> Result<RunResult> {
     run_with(lp, opts, boxed, &Ring)
 }
 
+/// The NCCL collectives of an in-process run with `opts.nccl` (one NCCL rank: this process).
+fn value_collectives(
+    lp: &LoadedProgram,
+    opts: &RunOptions,
+) -> Result<Option<Box<dyn ValueCollectives>>> {
+    if !opts.nccl {
+        return Ok(None);
+    }
+    if opts.executor != "ort-cuda" {
+        return Err(input_err(format!(
+            "--transport nccl moves GPU values: it needs --device cuda (executor is '{}')",
+            opts.executor
+        )));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let gpu = crate::ort_backend::cuda_device().max(0) as usize;
+        let n = nccl::Nccl::in_process(gpu, &lp.program).map_err(input_err)?;
+        Ok(Some(Box::new(n)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = lp;
+        Err(input_err(
+            "--transport nccl: this pipec was built without CUDA support; rebuild with \
+             `cargo build --release --features cuda`",
+        ))
+    }
+}
+
 /// Run with the given endpoints (one per device, `endpoints[d].rank() == d`) and collectives.
 pub fn run_with(
     lp: &LoadedProgram,
@@ -444,6 +479,7 @@ pub fn run_with(
     let executor: Box<dyn Executor> = crate::exec::executor_by_name(&opts.executor)
         .ok_or_else(|| input_err(format!("unknown executor '{}'", opts.executor)))?;
     let data = run_data(&lp.program, opts)?;
+    let nccl = value_collectives(lp, opts)?;
     let cpus = if opts.pin_threads {
         pinning::allowed_cpus()
     } else {
@@ -465,6 +501,7 @@ pub fn run_with(
                     timeout: opts.timeout,
                     executor: executor.as_ref(),
                     collectives: coll,
+                    value_collectives: nccl.as_deref(),
                     t0,
                     trace: opts.trace,
                     steps_done: if d == 0 {

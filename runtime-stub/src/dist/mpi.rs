@@ -23,7 +23,7 @@
 //! Limits: one message must stay below 2 GiB (MPI counts are `int`); the endpoint may only be
 //! used from the thread that initialized MPI unless MPI granted `MPI_THREAD_MULTIPLE`.
 
-use super::collective::{Collectives, Elem, Ring};
+use super::collective::{ordered_groups, Collectives, Elem, Ring};
 use super::trace::Event;
 use super::transport::{CommError, Endpoint, Tag};
 use super::worker::{self, DeviceCtx, DeviceOutcome};
@@ -36,7 +36,7 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 use pipec_compiler::ir::{DType, TensorData};
-use pipec_compiler::program::{Instr, Program};
+use pipec_compiler::program::Program;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -382,39 +382,13 @@ pub struct MpiCollectives {
 unsafe impl Send for MpiCollectives {}
 unsafe impl Sync for MpiCollectives {}
 
-/// Every all-reduce group of the program (2 or more members) whose members all issue the same
-/// sequence of all-reduce tags on it, in a global order (sorted).
-pub fn mpi_groups(p: &Program) -> Vec<Vec<usize>> {
-    let mut seqs: BTreeMap<Vec<usize>, BTreeMap<usize, Vec<u32>>> = BTreeMap::new();
-    for (d, dp) in p.devices.iter().enumerate() {
-        for ins in &dp.instructions {
-            if let Instr::AllReduce { group, tag, .. } = ins {
-                if group.len() > 1 {
-                    seqs.entry(group.clone())
-                        .or_default()
-                        .entry(d)
-                        .or_default()
-                        .push(*tag);
-                }
-            }
-        }
-    }
-    seqs.into_iter()
-        .filter(|(g, per)| {
-            let first = per.values().next();
-            per.len() == g.len() && per.values().all(|s| Some(s) == first)
-        })
-        .map(|(g, _)| g)
-        .collect()
-}
-
 impl MpiCollectives {
-    /// Create the communicators of every group of [`mpi_groups`] (collective over the world:
+    /// Create the communicators of every group of [`ordered_groups`] (collective over the world:
     /// every rank calls it with the same program, before any worker starts).
     pub fn new(s: &Session, p: &Program) -> MpiCollectives {
         let me = s.rank();
         let mut comms = HashMap::new();
-        let groups: BTreeSet<Vec<usize>> = mpi_groups(p).into_iter().collect();
+        let groups: BTreeSet<Vec<usize>> = ordered_groups(p).into_iter().collect();
         for g in groups {
             let member = g.contains(&me);
             let color = if member {
@@ -545,6 +519,72 @@ impl Collectives for MpiCollectives {
 
 // ---------------------------------------------------------------------------------------------
 // Running one rank.
+
+/// With `opts.nccl`: one NCCL communicator per group of [`ordered_groups`] this rank is in, on
+/// the GPU of its local rank; the group's first rank makes the unique id and broadcasts it over
+/// the group's MPI communicator (collective: every rank walks the groups in the same order).
+fn nccl_collectives(
+    s: &Session,
+    coll: &MpiCollectives,
+    lp: &LoadedProgram,
+    opts: &RunOptions,
+) -> Result<Option<Box<dyn super::ValueCollectives>>> {
+    if !opts.nccl {
+        return Ok(None);
+    }
+    if opts.executor != "ort-cuda" {
+        return Err(DistError::Input(format!(
+            "--transport nccl moves GPU values: it needs --device cuda (executor is '{}')",
+            opts.executor
+        )));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use super::nccl::{check_libraries, unique_id, CommSpec, Nccl};
+        let me = s.rank();
+        // Every rank learns whether every rank can open the libraries before any collective.
+        let local_ok = check_libraries();
+        if let Some(r) = s.min_rank(local_ok.is_err()) {
+            return Err(DistError::Input(match local_ok {
+                Err(e) => e,
+                Ok(()) => format!("--transport nccl: rank {r} cannot open CUDA or NCCL"),
+            }));
+        }
+        let mut specs = Vec::new();
+        for group in ordered_groups(&lp.program) {
+            let Some(pos) = group.iter().position(|&g| g == me) else {
+                continue;
+            };
+            let Some(comm) = coll.comms.get(&group) else {
+                continue;
+            };
+            let mut id = if pos == 0 {
+                unique_id().map_err(DistError::Input)?
+            } else {
+                [0u8; 128]
+            };
+            comm.process_at_rank(0).broadcast_into(&mut id[..]);
+            specs.push(CommSpec {
+                size: group.len(),
+                group,
+                rank: pos,
+                id,
+            });
+        }
+        let gpu = crate::ort_backend::cuda_device().max(0) as usize;
+        let n = Nccl::new(gpu, vec![me], specs).map_err(DistError::Input)?;
+        Ok(Some(Box::new(n)))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (s, coll, lp);
+        Err(DistError::Input(
+            "--transport nccl: this pipec was built without CUDA support; rebuild with \
+             `cargo build --release --features mpi,cuda`"
+                .into(),
+        ))
+    }
+}
 
 /// What `run_rank` returns: the whole run's result on rank 0, nothing on the other ranks.
 pub type RankResult = Option<RunResult>;
@@ -677,6 +717,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
     // Collective setup, same order on every rank, before the worker starts.
     let mut ep = MpiEndpoint::new(s);
     let coll = MpiCollectives::new(s, &lp.program);
+    let nccl = nccl_collectives(s, &coll, lp, opts)?;
     s.barrier();
     let t0 = Instant::now();
     let ctx = DeviceCtx {
@@ -687,6 +728,7 @@ pub fn run_rank(s: &Session, lp: &LoadedProgram, opts: &RunOptions) -> Result<Ra
         timeout: opts.timeout,
         executor: executor.as_ref(),
         collectives: &coll,
+        value_collectives: nccl.as_deref(),
         t0,
         trace: opts.trace,
         steps_done: None,

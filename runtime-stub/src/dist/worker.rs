@@ -1,7 +1,7 @@
 //! One device's worker: prepares its stage's pieces and interprets its instruction list (see
 //! [`pipec_compiler::program`] for the semantics and [`super`] for the runtime's conventions).
 
-use super::collective::Collectives;
+use super::collective::{Collectives, ValueCollectives};
 use super::data::{self, Data};
 use super::trace::Event;
 use super::transport::{CommError, Endpoint, Tag};
@@ -24,6 +24,8 @@ pub struct DeviceCtx<'a> {
     pub timeout: Duration,
     pub executor: &'a dyn Executor,
     pub collectives: &'a dyn Collectives,
+    /// Collectives on the executor's own values (NCCL), for the groups they cover.
+    pub value_collectives: Option<&'a dyn ValueCollectives>,
     /// Common time origin of the trace.
     pub t0: Instant,
     pub trace: bool,
@@ -437,9 +439,14 @@ impl Worker<'_> {
                 tensors,
                 tag,
             } => {
-                // Every member decides alike: same executor, same transport.
-                if self.ctx.executor.holds_values() && ep.moves_values() && group.len() > 1 {
-                    return self.all_reduce_values(ep, group, *tag, tensors);
+                // Every member decides alike: same executor, transport and collectives.
+                if group.len() > 1 && self.ctx.executor.holds_values() {
+                    if let Some(vc) = self.ctx.value_collectives.filter(|vc| vc.covers(group)) {
+                        return self.all_reduce_values(ep, group, *tag, tensors, Some(vc));
+                    }
+                    if ep.moves_values() {
+                        return self.all_reduce_values(ep, group, *tag, tensors, None);
+                    }
                 }
                 // The collectives reduce host tensors (an executor's values are copied out
                 // and back).
@@ -466,22 +473,28 @@ impl Worker<'_> {
         Ok(())
     }
 
-    /// The all-reduce (sum) of executor values where the transport hands values over (one
-    /// process's devices sharing a GPU): every member sends its values to the group's first
-    /// device, which adds them in group order with [`ValueOps`] and sends each member a copy,
-    /// so the values never leave the device and all members end bit-identical. Messages use
-    /// the instruction's tag id with parts `1..` (values in) and `1 + n..` (sums out).
+    /// The all-reduce (sum) of executor values that never leave the device. The group's
+    /// devices in this process (all of them without `vc`: one process's devices sharing a GPU)
+    /// send their values to the first of them, which adds them in group order with
+    /// [`ValueOps`], sums across processes with `vc` (NCCL) if given, and sends each local
+    /// member a copy, so all members end bit-identical. Messages use the instruction's tag id
+    /// with parts `1..` (values in) and `1 + n..` (sums out).
     fn all_reduce_values(
         &mut self,
         ep: &mut dyn Endpoint,
         group: &[usize],
         tag: u32,
         tensors: &[String],
+        vc: Option<&dyn ValueCollectives>,
     ) -> std::result::Result<(), CommError> {
         let n = tensors.len() as u32;
         let part = |p: u32| Tag { id: tag, part: p };
-        let root = group[0];
+        let local: Vec<usize> = match vc {
+            Some(vc) => group.iter().copied().filter(|&d| vc.is_local(d)).collect(),
+            None => group.to_vec(),
+        };
         let me = ep.rank();
+        let root = *local.first().unwrap_or(&me);
         let timeout = self.ctx.timeout;
         if me != root {
             for (i, x) in tensors.iter().enumerate() {
@@ -494,16 +507,23 @@ impl Worker<'_> {
             }
             return Ok(());
         }
+        let mut sums = Vec::with_capacity(tensors.len());
         for (i, x) in tensors.iter().enumerate() {
             let mut acc = self.take_global(x)?;
-            for &m in group.iter().filter(|&&m| m != root) {
+            for &m in local.iter().filter(|&&m| m != root) {
                 let v = ep.recv_value(m, part(1 + i as u32), timeout)?;
                 acc = self
                     .ops
                     .add(acc, v)
                     .map_err(|e| other(format!("'{x}' from device {m}: {e}")))?;
             }
-            for &m in group.iter().filter(|&&m| m != root) {
+            sums.push(acc);
+        }
+        if let Some(vc) = vc {
+            vc.all_reduce_sum(group, tag, &mut sums)?;
+        }
+        for (i, (x, acc)) in tensors.iter().zip(sums).enumerate() {
+            for &m in local.iter().filter(|&&m| m != root) {
                 let c = acc.try_clone().map_err(|e| other(e.to_string()))?;
                 ep.send_value(m, part(1 + n + i as u32), c)?;
             }

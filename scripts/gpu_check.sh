@@ -6,7 +6,7 @@
 # one rank on this one GPU) next to the in-process GPU sum.
 #
 # Usage: scripts/gpu_check.sh [--wheels DIR] [--pipec BIN] [--steps N] [--models "M1 M2"]
-#                             [--big-batch B]
+#                             [--big-batch B] [--zoo DIR]
 #
 #   --wheels DIR  install from files that scripts/gpu_wheels.sh downloaded (for a machine without
 #                 network): an onnxruntime-gpu wheel or onnxruntime-gpu-libs.tar.xz, whole or in
@@ -20,6 +20,14 @@
 #   --models      bundled models (default "gpt2_tiny inception_mini").
 #   --big-batch B also time batch B in micro-batches of B/4 on the GPU, pipec vs PyTorch
 #                 (default 64; 0 skips it).
+#   --zoo DIR     also every DIR/*.onnx (models exported by scripts/export_zoo.py): data
+#                 parallel on 2 devices (batch 4 in micro-batches of 2, SGD lr 1e-4 momentum),
+#                 2 steps with --device cuda --transport nccl --check; a table of the outcomes
+#                 (GPU_CHECK_ZOO_BUDGET=S: start no model after S seconds of the script).
+#
+# With a pipec built with `--features mpi,cuda` and Open MPI's mpirun here, it also runs the
+# MPI backend on the GPU (2 ranks: on one GPU both use it, and NCCL, which takes one rank per
+# GPU, must refuse with a clear error; on 2 or more GPUs --transport nccl must pass --check).
 #
 # cuBLAS, cuDNN 9, cuRAND and the CUDA runtime (CUDA 13) come from python3's nvidia-* packages
 # (PyTorch for CUDA 13 installs them) or from --wheels; their folders go on LD_LIBRARY_PATH.
@@ -34,6 +42,7 @@ PIPEC=target/release/pipec
 STEPS=20
 MODELS="gpt2_tiny inception_mini"
 BIG=64
+ZOO=
 while [ $# -gt 0 ]; do
   case "$1" in
     --wheels) WHEELS=$2; shift 2 ;;
@@ -41,6 +50,7 @@ while [ $# -gt 0 ]; do
     --steps) STEPS=$2; shift 2 ;;
     --models) MODELS=$2; shift 2 ;;
     --big-batch) BIG=$2; shift 2 ;;
+    --zoo) ZOO=$2; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -212,15 +222,89 @@ for m in $MODELS; do
     echo "| $m | $planner | $(steady "$m.$planner.gpu") | $(steady "$m.$planner.nccl") | $(rel "$m.$planner.nccl") | ${calls:-none} |" >> "$NCCLSUM"
   done
 done
+# The MPI backend on the GPU (a pipec built with --features mpi,cuda, Open MPI's mpirun).
+MPISUM=$WORK/summary_mpi.md
+: > "$MPISUM"
+if command -v mpirun >/dev/null && "$PIPEC" --version | grep -q "features:.* mpi"; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  m=gpt2_tiny
+  out=$WORK/$m.dp.out
+  if [ -d "$out" ]; then
+    mpi() { # log name, then mpirun options and the command
+      local name=$1; shift
+      run_log "$name" timeout -k 10 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x ORT_DYLIB_PATH -x LD_LIBRARY_PATH "$@"
+    }
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader,tcp \
+      OMPI_MCA_btl_vader_single_copy_mechanism=none
+    # One GPU: both ranks on GPU 0 (else each rank takes the GPU of its local rank).
+    pin=
+    [ "$ngpu" -lt 2 ] && pin="-x PIPEC_CUDA_DEVICE=0"
+    say "$m: dp under mpirun -np 2 --backend mpi --device cuda --check ($ngpu GPU(s))"
+    # shellcheck disable=SC2086
+    mpi "$m.mpi" $pin "$PIPEC" run "$out" --backend mpi --device cuda --steps "$STEPS" --check || status=1
+    grep -E "^(backend|steady|max_rel|check)" "$WORK/logs/$m.mpi.log"
+    say "$m: dp under mpirun -np 2 --backend mpi --device cuda --transport nccl --check"
+    # shellcheck disable=SC2086
+    if mpi "$m.mpi-nccl" $pin -x NCCL_DEBUG=WARN "$PIPEC" run "$out" --backend mpi --device cuda --transport nccl --steps "$STEPS" --check; then
+      grep -E "^(backend|steady|NCCL|max_rel|check)" "$WORK/logs/$m.mpi-nccl.log"
+      echo "| $m dp, mpirun -np 2, $ngpu GPU(s) | $(steady "$m.mpi") | $(steady "$m.mpi-nccl") | $(rel "$m.mpi-nccl") |" >> "$MPISUM"
+    else
+      [ "$ngpu" -ge 2 ] && status=1
+      why=$(grep -m1 -o "ncclCommInitRank.*" "$WORK/logs/$m.mpi-nccl.log" | cut -c1-200)
+      echo "NCCL under mpirun on $ngpu GPU(s): ${why:-see $WORK/logs/$m.mpi-nccl.log}"
+      grep -m3 -i "duplicate gpu" "$WORK/logs/$m.mpi-nccl.log" | cut -c1-200
+      echo "| $m dp, mpirun -np 2, $ngpu GPU(s) | $(steady "$m.mpi") | refused: ${why:-?} | |" >> "$MPISUM"
+    fi
+  fi
+fi
+# The zoo: models nobody here built the runtime for.
+ZOOSUM=$WORK/summary_zoo.md
+: > "$ZOOSUM"
+if [ -n "$ZOO" ]; then
+  echo "| model | outcome | max_rel_diff | steady s/step | NCCL calls |" >> "$ZOOSUM"
+  echo "|---|---|---|---|---|" >> "$ZOOSUM"
+  for f in "$ZOO"/*.onnx; do
+    z=$(basename "$f" .onnx)
+    if [ -n "${GPU_CHECK_ZOO_BUDGET:-}" ] && [ "$SECONDS" -gt "$GPU_CHECK_ZOO_BUDGET" ]; then
+      echo "| $z | not run: past GPU_CHECK_ZOO_BUDGET=$GPU_CHECK_ZOO_BUDGET s | | | |" | tee -a "$ZOOSUM"
+      continue
+    fi
+    say "zoo $z: dp, 2 devices, --device cuda --transport nccl --check (2 steps)"
+    out=$WORK/zoo.$z.out
+    rm -rf "$out"
+    if ! run_log "zoo.$z.compile" "$PIPEC" compile "$f" --cluster 2@1e10 --device-kind cpu-core \
+        --planner dp --batch 4 --micro-batch 2 --optimizer sgd:lr=0.0001,momentum=0.9 -o "$out"; then
+      echo "| $z | compile failed: $(grep -m1 '^error' "$WORK/logs/zoo.$z.compile.log" | cut -c1-120) | | | |" | tee -a "$ZOOSUM"
+      continue
+    fi
+    run_log "zoo.$z.run" "$PIPEC" run "$out" --device cuda --transport nccl --steps 2 --check --no-pin
+    log=$WORK/logs/zoo.$z.run.log
+    if grep -q "^check ok" "$log"; then o="check ok"
+    elif grep -q "^check INCONCLUSIVE" "$log"; then o="inconclusive (reference diverged)"
+    elif grep -q "^check FAILED" "$log"; then o="over 1e-4"
+    else o="error: $(grep -m1 -E '^(error|  caused by)' "$log" | cut -c1-120)"
+    fi
+    calls=$(sed -n 's/^NCCL [^:]*: \([0-9]*\) all-reduce calls.*/\1/p' "$log")
+    echo "| $z | $o | $(rel "zoo.$z.run") | $(steady "zoo.$z.run") | ${calls:-} |" | tee -a "$ZOOSUM"
+  done
+fi
 say "summary (batch 8 = 4 micro-batches of 2, 2 devices on one GPU, SGD momentum; s/step = steady state)"
 cat "$SUMMARY"
 [ -f "$BIGSUM" ] && cat "$BIGSUM"
 cat "$NCCLSUM"
+if [ -s "$MPISUM" ]; then
+  echo "| program | MPI, host messages and all-reduces s/step | MPI + --transport nccl s/step | --check max_rel_diff (nccl) |"
+  echo "|---|---|---|---|"
+  cat "$MPISUM"
+fi
+[ -s "$ZOOSUM" ] && cat "$ZOOSUM"
 if [ -n "$OUTDIR" ]; then
   mkdir -p "$OUTDIR"
   cp "$SUMMARY" "$OUTDIR/"
   [ -f "$BIGSUM" ] && cp "$BIGSUM" "$OUTDIR/"
   cp "$NCCLSUM" "$OUTDIR/"
+  [ -s "$MPISUM" ] && cp "$MPISUM" "$OUTDIR/"
+  [ -s "$ZOOSUM" ] && cp "$ZOOSUM" "$OUTDIR/"
   tar -C "$WORK" -czf "$OUTDIR/gpu_check_logs.tgz" logs
 fi
 exit $status

@@ -6,13 +6,34 @@ mod cli;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// `pipec --version`: the version and the optional cargo features of this build (scripts ask
+/// it whether `--backend mpi` or `--device cuda` can work), e.g. `0.1.0 (features: mpi cuda)`.
+fn version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        let on: Vec<&str> = [
+            ("mlir", cfg!(feature = "mlir")),
+            ("mpi", cfg!(feature = "mpi")),
+            ("cuda", cfg!(feature = "cuda")),
+        ]
+        .into_iter()
+        .filter_map(|(n, on)| on.then_some(n))
+        .collect();
+        if on.is_empty() {
+            format!("{} (no optional features)", env!("CARGO_PKG_VERSION"))
+        } else {
+            format!("{} (features: {})", env!("CARGO_PKG_VERSION"), on.join(" "))
+        }
+    })
+}
+
 /// pipec — a pipeline compiler for training large models on many accelerators.
 ///
 /// Imports an ONNX model into a verified IR, transforms it pass by pass and (in later commands)
 /// partitions it into pipeline stages. Exit codes: 0 success, 1 a requested check failed,
 /// 2 bad input or usage.
 #[derive(Parser, Debug)]
-#[command(name = "pipec", version, about, long_about)]
+#[command(name = "pipec", version = version(), about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -144,6 +144,7 @@ fn conv_and_pool_counts() {
         &m,
         &AnalyticOptions {
             dims: BTreeMap::new(),
+            ..AnalyticOptions::default()
         },
         "conv",
     )
@@ -182,6 +183,7 @@ fn saved_bytes_are_what_backward_reads() {
     let m = mlp(DType::F32);
     let opts = AnalyticOptions {
         dims: BTreeMap::from([("batch".to_string(), 8)]),
+        ..AnalyticOptions::default()
     };
     let (g, note) = planning_graph(&m, &opts, "mlp").expect("planning graph");
     assert!(note.is_none(), "{note:?}");
@@ -249,6 +251,7 @@ fn fixed_values_and_output_sets() {
     g.outputs.push(y[0]);
     let opts = AnalyticOptions {
         dims: BTreeMap::new(),
+        ..AnalyticOptions::default()
     };
     let cg = from_module(&m, &opts, "t").expect("cost graph");
     let id = |n: &str| cg.nodes.iter().position(|x| x.name == n).unwrap();
@@ -290,4 +293,42 @@ fn fixed_values_and_output_sets() {
         } => assert!(*fwd_flops > 0.0 && *fwd_fixed_flops == 0.0),
         Work::Measured { .. } => panic!("not counted"),
     }
+}
+
+/// The planning graph holds what the training program computes and sends: a second output the
+/// loss never reads (`aux = Relu(h)`) gets no work and no incoming edge, and `h`'s edge into it
+/// carries no cotangent; the edge into the loss's path does.
+#[test]
+fn planning_graph_drops_what_the_loss_never_reads() {
+    use pipec_passes::cost::analytic::planning_graph;
+    let mut m = mlp(DType::F32);
+    let g = &mut m.graph;
+    let h = g.ops[g.order[0]].outputs[0];
+    let bt = TensorType::new(DType::F32, vec![Dim::sym("batch"), Dim::Known(128)]);
+    let (_, aux) = g.add_op(op("aux", "Relu", vec![h]), vec![("aux".into(), bt)]);
+    g.outputs.push(aux[0]);
+    let opts = AnalyticOptions {
+        dims: BTreeMap::from([("batch".to_string(), 8)]),
+        ..AnalyticOptions::default()
+    };
+    let (pg, note) = planning_graph(&m, &opts, "mlp").expect("planning graph");
+    assert!(note.is_none(), "{note:?}");
+    let aux = pg.node_by_name("aux").expect("aux node");
+    let relu = pg.node_by_name("relu").expect("relu node");
+    assert_eq!(counted(&pg.nodes[aux].work), (0.0, 0.0, 0.0));
+    assert!(
+        pg.in_edges(aux).is_empty(),
+        "nothing is sent to a node that leads nowhere"
+    );
+    let into_relu = pg.in_edges(relu);
+    assert!(!into_relu.is_empty() && into_relu.iter().all(|&e| pg.edges[e].cotangent));
+    // A piece of a compiled program runs every op: from_module keeps them all by default.
+    let full = from_module(&m, &opts, "mlp").expect("graph");
+    let aux_full = full.node_by_name("aux").expect("aux");
+    assert!(counted(&full.nodes[aux_full].work).2 > 0.0);
+    assert!(!full.in_edges(aux_full).is_empty());
+    assert!(full
+        .in_edges(aux_full)
+        .iter()
+        .all(|&e| !full.edges[e].cotangent));
 }

@@ -221,25 +221,53 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             outputs: vec![],
         });
     }
-    // Producers of cross values.
-    let mut consumers: BTreeMap<(usize, Value), Vec<usize>> = BTreeMap::new();
-    for (s, bld) in builds.iter().enumerate() {
-        for &v in &bld.inputs {
-            let ValueDef::Result(p, _) = g.values[v].def else {
-                continue;
-            };
-            let ps = stage_of[&p];
-            consumers.entry((ps, v)).or_default().push(s);
+    // Producers of cross values, and the forward modules. A side computation recomputed in a
+    // stage may turn out not to lead to anything the stage computes (its forward module keeps
+    // only what its outputs need); the values it would have read are then not received: drop
+    // them and extract again, until every received value is read.
+    let mut fwd_modules: Vec<Module>;
+    loop {
+        let mut consumers: BTreeMap<(usize, Value), Vec<usize>> = BTreeMap::new();
+        for (s, bld) in builds.iter().enumerate() {
+            for &v in &bld.inputs {
+                let ValueDef::Result(p, _) = g.values[v].def else {
+                    continue;
+                };
+                let ps = stage_of[&p];
+                consumers.entry((ps, v)).or_default().push(s);
+            }
         }
-    }
-    for ((ps, v), cs) in consumers {
-        builds[ps].outputs.push((v, cs));
-    }
-    for bld in &mut builds {
-        bld.outputs.sort_by_key(|(v, _)| match g.values[*v].def {
-            ValueDef::Result(p, k) => (pos[&p], k),
-            _ => (0, 0),
-        });
+        for bld in &mut builds {
+            bld.outputs.clear();
+        }
+        for ((ps, v), cs) in consumers {
+            builds[ps].outputs.push((v, cs));
+        }
+        for bld in &mut builds {
+            bld.outputs.sort_by_key(|(v, _)| match g.values[*v].def {
+                ValueDef::Result(p, k) => (pos[&p], k),
+                _ => (0, 0),
+            });
+        }
+        fwd_modules = Vec::with_capacity(ns);
+        for (s, bld) in builds.iter().enumerate() {
+            let mut outs: Vec<Value> = bld.outputs.iter().map(|(v, _)| *v).collect();
+            if s == y0_stage && !outs.contains(&y0) {
+                outs.push(y0);
+            }
+            let fm = pieces::extract(m, &bld.ops, &outs, false, &format!("s{s}"))?;
+            fwd_modules.push(fm);
+        }
+        let mut changed = false;
+        for (bld, fm) in builds.iter_mut().zip(&fwd_modules) {
+            let read: HashSet<&str> = fm.graph.inputs.iter().map(|&v| fm.graph.name(v)).collect();
+            let before = bld.inputs.len();
+            bld.inputs.retain(|&v| read.contains(g.name(v)));
+            changed |= bld.inputs.len() != before;
+        }
+        if !changed {
+            break;
+        }
     }
     // Stage DAG order (consumers before producers for the backward).
     let mut preds: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); ns];
@@ -253,16 +281,6 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         }
     }
     let topo = topo_order(&preds)?;
-    // Forward modules.
-    let mut fwd_modules: Vec<Module> = Vec::with_capacity(ns);
-    for (s, bld) in builds.iter().enumerate() {
-        let mut outs: Vec<Value> = bld.outputs.iter().map(|(v, _)| *v).collect();
-        if s == y0_stage && !outs.contains(&y0) {
-            outs.push(y0);
-        }
-        let fm = pieces::extract(m, &bld.ops, &outs, false, &format!("s{s}"))?;
-        fwd_modules.push(fm);
-    }
     // A received value gets a cotangent only if it depends on a trainable parameter: the
     // gradient of, say, a slice of a data input has no one to go to (its producer stage may
     // have no backward at all).

@@ -56,6 +56,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 pub struct AnalyticOptions {
     /// Values of symbolic dims (`batch`, `seq`); a symbol not listed counts as 1.
     pub dims: BTreeMap<String, i64>,
+    /// The graph of a whole model that codegen turns into a training program: an op that does
+    /// not lead to the model's first output (the one the loss reads) gets no work and no
+    /// incoming edges, as codegen computes nothing else. Off for a piece of a compiled program,
+    /// whose every op runs. [`planning_graph`] sets it.
+    pub to_output_only: bool,
 }
 
 /// Forward/backward counts of one op at the reference batch.
@@ -430,10 +435,28 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     // an op on a value computed from parameters alone (the LM head's `Transpose(wte)`, and the
     // `MatMul` reading it) has a forward whose cost is fixed, whatever the micro-batch.
     let (env2, symbolic) = doubled_dims(g, env);
+    let alive = if opts.to_output_only {
+        reaches_output(m)
+    } else {
+        vec![true; g.order.len()]
+    };
     for (i, &op) in g.order.iter().enumerate() {
         let d = &g.ops[op];
-        let c = op_cost(d, &ty, &is_param, env);
-        let fwd = forward_work(d, &ty, &is_param, env, symbolic.then_some(&env2));
+        let (c, fwd) = if alive[i] {
+            (
+                op_cost(d, &ty, &is_param, env),
+                forward_work(d, &ty, &is_param, env, symbolic.then_some(&env2)),
+            )
+        } else {
+            let none = super::Kernel {
+                flops: 0.0,
+                fixed_flops: 0.0,
+                bytes: 0.0,
+                fixed_bytes: 0.0,
+                precision: op_precision(d, &ty),
+            };
+            (OpCost::default(), none)
+        };
         // Parameters: each float initializer counts once, at its first reader.
         let mut params = 0.0;
         // Readers for tied parameters: only where a gradient flows (a parameter read as, e.g., a
@@ -444,7 +467,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             if is_param(*v) && owned.insert(*v) {
                 params += bytes_of(g.ty(*v), env);
             }
-            if is_param(*v) && diff.get(slot).copied().unwrap_or(true) {
+            if is_param(*v) && alive[i] && diff.get(slot).copied().unwrap_or(true) {
                 let k = *reader_of.entry(*v).or_insert_with(|| {
                     readers.push((*v, bytes_of(g.ty(*v), env), Vec::new()));
                     readers.len() - 1
@@ -487,15 +510,26 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             side: is_side,
         });
     }
+    let live = loss_path(m);
     // Per op pair: the bytes that grow with the batch and those that do not (a value computed
-    // from parameters alone), split by counting at the batch and at twice it.
-    let mut acc: BTreeMap<(usize, usize), (f64, f64, u64)> = BTreeMap::new();
+    // from parameters alone), split by counting at the batch and at twice it; the outputs read;
+    // whether a cotangent flows back.
+    let mut acc: BTreeMap<(usize, usize), (f64, f64, u64, bool)> = BTreeMap::new();
     for &op in &g.order {
         let dst = index[&op];
         let mut seen = HashSet::new();
-        for &v in g.ops[op].inputs.iter().flatten() {
+        let diff = crate::autodiff::rules::diff_inputs(&g.ops[op]);
+        for (slot, &v) in g.ops[op].inputs.iter().enumerate() {
+            let Some(v) = v else { continue };
             if let ValueDef::Result(p, k) = g.values[v].def {
                 if let Some(&src) = index.get(&p) {
+                    if !alive[dst] {
+                        continue;
+                    }
+                    if src != dst {
+                        let flows = live[dst] && diff.get(slot).copied().unwrap_or(true);
+                        acc.entry((src, dst)).or_default().3 |= flows;
+                    }
                     if src != dst && seen.insert(v) {
                         let bit = 1u64 << k.min(63);
                         // A side value is recomputed by its reader, never sent.
@@ -518,13 +552,16 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     }
     let edges = acc
         .into_iter()
-        .map(|((src, dst), (bytes, fixed_bytes, outputs))| CostEdge {
-            src,
-            dst,
-            bytes,
-            fixed_bytes,
-            outputs,
-        })
+        .map(
+            |((src, dst), (bytes, fixed_bytes, outputs, cotangent))| CostEdge {
+                src,
+                dst,
+                bytes,
+                fixed_bytes,
+                outputs,
+                cotangent,
+            },
+        )
         .collect();
     let mut cg = CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)?;
     cg.tied = readers
@@ -538,6 +575,59 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         })
         .collect();
     Ok(cg)
+}
+
+/// Per op of `m.graph.order`: whether it leads to the model's first output (the one the loss
+/// reads) through any input. Codegen computes nothing else (a stage's forward piece keeps only
+/// what its sent values and the loss need, and nothing is sent to an op that leads nowhere), so
+/// the cost graph gives every other op no work and no incoming edges: an LSTM's final states
+/// when the loss reads its sequence output, a side computation whose result nothing reads.
+fn reaches_output(m: &Module) -> Vec<bool> {
+    reaches_first_output(m, |_, _| true)
+}
+
+/// Per op of `m.graph.order`: whether its outputs get a cotangent from the loss that autodiff
+/// puts on the model's first output, i.e. whether the op lies on a path to that output through
+/// inputs its gradient rule differentiates ([`crate::autodiff::rules::diff_inputs`]).
+fn loss_path(m: &Module) -> Vec<bool> {
+    reaches_first_output(m, |d, slot| {
+        crate::autodiff::rules::diff_inputs(d)
+            .get(slot)
+            .copied()
+            .unwrap_or(true)
+    })
+}
+
+/// Per op of `m.graph.order`: whether a path from it reaches the producer of the model's first
+/// output, entering each op only through the input slots `follow(op, slot)` accepts.
+fn reaches_first_output(m: &Module, follow: impl Fn(&OpData, usize) -> bool) -> Vec<bool> {
+    let g = &m.graph;
+    let pos: HashMap<Op, usize> = g.order.iter().enumerate().map(|(i, &o)| (o, i)).collect();
+    let mut reach = vec![false; g.order.len()];
+    if let Some(&i) = g
+        .outputs
+        .first()
+        .and_then(|&v| g.producer(v))
+        .and_then(|o| pos.get(&o))
+    {
+        reach[i] = true;
+    }
+    for (i, &op) in g.order.iter().enumerate().rev() {
+        if !reach[i] {
+            continue;
+        }
+        let d = &g.ops[op];
+        for (slot, &v) in d.inputs.iter().enumerate() {
+            let Some(v) = v else { continue };
+            if !follow(d, slot) {
+                continue;
+            }
+            if let Some(&p) = g.producer(v).and_then(|o| pos.get(&o)) {
+                reach[p] = true;
+            }
+        }
+    }
+    reach
 }
 
 /// Replace the backward work of every counted node of `g` (built by [`from_module`] from `m`,
@@ -585,6 +675,11 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         .and_then(|&v| m.graph.producer(v))
         .and_then(|op| fwd_ops.iter().position(|&o| o == op));
     let tgr = &t.graph;
+    let alive = if opts.to_output_only {
+        reaches_output(m)
+    } else {
+        vec![true; fwd_ops.len()]
+    };
     let env1 = &opts.dims;
     let (env2, symbolic) = doubled_dims(tgr, env1);
     let ty = |v: Value| tgr.ty(v).clone();
@@ -631,6 +726,7 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         }
     }
     let mut tied_kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.tied.len()];
+    let mut loss_forward: Vec<Kernel> = Vec::new();
     // The forward as the training graph runs it: autodiff may change a forward op (a `MaxPool`
     // also returns its indices, which its backward reads), and the forward piece runs that op.
     let mut forward: Vec<Option<super::Kernel>> = vec![None; g.len()];
@@ -643,7 +739,7 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             },
             Role::Fwd(n) => {
                 let d = &tgr.ops[op];
-                if d.outputs.len() != m.graph.ops[fwd_ops[*n]].outputs.len() {
+                if d.outputs.len() != m.graph.ops[fwd_ops[*n]].outputs.len() && alive[*n] {
                     forward[*n] = Some(forward_work(
                         d,
                         &ty,
@@ -656,8 +752,14 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             }
         };
         // Codegen takes a `Shape` / `Size` of a forward value in the forward piece: the backward
-        // keeps the few integers, not the value.
+        // keeps the few integers (saved by every micro-batch, like any forward value it reads),
+        // not the value.
         let shape_only = matches!(tgr.ops[op].op_type.as_str(), "Shape" | "Size");
+        if shape_only {
+            for &o in &tgr.ops[op].outputs {
+                reader.entry(o).or_default().insert(node);
+            }
+        }
         for &v in tgr.ops[op].inputs.iter().flatten().filter(|_| !shape_only) {
             let forward = match tgr.values[v].def {
                 ValueDef::Result(p, _) => match role_of.get(&p) {
@@ -686,8 +788,11 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         if flops + fixed_flops + bytes + fixed_bytes == 0.0 {
             continue;
         }
+        // The loss's own forward ops run in the forward piece (their backward in the backward).
+        let loss_fwd = matches!(role, Role::Loss) && !tg.grad_of.contains_key(&op);
         let to = match tied_sum.get(&op) {
             Some(&ti) => &mut tied_kernels[ti],
+            None if loss_fwd => &mut loss_forward,
             None => &mut kernels[node],
         };
         to.push(Kernel {
@@ -726,6 +831,10 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     for (t, ks) in g.tied.iter_mut().zip(tied_kernels) {
         t.accumulate = ks;
     }
+    if loss_node.is_some() {
+        g.loss_forward = loss_forward;
+        g.loss_node = loss_node;
+    }
     for ((node, ks), fk) in g.nodes.iter_mut().zip(kernels).zip(forward) {
         if let Work::Counted {
             fwd_flops,
@@ -762,6 +871,10 @@ pub fn planning_graph(
     opts: &AnalyticOptions,
     file: &str,
 ) -> Result<(CostGraph, Option<String>)> {
+    let opts = &AnalyticOptions {
+        to_output_only: true,
+        ..opts.clone()
+    };
     let mut g = from_module(m, opts, file)?;
     let note = with_autodiff_backward(&mut g, m, opts).err().map(|e| {
         format!("{file}: backward costs use fixed factors (autodiff of the model failed: {e})")

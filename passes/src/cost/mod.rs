@@ -157,6 +157,13 @@ pub struct CostEdge {
     /// 63 share bit 63). Codegen sends each output as its own message, so a consumer stage
     /// reading three outputs of a `Split` pays three link latencies. 0: one output (profiles).
     pub outputs: u64,
+    /// Whether the backward sends a cotangent back over the edge when the producer's output
+    /// depends on a parameter: the consumer lies on a differentiable path to the loss and
+    /// differentiates an input it reads from the producer. Not so for a value read only where
+    /// autodiff stops (a `Shape`, an index, a `Where` condition) or by a node whose output
+    /// the loss never reads (an LSTM's final state when the loss is on its sequence output).
+    /// `true` where unknown (profiles).
+    pub cotangent: bool,
 }
 
 impl CostEdge {
@@ -168,6 +175,7 @@ impl CostEdge {
             bytes,
             fixed_bytes: 0.0,
             outputs: 0,
+            cotangent: true,
         }
     }
 }
@@ -271,6 +279,12 @@ pub struct CostGraph {
     /// Saved values that the backward of several nodes reads (see [`SharedSaved`]); empty for
     /// graphs from profiles.
     pub shared_saved: Vec<SharedSaved>,
+    /// The loss's forward ops (`pipec.phase = loss`, run by the forward piece of the stage that
+    /// computes the model's first output) as kernels, timed with the forward of `loss_node`;
+    /// empty for graphs from profiles.
+    pub loss_forward: Vec<Kernel>,
+    /// The node whose output the loss reads.
+    pub loss_node: Option<NodeId>,
 }
 
 /// A forward value saved for backward that the backward ops of several nodes read (a `Relu`
@@ -408,6 +422,8 @@ impl CostGraph {
             by_name,
             tied: Vec::new(),
             shared_saved: Vec::new(),
+            loss_forward: Vec::new(),
+            loss_node: None,
         })
     }
 
@@ -488,11 +504,16 @@ impl CostGraph {
                 } else {
                     bwd_kernels.iter().map(|k| k.time(s, kind)).sum()
                 };
-                (
-                    ((fwd_flops * s + fwd_fixed_flops) / peak)
-                        .max((fwd_bytes * s + fwd_fixed_bytes) / bw),
-                    bwd,
-                )
+                let mut fwd = ((fwd_flops * s + fwd_fixed_flops) / peak)
+                    .max((fwd_bytes * s + fwd_fixed_bytes) / bw);
+                if self.loss_node == Some(n) {
+                    fwd += self
+                        .loss_forward
+                        .iter()
+                        .map(|k| k.time(s, kind))
+                        .sum::<f64>();
+                }
+                (fwd, bwd)
             }
         }
     }

@@ -167,6 +167,7 @@ impl PieceModel {
                 .iter()
                 .map(|s| (s.clone(), samples as i64))
                 .collect::<BTreeMap<_, _>>(),
+            ..AnalyticOptions::default()
         };
         let g = from_module(&self.module, &opts, &self.file)?;
         // Scale 1: the env already fixed the sample count.

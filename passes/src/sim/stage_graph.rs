@@ -294,6 +294,10 @@ impl StageGraph {
         }
         let mut stages = Vec::with_capacity(specs.len());
         let mut round_robin = Vec::with_capacity(specs.len());
+        // Per stage: the replicas a micro-batch is split over, and the forward's boundary
+        // buffers per device (received activations and outputs to send).
+        let mut split_of: Vec<f64> = Vec::with_capacity(specs.len());
+        let mut fwd_comm: Vec<f64> = Vec::with_capacity(specs.len());
         for (s, sp) in specs.iter().enumerate() {
             let mask = g.mask(&sp.nodes);
             let own = per_stage_mb
@@ -308,6 +312,8 @@ impl StageGraph {
                 1
             };
             round_robin.push(replicas > 1 && r == 1);
+            split_of.push(r as f64);
+            fwd_comm.push(0.0f64);
             let slice = own / r as f64;
             let mut by_kind: HashMap<usize, crate::cost::GroupCost> = HashMap::new();
             let (mut fwd, mut bwd, mut step) = (Vec::new(), Vec::new(), Vec::new());
@@ -325,6 +331,7 @@ impl StageGraph {
                 let held = c.parameter_bytes + extra[s];
                 step.push(step_time(held, kind.memory_bandwidth, opt));
                 let mem = stage_memory(held, c.saved_bytes, 1, c.in_bytes + c.out_bytes, opt);
+                fwd_comm[s] = fwd_comm[s].max(c.in_bytes + c.out_bytes);
                 static_bytes = static_bytes.max(mem.static_bytes());
                 params = held;
                 saved = c.saved_bytes;
@@ -342,15 +349,16 @@ impl StageGraph {
         }
         // Stage edges: a node's output crosses once per consuming stage (the largest of its edges
         // into that stage: graph.txt edges all carry the node's whole output).
-        // Side computations are not sent: codegen recomputes each in its own stage and in every
-        // stage that reads it, directly or through other side computations; what a side
+        // Side computations are not sent: codegen recomputes each in every stage that reads it,
+        // directly or through other side computations (not in a stage of its own where nothing
+        // reads it: a stage's forward piece keeps only what leads to what it sends); what a side
         // computation reads from a heavy node crosses to each of those stages.
         let mut need: HashMap<usize, std::collections::BTreeSet<usize>> = HashMap::new();
         for &x in g.topo_order().iter().rev() {
             if !g.nodes[x].side {
                 continue;
             }
-            let mut set = std::collections::BTreeSet::from([stage_of[x]]);
+            let mut set = std::collections::BTreeSet::new();
             for &e in g.out_edges(x) {
                 let d = g.edges[e].dst;
                 match need.get(&d) {
@@ -408,7 +416,7 @@ impl StageGraph {
                 };
                 match need.get(&d) {
                     Some(ss) => ss.iter().for_each(|&t| cross(t, false)),
-                    None => cross(stage_of[d], trained[u]),
+                    None => cross(stage_of[d], trained[u] && g.edges[e].cotangent),
                 }
             }
             for (t, (reads, grad)) in per {
@@ -426,7 +434,7 @@ impl StageGraph {
                 }
             }
         }
-        let edges = acc
+        let edges: Vec<StageEdge> = acc
             .into_iter()
             .map(|((src, dst), a)| StageEdge {
                 src,
@@ -439,6 +447,20 @@ impl StageGraph {
                 whole_grad_bytes: a.whole_grad,
             })
             .collect();
+        // The backward's boundary buffers: a cotangent from every consumer stage of a value
+        // (codegen receives one buffer per consuming stage and the backward piece sums them)
+        // and the gradients sent to the producer stages. Where they exceed the forward's, the
+        // stage holds the difference on top of its forward-sized communication buffers.
+        let mut bwd_comm = vec![0.0f64; stages.len()];
+        for e in &edges {
+            let part =
+                |s: usize| (e.grad_bytes - e.whole_grad_bytes) / split_of[s] + e.whole_grad_bytes;
+            bwd_comm[e.src] += part(e.src);
+            bwd_comm[e.dst] += part(e.dst);
+        }
+        for (s, st) in stages.iter_mut().enumerate() {
+            st.static_bytes += (bwd_comm[s] - fwd_comm[s]).max(0.0);
+        }
         let mut sg = StageGraph::new(stages, edges);
         if split {
             sg.round_robin = round_robin;

@@ -517,15 +517,16 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
     let mut acc: BTreeMap<(usize, usize), (f64, f64, u64, bool)> = BTreeMap::new();
     for &op in &g.order {
         let dst = index[&op];
+        // Nothing is sent to an op the program does not compute.
+        if !alive[dst] {
+            continue;
+        }
         let mut seen = HashSet::new();
         let diff = crate::autodiff::rules::diff_inputs(&g.ops[op]);
         for (slot, &v) in g.ops[op].inputs.iter().enumerate() {
             let Some(v) = v else { continue };
             if let ValueDef::Result(p, k) = g.values[v].def {
                 if let Some(&src) = index.get(&p) {
-                    if !alive[dst] {
-                        continue;
-                    }
                     if src != dst {
                         let flows = live[dst] && diff.get(slot).copied().unwrap_or(true);
                         acc.entry((src, dst)).or_default().3 |= flows;

@@ -529,15 +529,9 @@ fn nccl_collectives(
     lp: &LoadedProgram,
     opts: &RunOptions,
 ) -> Result<Option<Box<dyn super::ValueCollectives>>> {
-    if !opts.nccl {
+    let Some(gpu) = super::nccl_gpu(opts)? else {
         return Ok(None);
-    }
-    if opts.executor != "ort-cuda" {
-        return Err(DistError::Input(format!(
-            "--transport nccl moves GPU values: it needs --device cuda (executor is '{}')",
-            opts.executor
-        )));
-    }
+    };
     #[cfg(feature = "cuda")]
     {
         use super::nccl::{check_libraries, unique_id, CommSpec, Nccl};
@@ -571,18 +565,14 @@ fn nccl_collectives(
                 id,
             });
         }
-        let gpu = crate::ort_backend::cuda_device().max(0) as usize;
         let n = Nccl::new(gpu, vec![me], specs).map_err(DistError::Input)?;
         Ok(Some(Box::new(n)))
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (s, coll, lp);
-        Err(DistError::Input(
-            "--transport nccl: this pipec was built without CUDA support; rebuild with \
-             `cargo build --release --features mpi,cuda`"
-                .into(),
-        ))
+        // nccl_gpu refused already.
+        let _ = (s, coll, lp, gpu);
+        Ok(None)
     }
 }
 

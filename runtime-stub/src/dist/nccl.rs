@@ -83,10 +83,9 @@ pub fn version() -> Result<i32, String> {
     nccl::get_nccl_version().map_err(|e| setup_err(format!("ncclGetVersion: {e:?}")))
 }
 
-/// One communicator: this process's rank in it.
+/// One communicator (this process's rank in it).
 struct Comm {
     raw: sys::ncclComm_t,
-    size: usize,
 }
 
 // SAFETY: a communicator is used by one thread at a time (behind the `Mutex` of `Nccl`).
@@ -147,7 +146,7 @@ impl Nccl {
                     ))
                 },
             )?;
-            comms.insert(s.group, Mutex::new(Comm { raw, size: s.size }));
+            comms.insert(s.group, Mutex::new(Comm { raw }));
         }
         Ok(Nccl {
             ctx,
@@ -175,24 +174,6 @@ impl Nccl {
             });
         }
         Nccl::new(gpu, local, specs)
-    }
-
-    /// Number of communicators.
-    pub fn len(&self) -> usize {
-        self.comms.len()
-    }
-
-    /// Whether there is none.
-    pub fn is_empty(&self) -> bool {
-        self.comms.is_empty()
-    }
-
-    /// The ranks of each communicator's world, in group order.
-    pub fn world_sizes(&self) -> Vec<usize> {
-        self.comms
-            .values()
-            .map(|c| c.lock().map(|c| c.size).unwrap_or(0))
-            .collect()
     }
 }
 

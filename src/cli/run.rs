@@ -346,7 +346,8 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
             println!(
                 "check INCONCLUSIVE: the single-device reference training diverged ({why}), so \
                  the comparison says nothing about the program; compile with a smaller learning \
-                 rate (e.g. --optimizer sgd:lr=0.0001) or run fewer --steps"
+                 rate than this program's ({}) or run fewer --steps",
+                p.optimizer
             );
             return Ok(ExitCode::from(1));
         }

@@ -51,6 +51,35 @@ fn setup_err(msg: impl std::fmt::Display) -> String {
     format!("--transport nccl: {msg}")
 }
 
+/// An NCCL error in words: the result code (`ncclInvalidUsage`), NCCL's string for it and the
+/// last error NCCL recorded (e.g. "Duplicate GPU detected : rank 0 and rank 1 both on CUDA
+/// device 60"), plus what to do where the cause is known.
+fn describe(e: &nccl::NcclError) -> String {
+    let code = e.0;
+    // SAFETY: both return NCCL's static (or thread-local) NUL-terminated strings, or null.
+    let (what, last) = unsafe {
+        let text = |p: *const std::ffi::c_char| {
+            (!p.is_null()).then(|| std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned())
+        };
+        (
+            text(sys::ncclGetErrorString(code)),
+            text(sys::ncclGetLastError(std::ptr::null_mut())),
+        )
+    };
+    let mut s = format!("{code:?}");
+    if let Some(w) = what.filter(|w| !w.is_empty()) {
+        s += &format!(" ({w})");
+    }
+    if let Some(l) = last.filter(|l| !l.trim().is_empty()) {
+        s += &format!(": {}", l.trim());
+        if l.contains("Duplicate GPU") {
+            s += " (NCCL takes one rank per GPU: start at most as many ranks per machine as it \
+                  has GPUs, each on its own GPU, or run without --transport nccl)";
+        }
+    }
+    s
+}
+
 /// Check that the CUDA driver and NCCL libraries can be opened (cudarc panics on a missing
 /// library, so this runs first).
 pub fn check_libraries() -> Result<(), String> {
@@ -74,13 +103,14 @@ pub fn check_libraries() -> Result<(), String> {
 
 /// A new unique id (made by one rank of a communicator and given to the others).
 pub fn unique_id() -> Result<UniqueId, String> {
-    let id = nccl::get_uniqueid().map_err(|e| setup_err(format!("ncclGetUniqueId: {e:?}")))?;
+    let id = nccl::get_uniqueid()
+        .map_err(|e| setup_err(format!("ncclGetUniqueId: {}", describe(&e))))?;
     Ok(id.internal.map(|c| c as u8))
 }
 
 /// The installed NCCL's version (e.g. 22707 for 2.27.7).
 pub fn version() -> Result<i32, String> {
-    nccl::get_nccl_version().map_err(|e| setup_err(format!("ncclGetVersion: {e:?}")))
+    nccl::get_nccl_version().map_err(|e| setup_err(format!("ncclGetVersion: {}", describe(&e))))
 }
 
 /// One communicator (this process's rank in it).
@@ -141,8 +171,11 @@ impl Nccl {
             unsafe { nccl::comm_init_rank(&mut raw, s.size as i32, id, s.rank as i32) }.map_err(
                 |e| {
                     setup_err(format!(
-                        "ncclCommInitRank for the all-reduce group {:?} (rank {} of {}): {e:?}",
-                        s.group, s.rank, s.size
+                        "ncclCommInitRank for the all-reduce group {:?} (rank {} of {}): {}",
+                        s.group,
+                        s.rank,
+                        s.size,
+                        describe(&e)
                     ))
                 },
             )?;
@@ -232,7 +265,7 @@ impl ValueCollectives for Nccl {
             .synchronize()
             .map_err(|e| err(format!("CUDA synchronize: {e}")))?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
-        nccl::group_start().map_err(|e| err(format!("ncclGroupStart: {e:?}")))?;
+        nccl::group_start().map_err(|e| err(format!("ncclGroupStart: {}", describe(&e))))?;
         let mut first_err = None;
         for &(ptr, n, ty) in &bufs {
             // SAFETY: `ptr` is the GPU buffer of `n` elements of type `ty` of a value this
@@ -243,14 +276,14 @@ impl ValueCollectives for Nccl {
             };
             CALLS.fetch_add(1, Ordering::Relaxed);
             if let Err(e) = r {
-                first_err.get_or_insert(format!("ncclAllReduce: {e:?}"));
+                first_err.get_or_insert(format!("ncclAllReduce: {}", describe(&e)));
             }
         }
         let end = nccl::group_end();
         if let Some(m) = first_err {
             return Err(err(m));
         }
-        end.map_err(|e| err(format!("ncclGroupEnd: {e:?}")))?;
+        end.map_err(|e| err(format!("ncclGroupEnd: {}", describe(&e))))?;
         self.stream
             .synchronize()
             .map_err(|e| err(format!("waiting for the stream: {e}")))?;

@@ -291,7 +291,11 @@ fn program_mlir(p: &Program, compiled: &Compiled) -> String {
                         q(tensor),
                         q(dtype),
                         ints(shape),
-                        slice.map(|sl| format!(", slice = {}", ints(&[sl.lo as i64, sl.hi as i64, sl.of as i64]))).unwrap_or_default()
+                        slice.map(|sl| format!(
+                            ", slice = {}{}",
+                            ints(&[sl.lo as i64, sl.hi as i64, sl.of as i64]),
+                            if sl.axis != 0 { format!(", slice_axis = {} : i64", sl.axis) } else { String::new() }
+                        )).unwrap_or_default()
                     ),
                 ),
                 I::Recv { mb, tensor, peer, tag, dtype, shape } => (
@@ -303,12 +307,16 @@ fn program_mlir(p: &Program, compiled: &Compiled) -> String {
                         ints(shape)
                     ),
                 ),
-                I::Concat { mb, inputs, output } | I::Sum { mb, inputs, output } => (
+                I::Concat { mb, inputs, output, .. } | I::Sum { mb, inputs, output } => (
                     if matches!(ins, I::Concat { .. }) { "concat" } else { "sum" },
                     format!(
-                        "mb = {mb} : i64, inputs = [{}], output = {}",
+                        "mb = {mb} : i64, inputs = [{}], output = {}{}",
                         inputs.iter().map(|x| q(x)).collect::<Vec<_>>().join(", "),
-                        q(output)
+                        q(output),
+                        match ins {
+                            I::Concat { axis, .. } if *axis != 0 => format!(", axis = {axis} : i64"),
+                            _ => String::new(),
+                        }
                     ),
                 ),
                 I::Zeros { mb, output, dtype, shape } => (

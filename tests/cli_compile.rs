@@ -813,3 +813,48 @@ fn user_stages_and_the_planners_micro_batch() {
         assert!(e.contains(want), "{spec}: {e}");
     }
 }
+
+#[test]
+fn batch_on_axis_one_is_resliced_between_replica_counts() {
+    // lstm_tiny's LSTM keeps `[seq, batch, hidden]` (the batch on axis 1). Between a stage of
+    // one replica and a stage of two such values are cut along axis 1 (one -> two) or joined
+    // along axis 1 (two -> one) (zoo: gru, lstm_seq and vit under dapple on 32 devices).
+    let m = model("lstm_tiny.onnx");
+    for (spec, want_slices, want_concats) in
+        [("0..12;12..@2", true, false), ("0..10@2;10..", false, true)]
+    {
+        let t = tempdir();
+        let out = t.path().join("o");
+        pipec_ok(&[
+            "compile",
+            m.to_str().unwrap(),
+            "--stages",
+            spec,
+            "--cluster",
+            "3@1e10",
+            "--device-kind",
+            "cpu-core",
+            "--batch",
+            "8",
+            "--micro-batch",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let p = load(&out);
+        let all = || p.devices.iter().flat_map(|d| &d.instructions);
+        let slices = all()
+            .filter(|i| matches!(i, Instr::Send { slice: Some(s), .. } if s.axis == 1))
+            .count();
+        let concats = all()
+            .filter(|i| matches!(i, Instr::Concat { axis: 1, .. }))
+            .count();
+        assert_eq!(
+            (slices > 0, concats > 0),
+            (want_slices, want_concats),
+            "{spec}: {slices} {concats}"
+        );
+        let so = run_3_steps_checked(&out);
+        assert!(so.contains("check ok"), "{spec}: {so}");
+    }
+}

@@ -142,12 +142,20 @@ pub struct DeviceProgram {
     pub instructions: Vec<Instr>,
 }
 
-/// Rows `[lo*n/of, (hi)*n/of)` of a tensor whose axis 0 has `n` rows (`of` divides `n`).
+/// Rows `[lo*n/of, (hi)*n/of)` of a tensor whose axis `axis` (the one carrying the batch,
+/// 0 unless the value is e.g. an RNN's `[seq, batch, ...]`) has `n` rows (`of` divides `n`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Slice {
     pub lo: u64,
     pub hi: u64,
     pub of: u64,
+    /// The batch axis; written only when not 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub axis: u32,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// Which piece a [`Instr::Compute`] runs.
@@ -192,11 +200,15 @@ pub enum Instr {
         dtype: String,
         shape: Vec<i64>,
     },
-    /// `(output, mb)` = concatenation along axis 0 of `(inputs[i], mb)`, which are freed.
+    /// `(output, mb)` = concatenation along `axis` (the batch axis) of `(inputs[i], mb)`, which
+    /// are freed.
     Concat {
         mb: u32,
         inputs: Vec<String>,
         output: String,
+        /// Written only when not 0.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        axis: u32,
     },
     /// `(output, mb)` = element-wise sum of `(inputs[i], mb)`, which are freed (cotangents of a
     /// batch-independent value from several consumer replicas).
@@ -638,7 +650,10 @@ pub fn dataflow(p: &Program) -> Result<()> {
                     }
                     bufs.insert((output.as_str(), *mb));
                 }
-                Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {
+                Instr::Concat {
+                    mb, inputs, output, ..
+                }
+                | Instr::Sum { mb, inputs, output } => {
                     if inputs.is_empty() {
                         return fail("no inputs".into());
                     }
@@ -1044,6 +1059,7 @@ mod tests {
                         mb: 0,
                         inputs: vec!["x".into()],
                         output: "y".into(),
+                        axis: 0,
                     },
                     compute_fwd(0),
                 ],

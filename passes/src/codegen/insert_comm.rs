@@ -149,7 +149,7 @@ fn routes(
         .filter_map(|j| owned(mc, rc, j, m, b).map(|o| (j, o)))
         .collect();
     Ok(match lay {
-        Layout::Rows => {
+        Layout::Rows | Layout::Axis(_) => {
             let mut out = Vec::new();
             for &(i, (plo, phi)) in &prod {
                 for &(j, (clo, chi)) in &cons {
@@ -218,7 +218,7 @@ fn routes_resliced(
     side: Side,
     v: &str,
 ) -> Result<Vec<Hop>> {
-    if lay != Layout::Rows {
+    if lay.batch_axis().is_none() {
         return Err(Error::named(
             v,
             format!(
@@ -275,7 +275,7 @@ fn piece_shape(
     batch_sym: &str,
 ) -> Vec<i64> {
     match (lay, samples) {
-        (Layout::Rows, Some((lo, hi))) => concrete_dims(ty, batch_sym, hi - lo),
+        (Layout::Rows | Layout::Axis(_), Some((lo, hi))) => concrete_dims(ty, batch_sym, hi - lo),
         _ => concrete_dims(ty, batch_sym, own),
     }
 }
@@ -290,11 +290,12 @@ fn send_piece(
     batch_sym: &str,
 ) -> (Option<Slice>, Vec<i64>) {
     let own = held.1 - held.0;
-    let slice = match (lay, samples) {
-        (Layout::Rows, Some((lo, hi))) if (lo - held.0, hi - held.0) != (0, own) => Some(Slice {
+    let slice = match (lay.batch_axis(), samples) {
+        (Some(axis), Some((lo, hi))) if (lo - held.0, hi - held.0) != (0, own) => Some(Slice {
             lo: lo - held.0,
             hi: hi - held.0,
             of: own,
+            axis: axis as u32,
         }),
         _ => None,
     };
@@ -310,14 +311,15 @@ struct Incoming {
 }
 
 /// Receive `output` of micro-batch `mb` from its `pieces`: one `Recv` straight into `output`
-/// when there is one piece, else one `Recv` per piece and a join (`Concat` along the batch, or
-/// `Sum` when the pieces are partial sums).
+/// when there is one piece, else one `Recv` per piece and a join (`Concat` along the batch axis
+/// of `lay`, or `Sum` when the pieces are partial sums).
 fn recv_joined(
     list: &mut Vec<Instr>,
     mb: u32,
     output: &str,
     dtype: &str,
     pieces: Vec<Incoming>,
+    lay: Layout,
     sum: bool,
 ) {
     let whole = pieces.len() == 1;
@@ -347,6 +349,7 @@ fn recv_joined(
                 mb,
                 inputs: names,
                 output,
+                axis: lay.batch_axis().unwrap_or(0) as u32,
             }
         });
     }
@@ -525,7 +528,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             });
                         }
                         let mut part = Vec::new();
-                        recv_joined(&mut part, mb, vn, &ty.dtype.to_string(), pieces, false);
+                        recv_joined(&mut part, mb, vn, &ty.dtype.to_string(), pieces, lay, false);
                         incoming.push((p, part));
                         keep.push(vn.to_string());
                     }
@@ -615,7 +618,15 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             // A batch-independent value's cotangent pieces are partial sums.
                             let sum = lay == Layout::Whole;
                             let mut part = Vec::new();
-                            recv_joined(&mut part, mb, &cot, &ty.dtype.to_string(), pieces, sum);
+                            recv_joined(
+                                &mut part,
+                                mb,
+                                &cot,
+                                &ty.dtype.to_string(),
+                                pieces,
+                                lay,
+                                sum,
+                            );
                             incoming.push((c, part));
                             keep.push(cot);
                         }

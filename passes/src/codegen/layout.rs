@@ -11,8 +11,22 @@ pub enum Layout {
     Rows,
     /// No batch axis: every replica holds the whole value.
     Whole,
-    /// The batch is on another axis: only exchangeable between equal replica counts.
+    /// The batch is on axis `k > 0` and only there (an RNN's `[seq, batch, hidden]`, attention
+    /// transposed to `[seq, batch, heads, d]`): replicas hold slices of that axis.
+    Axis(usize),
+    /// The batch is on several axes: only exchangeable between equal replica counts.
     Other,
+}
+
+impl Layout {
+    /// The axis replicas slice (`Rows`: 0), `None` for `Whole` and `Other`.
+    pub fn batch_axis(self) -> Option<usize> {
+        match self {
+            Layout::Rows => Some(0),
+            Layout::Axis(k) => Some(k),
+            Layout::Whole | Layout::Other => None,
+        }
+    }
 }
 
 /// Concrete dims of `ty` with the batch symbol bound to `n` (`-1` where a dim stays unknown).
@@ -37,8 +51,9 @@ pub fn layout(ty: &TensorType, batch: &str) -> Layout {
     let dims = ty.shape.as_deref().unwrap_or(&[]);
     match dims.iter().position(has) {
         None => Layout::Whole,
-        Some(0) if !dims[1..].iter().any(has) => Layout::Rows,
-        Some(_) => Layout::Other,
+        Some(k) if dims[k + 1..].iter().any(has) => Layout::Other,
+        Some(0) => Layout::Rows,
+        Some(k) => Layout::Axis(k),
     }
 }
 

@@ -444,7 +444,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             name: g.name(v).to_string(),
             dtype: ty.dtype.to_string(),
             shape: concrete_dims(ty, &batch_sym, b),
-            batch_axis: (lay == Layout::Rows).then_some(0),
+            batch_axis: lay.batch_axis(),
             high: (!ty.dtype.is_float()).then(|| gather_tables.get(&v).copied().unwrap_or(2)),
         });
     }

@@ -14,8 +14,8 @@
 //!   of the *forward* roofline time of every op at the slice's sample count (a backward piece's ops
 //!   already are the backward computation, so their own forward work is what runs). The slice's
 //!   samples are those of the first batch-carrying micro-batch buffer the piece reads
-//!   (from `Load` sample ranges, `Recv` shapes — axis 0 over its per-sample factor, so a
-//!   `[batch·seq, d]` value counts samples, not rows — and `Concat` sums), else
+//!   (from `Load` sample ranges, `Recv` shapes — the batch axis over its per-sample factor, so
+//!   a `[batch·seq, d]` value counts samples, not rows — and `Concat` sums), else
 //!   `micro_batch / replicas`.
 //!   Every symbolic dim of the piece is set to that sample count.
 //! - `Step`: the step piece costed the same way (no batch).
@@ -83,18 +83,25 @@ impl Port {
         }
     }
 
-    /// Whether axis 0 carries the batch (is symbolic).
-    fn batched(&self) -> bool {
-        matches!(self.dims.as_deref(), Some([(_, pow), ..]) if *pow > 0)
+    /// The axis that carries the batch (the first symbolic one: 0, or e.g. 1 for an RNN's
+    /// `[seq, batch, hidden]`).
+    fn batch_axis(&self) -> Option<usize> {
+        self.dims.as_deref()?.iter().position(|&(_, pow)| pow > 0)
     }
 
-    /// The samples a buffer of this port holds whose axis 0 has `len` entries (axis 0 is
-    /// `coeff · samples`: a `[batch·seq, d]` tensor of 4 samples has 4·seq rows).
-    fn samples_of(&self, len: i64) -> Option<u64> {
-        match self.dims.as_deref() {
-            Some([(c, 1), ..]) if *c > 0 => Some(len.max(0) as u64 / c),
-            Some([(_, pow), ..]) if *pow > 0 => Some(len.max(0) as u64),
-            _ => None,
+    /// Whether some axis carries the batch (is symbolic).
+    fn batched(&self) -> bool {
+        self.batch_axis().is_some()
+    }
+
+    /// The samples a buffer of this port and `shape` holds: its batch axis is `coeff · samples`
+    /// long (a `[batch·seq, d]` tensor of 4 samples has 4·seq rows).
+    fn samples_of(&self, shape: &[i64]) -> Option<u64> {
+        let k = self.batch_axis()?;
+        let len = shape.get(k)?.max(&0).to_owned() as u64;
+        match self.dims.as_deref()?[k] {
+            (c, 1) if c > 0 => Some(len / c),
+            _ => Some(len),
         }
     }
 
@@ -469,11 +476,14 @@ pub fn replay(
                     let whole = pipec_compiler::program::joined_name(tensor);
                     let rows = [0u8, 1].iter().find_map(|k| {
                         let port = pieces.get(&(stage.id, *k))?.inputs.get(whole)?;
-                        port.samples_of(*shape.first()?)
+                        port.samples_of(shape)
                     });
                     put(&mut bufs[d], &mut live[d], tensor, *mb, Buf { bytes, rows });
                 }
-                Instr::Concat { mb, inputs, output } | Instr::Sum { mb, inputs, output } => {
+                Instr::Concat {
+                    mb, inputs, output, ..
+                }
+                | Instr::Sum { mb, inputs, output } => {
                     let is_concat = matches!(ins, Instr::Concat { .. });
                     let mut bytes = 0.0;
                     let mut rows: Option<u64> = None;

@@ -48,17 +48,31 @@ pub fn slice_axis(t: &Tensor, axis: usize, lo: usize, hi: usize) -> Result<Tenso
     Ok(map_any!(t, a => a.slice_axis(Axis(axis), s).to_owned()))
 }
 
-/// Rows `[lo*n/of, hi*n/of)` of axis 0 (the schedule's [`pipec_compiler::program::Slice`]).
+/// Rows `[lo*n/of, hi*n/of)` of axis 0.
 pub fn slice_rows(t: &Tensor, lo: u64, hi: u64, of: u64) -> Result<Tensor, String> {
-    let (a, b) = row_range(t.shape(), lo, hi, of)?;
-    slice_axis(t, 0, a, b)
+    slice_rows_of(t, 0, lo, hi, of)
 }
 
-/// The rows `[lo*n/of, hi*n/of)` that [`slice_rows`] takes of a tensor of `shape` (`n` rows).
-pub fn row_range(shape: &[usize], lo: u64, hi: u64, of: u64) -> Result<(usize, usize), String> {
+/// Rows `[lo*n/of, hi*n/of)` of axis `axis` (the schedule's
+/// [`pipec_compiler::program::Slice`]).
+pub fn slice_rows_of(t: &Tensor, axis: usize, lo: u64, hi: u64, of: u64) -> Result<Tensor, String> {
+    let (a, b) = row_range_of(t.shape(), axis, lo, hi, of)?;
+    slice_axis(t, axis, a, b)
+}
+
+/// The rows `[lo*n/of, hi*n/of)` that [`slice_rows_of`] takes of axis `axis` of a tensor of
+/// `shape` (`n` long).
+pub fn row_range_of(
+    shape: &[usize],
+    axis: usize,
+    lo: u64,
+    hi: u64,
+    of: u64,
+) -> Result<(usize, usize), String> {
     let n = *shape
-        .first()
-        .ok_or_else(|| "cannot slice the rows of a 0-D tensor".to_string())? as u64;
+        .get(axis)
+        .ok_or_else(|| format!("cannot slice axis {axis} of a {}-D tensor", shape.len()))?
+        as u64;
     if of == 0 || !n.is_multiple_of(of) {
         return Err(format!("a slice in {of} parts of {n} rows"));
     }

@@ -321,6 +321,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
                 mb: m,
                 inputs: (0..r0).map(|k| format!("h.{k}")).collect(),
                 output: "h".into(),
+                axis: 0,
             });
         }
         l.push(Instr::Compute {
@@ -340,6 +341,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
                     lo: k as u64,
                     hi: k as u64 + 1,
                     of: r0 as u64,
+                    axis: 0,
                 }),
                 tag,
                 dtype: f32s(),

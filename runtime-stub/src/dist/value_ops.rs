@@ -16,10 +16,10 @@ use std::collections::{BTreeMap, HashMap};
 enum Kind {
     /// `c = a + b`.
     Add,
-    /// `y = concat(x0..x{n-1}, axis 0)`.
-    Concat(usize),
-    /// `y = x[starts..ends]` on axis 0.
-    Slice,
+    /// `y = concat(x0..x{n-1}, axis)`: `(n, axis)`.
+    Concat(usize, usize),
+    /// `y = x[starts..ends]` on the axis.
+    Slice(usize),
 }
 
 /// The prepared graphs of one device.
@@ -61,8 +61,8 @@ impl<'a> ValueOps<'a> {
         }
     }
 
-    /// The parts concatenated along axis 0.
-    pub fn concat0(&mut self, parts: Vec<Value>) -> R<Value> {
+    /// The parts concatenated along `axis`.
+    pub fn concat(&mut self, parts: Vec<Value>, axis: usize) -> R<Value> {
         let first = parts.first().ok_or("nothing to concatenate")?;
         if parts.len() == 1 {
             return Ok(parts.into_iter().next().expect("one part"));
@@ -72,7 +72,7 @@ impl<'a> ValueOps<'a> {
                 .into_iter()
                 .map(|v| v.into_host().map_err(|e| e.to_string()))
                 .collect::<R<Vec<Tensor>>>()?;
-            return data::concat0(&ts).map(Value::Host);
+            return data::concat(&ts, axis).map(Value::Host);
         }
         let dt = first.dtype();
         let n = parts.len();
@@ -81,20 +81,28 @@ impl<'a> ValueOps<'a> {
             .enumerate()
             .map(|(i, v)| (format!("x{i}"), v))
             .collect();
-        self.run(Kind::Concat(n), dt, feeds)
+        self.run(Kind::Concat(n, axis), dt, feeds)
     }
 
-    /// Rows `lo * n / of .. hi * n / of` of `v` (`n` rows); returns `v` and the slice.
-    pub fn slice_rows(&mut self, v: Value, lo: u64, hi: u64, of: u64) -> R<(Value, Value)> {
+    /// Rows `lo * n / of .. hi * n / of` of `v`'s axis `axis` (`n` long); returns `v` and the
+    /// slice.
+    pub fn slice_rows(
+        &mut self,
+        v: Value,
+        axis: usize,
+        lo: u64,
+        hi: u64,
+        of: u64,
+    ) -> R<(Value, Value)> {
         if let Value::Host(t) = &v {
-            let s = data::slice_rows(t, lo, hi, of)?;
+            let s = data::slice_rows_of(t, axis, lo, hi, of)?;
             return Ok((v, Value::Host(s)));
         }
-        let (a, b) = data::row_range(&v.shape(), lo, hi, of)?;
+        let (a, b) = data::row_range_of(&v.shape(), axis, lo, hi, of)?;
         let bound = |x: usize| Value::Host(Tensor::I64(ndarray::arr1(&[x as i64]).into_dyn()));
         let dt = v.dtype();
         let (back, out) = self.run_keep(
-            Kind::Slice,
+            Kind::Slice(axis),
             dt,
             vec![
                 ("x".into(), v),
@@ -153,21 +161,21 @@ fn graph_of(kind: Kind, dt: DType) -> Module {
             vec![g.add_input("a", any.clone()), g.add_input("b", any.clone())],
             BTreeMap::new(),
         ),
-        Kind::Concat(n) => (
+        Kind::Concat(n, axis) => (
             "Concat",
             (0..n)
                 .map(|i| g.add_input(format!("x{i}"), any.clone()))
                 .collect(),
-            BTreeMap::from([("axis".to_string(), Attr::Int(0))]),
+            BTreeMap::from([("axis".to_string(), Attr::Int(axis as i64))]),
         ),
-        Kind::Slice => {
+        Kind::Slice(axis) => {
             let x = g.add_input("x", any.clone());
             let one = TensorType::known(DType::I64, &[1]);
             let s = g.add_input("starts", one.clone());
             let e = g.add_input("ends", one);
             let axes = g.add_initializer(
                 "axes",
-                Tensor::I64(ndarray::arr1(&[0i64]).into_dyn()).to_tensor_data(),
+                Tensor::I64(ndarray::arr1(&[axis as i64]).into_dyn()).to_tensor_data(),
             );
             ("Slice", vec![x, s, e, axes], BTreeMap::new())
         }
@@ -213,12 +221,26 @@ mod tests {
                 t(&[4., 6.], &[2]),
             ),
             (
-                Kind::Concat(2),
+                Kind::Concat(2, 0),
                 vec![("x0", t(&[1., 2.], &[1, 2])), ("x1", t(&[3., 4.], &[1, 2]))],
                 t(&[1., 2., 3., 4.], &[2, 2]),
             ),
             (
-                Kind::Slice,
+                Kind::Concat(2, 1),
+                vec![("x0", t(&[1., 2.], &[2, 1])), ("x1", t(&[3., 4.], &[2, 1]))],
+                t(&[1., 3., 2., 4.], &[2, 2]),
+            ),
+            (
+                Kind::Slice(1),
+                vec![
+                    ("x", t(&[1., 2., 3., 4.], &[2, 2])),
+                    ("starts", Tensor::I64(ndarray::arr1(&[1i64]).into_dyn())),
+                    ("ends", Tensor::I64(ndarray::arr1(&[2i64]).into_dyn())),
+                ],
+                t(&[2., 4.], &[2, 1]),
+            ),
+            (
+                Kind::Slice(0),
                 vec![
                     ("x", t(&[1., 2., 3., 4.], &[4])),
                     ("starts", Tensor::I64(ndarray::arr1(&[1i64]).into_dyn())),

@@ -336,7 +336,10 @@ impl Worker<'_> {
                 let b = self.bufs.remove(&key).ok_or_else(|| missing(tensor, *mb))?;
                 let t = match slice {
                     Some(sl) => {
-                        let (b, t) = self.ops.slice_rows(b, sl.lo, sl.hi, sl.of).map_err(other)?;
+                        let (b, t) = self
+                            .ops
+                            .slice_rows(b, sl.axis as usize, sl.lo, sl.hi, sl.of)
+                            .map_err(other)?;
                         if !last {
                             self.bufs.insert(key, b);
                         }
@@ -370,7 +373,12 @@ impl Worker<'_> {
                 };
                 self.bufs.insert((tensor.clone(), *mb), t);
             }
-            Instr::Concat { mb, inputs, output } => {
+            Instr::Concat {
+                mb,
+                inputs,
+                output,
+                axis,
+            } => {
                 let parts = inputs
                     .iter()
                     .map(|x| {
@@ -379,7 +387,7 @@ impl Worker<'_> {
                             .ok_or_else(|| missing(x, *mb))
                     })
                     .collect::<std::result::Result<Vec<_>, _>>()?;
-                let t = self.ops.concat0(parts).map_err(other)?;
+                let t = self.ops.concat(parts, *axis as usize).map_err(other)?;
                 self.bufs.insert((output.clone(), *mb), t);
             }
             Instr::Sum { mb, inputs, output } => {

@@ -311,8 +311,11 @@ struct Incoming {
 }
 
 /// Receive `output` of micro-batch `mb` from its `pieces`: one `Recv` straight into `output`
-/// when there is one piece, else one `Recv` per piece and a join (`Concat` along the batch axis
-/// of `lay`, or `Sum` when the pieces are partial sums).
+/// when there is one piece, else one `Recv` per piece and a join: a `Concat` along the batch
+/// axis of `lay`, or, when the pieces are partial sums (the cotangent of a batch-independent
+/// value from several consumer replicas), a running sum: the first piece is received into
+/// `output` and each later one is added to it as it arrives, so two pieces are live at most,
+/// not all of them.
 fn recv_joined(
     list: &mut Vec<Instr>,
     mb: u32,
@@ -322,6 +325,27 @@ fn recv_joined(
     lay: Layout,
     sum: bool,
 ) {
+    if sum && pieces.len() > 1 {
+        for (k, p) in pieces.into_iter().enumerate() {
+            let tensor = if k == 0 { output.to_string() } else { p.tensor };
+            list.push(Instr::Recv {
+                mb,
+                tensor: tensor.clone(),
+                peer: p.peer,
+                tag: p.tag,
+                dtype: dtype.to_string(),
+                shape: p.shape,
+            });
+            if k > 0 {
+                list.push(Instr::Sum {
+                    mb,
+                    inputs: vec![output.to_string(), tensor],
+                    output: output.to_string(),
+                });
+            }
+        }
+        return;
+    }
     let whole = pieces.len() == 1;
     let mut names = Vec::with_capacity(pieces.len());
     for p in pieces {
@@ -566,7 +590,33 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         }
                     }
                     outgoing.sort_by_key(|x| x.0);
+                    // A value other stages read that this replica sends to none of them (a
+                    // batch-independent value goes from one producer replica) and its backward
+                    // does not read: freed now, not held with the micro-batch to its backward.
+                    let unsent: Vec<String> = match &st.bwd {
+                        Some(bwd) => cx.stage_outputs[s]
+                            .iter()
+                            .map(|(v, _)| g.name(*v))
+                            .filter(|vn| {
+                                !bwd.inputs.iter().any(|x| x == vn)
+                                    && !outgoing.iter().any(
+                                        |(_, i)| matches!(i, Instr::Send { tensor, .. } if tensor == vn),
+                                    )
+                            })
+                            .map(str::to_string)
+                            .collect(),
+                        None => Vec::new(),
+                    };
                     list.extend(outgoing.into_iter().map(|x| x.1));
+                    if !unsent.is_empty() {
+                        if let Some(keep) = live.get_mut(&mb) {
+                            keep.retain(|x| !unsent.contains(x));
+                        }
+                        list.push(Instr::Free {
+                            mb,
+                            tensors: dedup(unsent),
+                        });
+                    }
                     if st.bwd.is_none() {
                         let names = live.remove(&mb).unwrap_or_default();
                         list.push(Instr::Free {

@@ -450,13 +450,17 @@ impl StageGraph {
         // The backward's boundary buffers: a cotangent from every consumer stage of a value
         // (codegen receives one buffer per consuming stage and the backward piece sums them)
         // and the gradients sent to the producer stages. Where they exceed the forward's, the
-        // stage holds the difference on top of its forward-sized communication buffers.
+        // stage holds the difference on top of its forward-sized communication buffers. A
+        // batch-independent value's cotangent comes back from each consumer replica a producer
+        // replica serves (`⌈r_dst / r_src⌉` partial sums), added up as they arrive: two buffers
+        // live while there are several.
         let mut bwd_comm = vec![0.0f64; stages.len()];
         for e in &edges {
-            let part =
-                |s: usize| (e.grad_bytes - e.whole_grad_bytes) / split_of[s] + e.whole_grad_bytes;
-            bwd_comm[e.src] += part(e.src);
-            bwd_comm[e.dst] += part(e.dst);
+            let batched = e.grad_bytes - e.whole_grad_bytes;
+            let pieces = (split_of[e.dst] / split_of[e.src]).ceil();
+            let running = if pieces >= 2.0 { 2.0 } else { 1.0 };
+            bwd_comm[e.src] += batched / split_of[e.src] + e.whole_grad_bytes * running;
+            bwd_comm[e.dst] += batched / split_of[e.dst] + e.whole_grad_bytes;
         }
         for (s, st) in stages.iter_mut().enumerate() {
             st.static_bytes += (bwd_comm[s] - fwd_comm[s]).max(0.0);

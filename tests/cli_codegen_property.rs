@@ -210,6 +210,35 @@ fn check_case(model: &Path, flags: &[&str], dir: &Path, failures: &mut Vec<Strin
         failures.push(format!("verify {what}: {e}"));
         return true;
     }
+    // The sends after a compute go device by device: a receiving replica gets every value of
+    // its micro-batch before the next replica's first (as the plan's one message per device
+    // pair), not value by value across replicas.
+    for d in &p.devices {
+        for block in d
+            .instructions
+            .split(|i| !matches!(i, program::Instr::Send { .. }))
+        {
+            let peers: Vec<usize> = block
+                .iter()
+                .filter_map(|i| match i {
+                    program::Instr::Send { peer, .. } => Some(*peer),
+                    _ => None,
+                })
+                .collect();
+            let mut runs = peers.clone();
+            runs.dedup();
+            let mut distinct = runs.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if runs.len() != distinct.len() {
+                failures.push(format!(
+                    "{what}: device {} sends to peers {peers:?} interleaved",
+                    d.device
+                ));
+                return true;
+            }
+        }
+    }
     let replicas: Vec<usize> = p.stages.iter().map(|s| s.devices.len()).collect();
     let zeros = p
         .devices

@@ -302,6 +302,14 @@ fn send_piece(
     (slice, piece_shape(lay, samples, own, ty, batch_sym))
 }
 
+/// The receiving device of a `Send` (0 for anything else).
+fn send_peer(i: &Instr) -> usize {
+    match i {
+        Instr::Send { peer, .. } => *peer,
+        _ => 0,
+    }
+}
+
 /// One message of a value arriving in pieces: the piece's buffer name, sender, tag and shape.
 struct Incoming {
     tensor: String,
@@ -589,7 +597,10 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             }
                         }
                     }
-                    outgoing.sort_by_key(|x| x.0);
+                    // By stage, then by receiving device (values in their order within): a
+                    // replica gets all its values before the next replica's, so it can start
+                    // as soon as the plan's one message per device pair would let it.
+                    outgoing.sort_by_key(|(c, i)| (*c, send_peer(i)));
                     // A value other stages read that this replica sends to none of them (a
                     // batch-independent value goes from one producer replica) and its backward
                     // does not read: freed now, not held with the micro-batch to its backward.
@@ -721,7 +732,10 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             ));
                         }
                     }
-                    outgoing.sort_by_key(|x| x.0);
+                    // By stage, then by receiving device (values in their order within): a
+                    // replica gets all its values before the next replica's, so it can start
+                    // as soon as the plan's one message per device pair would let it.
+                    outgoing.sort_by_key(|(c, i)| (*c, send_peer(i)));
                     list.extend(outgoing.into_iter().map(|x| x.1));
                     if !param_grad_names.is_empty() {
                         list.push(Instr::Accumulate {

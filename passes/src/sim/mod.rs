@@ -24,6 +24,9 @@
 //! - every backward after a device's first adds its weight gradients into the gradient buffer, a
 //!   memory-bound task on the stream (`3 × parameter bytes / memory bandwidth`, as codegen's
 //!   `Accumulate` replays; the first backward's gradients become the buffer);
+//! - a batch-independent value's cotangent comes back from each consumer replica a producer
+//!   replica serves; codegen adds these partial sums as they arrive, a memory-bound task
+//!   (`(k − 1) × 3 × bytes / memory bandwidth`) on the stream before the backward;
 //! - the re-computing kinds (`gpipe-recompute`, `1f1b-recompute`) run on
 //!   [`StageGraph::with_recomputation`] of the given graph (`B' = B + F`, stage inputs saved).
 //!
@@ -598,6 +601,29 @@ pub fn simulate(
             place[d] = Some((s, r));
         }
     }
+    // A batch-independent value's cotangent comes back from every consumer replica a producer
+    // replica serves (consumer replica `j` from producer replica `j mod r_src`), and codegen adds
+    // these partial sums as they arrive: `k − 1` adds (read two, write one) before the backward.
+    let split = |s: usize| {
+        if sched.kind.round_robin() || sg.is_round_robin(s) {
+            1
+        } else {
+            sg.stages[s].devices.len().max(1)
+        }
+    };
+    let mut partial_sum_bytes: Vec<Vec<f64>> = sg
+        .stages
+        .iter()
+        .map(|st| vec![0.0; st.devices.len()])
+        .collect();
+    for e in sg.edges.iter().filter(|e| e.whole_grad_bytes > 0.0) {
+        let (rp, rc) = (split(e.src), split(e.dst));
+        for (r, b) in partial_sum_bytes[e.src].iter_mut().enumerate() {
+            let i = if rp == 1 { 0 } else { r };
+            let pieces = if i < rc { (rc - i).div_ceil(rp) } else { 0 };
+            *b += pieces.saturating_sub(1) as f64 * e.whole_grad_bytes;
+        }
+    }
     let mut tb = Builder {
         ndev,
         program_devices: sched.programs.len(),
@@ -622,6 +648,11 @@ pub fn simulate(
         let mem_bw = cluster.kind_of(d).memory_bandwidth;
         let accumulate_s = if mem_bw > 0.0 {
             3.0 * st.parameter_bytes / mem_bw
+        } else {
+            0.0
+        };
+        let partial_sums_s = if mem_bw > 0.0 {
+            3.0 * partial_sum_bytes[s][r] / mem_bw
         } else {
             0.0
         };
@@ -657,6 +688,16 @@ pub fn simulate(
                 _ => None,
             };
             if let Some((k, t)) = compute {
+                if partial_sums_s > 0.0 && matches!(ins, Instr::Backward { .. }) {
+                    let sum = tb.task(TaskKind::Memory { device: d }, partial_sums_s, Vec::new());
+                    if let Some(p) = prev_stream {
+                        tb.edge(p, sum);
+                    }
+                    for p in pending.drain(..) {
+                        tb.edge(p, sum);
+                    }
+                    prev_stream = Some(sum);
+                }
                 let id = tb.task(k, t, Vec::new());
                 if let Some(p) = prev_stream {
                     tb.edge(p, id);

@@ -20,9 +20,10 @@
 //! The global batch of `batch` samples is cut into `micro_batches` micro-batches of `micro_batch`
 //! samples; micro-batch `m` is samples `[m*b, (m+1)*b)`. A stage with `r` replicas gives replica
 //! `k` the even slice `[k*b/r, (k+1)*b/r)` of every micro-batch (DAPPLE's uneven replication
-//! through even slices). Tensors that carry the batch on axis 0 move between stages with
-//! different replica counts as row ranges ([`Slice`]) and are reassembled with
-//! [`Instr::Concat`]; batch-independent tensors move whole.
+//! through even slices). Tensors that carry the batch on one axis (0, or e.g. 1 for an RNN's
+//! `[seq, batch, hidden]`) move between stages with different replica counts as ranges of that
+//! axis ([`Slice`]) and are reassembled with [`Instr::Concat`] along it; batch-independent
+//! tensors move whole, and their cotangents come back as partial sums added with [`Instr::Sum`].
 //!
 //! # Gradients
 //! Each piece's loss is pre-scaled (by `1/(M*r)` for mean losses), so every gradient of the step

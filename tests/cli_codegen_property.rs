@@ -210,6 +210,12 @@ fn check_case(model: &Path, flags: &[&str], dir: &Path, failures: &mut Vec<Strin
         failures.push(format!("verify {what}: {e}"));
         return true;
     }
+    // Both ends of every device pair order its messages alike (what a transport that matches
+    // by order, NCCL's point-to-point, needs).
+    if let Err(e) = program::pair_order(&p) {
+        failures.push(format!("pair order {what}: {e}"));
+        return true;
+    }
     // The sends after a compute go device by device: a receiving replica gets every value of
     // its micro-batch before the next replica's first (as the plan's one message per device
     // pair), not value by value across replicas.

@@ -572,18 +572,24 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     });
                     keep.extend(st.fwd.outputs.iter().cloned());
                     // Activations out, grouped by consumer stage in stage order.
-                    let mut outgoing: Vec<(usize, Instr)> = Vec::new();
+                    let mut outgoing: Vec<(usize, usize, Instr)> = Vec::new();
                     for (v, cs) in &cx.stage_outputs[s] {
                         let vn = g.name(*v);
                         let ty = g.ty(*v);
                         let lay = layout(ty, cx.batch_sym);
                         for &c in cs {
+                            // Where the consumer receives this value among its inputs.
+                            let at = cx.stage_inputs[c]
+                                .iter()
+                                .position(|x| x == v)
+                                .unwrap_or(usize::MAX);
                             let side = Side::Producer { mp: mb, i: j };
                             for h in edge_hops(cx, lay, s, c, side, vn)? {
                                 let (slice, shape) =
                                     send_piece(lay, h.at_p, (olo, ohi), ty, cx.batch_sym);
                                 outgoing.push((
                                     c,
+                                    at,
                                     Instr::Send {
                                         mb,
                                         tensor: vn.to_string(),
@@ -597,10 +603,12 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             }
                         }
                     }
-                    // By stage, then by receiving device (values in their order within): a
-                    // replica gets all its values before the next replica's, so it can start
-                    // as soon as the plan's one message per device pair would let it.
-                    outgoing.sort_by_key(|(c, i)| (*c, send_peer(i)));
+                    // By stage, then by receiving device: a replica gets all its values
+                    // before the next replica's, so it can start as soon as the plan's one
+                    // message per device pair would let it. Within, in the order the receiver
+                    // receives them, so both ends of a device pair order its messages alike
+                    // ([`program::pair_order`]).
+                    outgoing.sort_by_key(|(c, at, i)| (*c, send_peer(i), *at));
                     // A value other stages read that this replica sends to none of them (a
                     // batch-independent value goes from one producer replica) and its backward
                     // does not read: freed now, not held with the micro-batch to its backward.
@@ -611,14 +619,14 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             .filter(|vn| {
                                 !bwd.inputs.iter().any(|x| x == vn)
                                     && !outgoing.iter().any(
-                                        |(_, i)| matches!(i, Instr::Send { tensor, .. } if tensor == vn),
+                                        |(_, _, i)| matches!(i, Instr::Send { tensor, .. } if tensor == vn),
                                     )
                             })
                             .map(str::to_string)
                             .collect(),
                         None => Vec::new(),
                     };
-                    list.extend(outgoing.into_iter().map(|x| x.1));
+                    list.extend(outgoing.into_iter().map(|x| x.2));
                     if !unsent.is_empty() {
                         if let Some(keep) = live.get_mut(&mb) {
                             keep.retain(|x| !unsent.contains(x));
@@ -706,7 +714,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     );
                     // Cotangents out, to the producers of what this stage received, grouped by
                     // producer stage in stage order.
-                    let mut outgoing: Vec<(usize, Instr)> = Vec::new();
+                    let mut outgoing: Vec<(usize, usize, Instr)> = Vec::new();
                     for (vn, gn) in &cx.input_grads[s] {
                         let Some(&v) = cx.stage_inputs[s].iter().find(|v| g.name(**v) == vn) else {
                             continue;
@@ -714,12 +722,18 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         let p = stage_of_value(v);
                         let ty = g.ty(v);
                         let lay = layout(ty, cx.batch_sym);
+                        // Where the producer receives this cotangent among its outputs'.
+                        let at = cx.stage_outputs[p]
+                            .iter()
+                            .position(|(x, _)| *x == v)
+                            .unwrap_or(usize::MAX);
                         let side = Side::Consumer { mc: mb, j };
                         for h in edge_hops(cx, lay, p, s, side, vn)? {
                             let (slice, shape) =
                                 send_piece(lay, h.at_c, (olo, ohi), ty, cx.batch_sym);
                             outgoing.push((
                                 p,
+                                at,
                                 Instr::Send {
                                     mb,
                                     tensor: gn.clone(),
@@ -732,11 +746,13 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             ));
                         }
                     }
-                    // By stage, then by receiving device (values in their order within): a
-                    // replica gets all its values before the next replica's, so it can start
-                    // as soon as the plan's one message per device pair would let it.
-                    outgoing.sort_by_key(|(c, i)| (*c, send_peer(i)));
-                    list.extend(outgoing.into_iter().map(|x| x.1));
+                    // By stage, then by receiving device: a replica gets all its values
+                    // before the next replica's, so it can start as soon as the plan's one
+                    // message per device pair would let it. Within, in the order the receiver
+                    // receives them, so both ends of a device pair order its messages alike
+                    // ([`program::pair_order`]).
+                    outgoing.sort_by_key(|(c, at, i)| (*c, send_peer(i), *at));
+                    list.extend(outgoing.into_iter().map(|x| x.2));
                     if !param_grad_names.is_empty() {
                         list.push(Instr::Accumulate {
                             mb,

@@ -630,6 +630,9 @@ fn run_check_per_stage_micro_batches() {
     );
     let p = load(&out);
     assert_eq!(p.schedule, "gpp-per-stage");
+    // Re-sliced pieces of several micro-batches still reach each device in the order it
+    // receives them.
+    program::pair_order(&p).unwrap();
     let plan = plan_json(&out);
     let sizes: Vec<u64> = plan["stages"]
         .as_array()

@@ -186,7 +186,7 @@ fn routes(
                 return Err(Error::named(
                     v,
                     format!(
-                        "codegen: the value carries the batch on an axis other than 0 and crosses between stages that split micro-batches differently ({rp} and {rc} replicas)"
+                        "codegen: the value carries the batch on more than one axis and crosses between stages that split micro-batches differently ({rp} and {rc} replicas)"
                     ),
                 ));
             }
@@ -222,7 +222,7 @@ fn routes_resliced(
         return Err(Error::named(
             v,
             format!(
-                "codegen: the value has no leading batch axis and crosses between stages of different micro-batch sizes ({bp} and {bc}); plan without gpp-per-stage"
+                "codegen: the value has no single batch axis and crosses between stages of different micro-batch sizes ({bp} and {bc}); plan without gpp-per-stage"
             ),
         ));
     }
@@ -572,7 +572,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     });
                     keep.extend(st.fwd.outputs.iter().cloned());
                     // Activations out, grouped by consumer stage in stage order.
-                    let mut outgoing: Vec<(usize, usize, Instr)> = Vec::new();
+                    let mut outgoing: Vec<(usize, (u32, usize), Instr)> = Vec::new();
                     for (v, cs) in &cx.stage_outputs[s] {
                         let vn = g.name(*v);
                         let ty = g.ty(*v);
@@ -589,7 +589,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                     send_piece(lay, h.at_p, (olo, ohi), ty, cx.batch_sym);
                                 outgoing.push((
                                     c,
-                                    at,
+                                    (h.mc, at),
                                     Instr::Send {
                                         mb,
                                         tensor: vn.to_string(),
@@ -606,8 +606,9 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     // By stage, then by receiving device: a replica gets all its values
                     // before the next replica's, so it can start as soon as the plan's one
                     // message per device pair would let it. Within, in the order the receiver
-                    // receives them, so both ends of a device pair order its messages alike
-                    // ([`program::pair_order`]).
+                    // receives them (by its micro-batch, where micro-batch sizes differ, then
+                    // by its value order), so both ends of a device pair order its messages
+                    // alike ([`program::pair_order`]).
                     outgoing.sort_by_key(|(c, at, i)| (*c, send_peer(i), *at));
                     // A value other stages read that this replica sends to none of them (a
                     // batch-independent value goes from one producer replica) and its backward
@@ -714,7 +715,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     );
                     // Cotangents out, to the producers of what this stage received, grouped by
                     // producer stage in stage order.
-                    let mut outgoing: Vec<(usize, usize, Instr)> = Vec::new();
+                    let mut outgoing: Vec<(usize, (u32, usize), Instr)> = Vec::new();
                     for (vn, gn) in &cx.input_grads[s] {
                         let Some(&v) = cx.stage_inputs[s].iter().find(|v| g.name(**v) == vn) else {
                             continue;
@@ -733,7 +734,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                                 send_piece(lay, h.at_c, (olo, ohi), ty, cx.batch_sym);
                             outgoing.push((
                                 p,
-                                at,
+                                (h.mp, at),
                                 Instr::Send {
                                     mb,
                                     tensor: gn.clone(),
@@ -749,8 +750,9 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     // By stage, then by receiving device: a replica gets all its values
                     // before the next replica's, so it can start as soon as the plan's one
                     // message per device pair would let it. Within, in the order the receiver
-                    // receives them, so both ends of a device pair order its messages alike
-                    // ([`program::pair_order`]).
+                    // receives them (by its micro-batch, where micro-batch sizes differ, then
+                    // by its value order), so both ends of a device pair order its messages
+                    // alike ([`program::pair_order`]).
                     outgoing.sort_by_key(|(c, at, i)| (*c, send_peer(i), *at));
                     list.extend(outgoing.into_iter().map(|x| x.2));
                     if !param_grad_names.is_empty() {

@@ -867,13 +867,7 @@ fn batch_on_axis_one_is_resliced_between_replica_counts() {
 fn replay_over_plan_memory(out: &Path) -> f64 {
     let s: serde_json::Value =
         serde_json::from_str(&pipec_ok(&["simulate", out.to_str().unwrap(), "--json"])).unwrap();
-    let replay = s["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["peak_memory_bytes"].as_f64().unwrap())
-        .fold(0.0, f64::max);
-    replay / plan_json(out)["peak_memory_bytes"].as_f64().unwrap()
+    common::replayed_peak(&s) / plan_json(out)["peak_memory_bytes"].as_f64().unwrap()
 }
 
 #[test]

@@ -106,12 +106,7 @@ fn replay_within_5_percent(out: &std::path::Path, what: &str) -> (Value, Value) 
 /// `peak_memory_bytes`.
 fn peak_within_10_percent(v: &Value, plan: &Value, what: &str) {
     let planned = plan["peak_memory_bytes"].as_f64().unwrap();
-    let replay = v["devices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|d| d["peak_memory_bytes"].as_f64().unwrap())
-        .fold(0.0, f64::max);
+    let replay = common::replayed_peak(v);
     let r = replay / planned;
     assert!(
         (0.9..=1.1).contains(&r),

@@ -185,3 +185,13 @@ pub fn python_with_onnx() -> Option<&'static str> {
         None
     }
 }
+
+/// The largest device peak memory of a replay (`pipec simulate OUTDIR --json`'s object).
+pub fn replayed_peak(simulate_json: &serde_json::Value) -> f64 {
+    simulate_json["devices"]
+        .as_array()
+        .expect("simulate --json has devices")
+        .iter()
+        .map(|d| d["peak_memory_bytes"].as_f64().expect("peak_memory_bytes"))
+        .fold(0.0, f64::max)
+}

@@ -302,13 +302,13 @@ fn send_piece(
     (slice, piece_shape(lay, samples, own, ty, batch_sym))
 }
 
-/// The receiving device of a `Send` (0 for anything else).
-fn send_peer(i: &Instr) -> usize {
-    match i {
-        Instr::Send { peer, .. } => *peer,
-        _ => 0,
-    }
-}
+/// Where a `Send` goes in the list after a compute: `(stage, device, micro-batch, value)` of the
+/// receiving end. By stage, then by device: a replica gets all its values before the next
+/// replica's, so it can start as soon as the plan's one message per device pair would let it.
+/// Within, in the order the receiver receives them (by its micro-batch, where micro-batch sizes
+/// differ, then by its value order), so both ends of a device pair order its messages alike
+/// ([`program::pair_order`](pipec_compiler::program::pair_order)).
+type SendOrder = (usize, usize, u32, usize);
 
 /// One message of a value arriving in pieces: the piece's buffer name, sender, tag and shape.
 struct Incoming {
@@ -571,8 +571,8 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         mb,
                     });
                     keep.extend(st.fwd.outputs.iter().cloned());
-                    // Activations out, grouped by consumer stage in stage order.
-                    let mut outgoing: Vec<(usize, (u32, usize), Instr)> = Vec::new();
+                    // Activations out, in [`SendOrder`].
+                    let mut outgoing: Vec<(SendOrder, Instr)> = Vec::new();
                     for (v, cs) in &cx.stage_outputs[s] {
                         let vn = g.name(*v);
                         let ty = g.ty(*v);
@@ -587,13 +587,13 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             for h in edge_hops(cx, lay, s, c, side, vn)? {
                                 let (slice, shape) =
                                     send_piece(lay, h.at_p, (olo, ohi), ty, cx.batch_sym);
+                                let peer = cx.stage_devices[c][h.j];
                                 outgoing.push((
-                                    c,
-                                    (h.mc, at),
+                                    (c, peer, h.mc, at),
                                     Instr::Send {
                                         mb,
                                         tensor: vn.to_string(),
-                                        peer: cx.stage_devices[c][h.j],
+                                        peer,
                                         slice,
                                         tag: tags.get(false, vn, c, h.i, h.j, h.mp, h.mc),
                                         dtype: ty.dtype.to_string(),
@@ -603,13 +603,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             }
                         }
                     }
-                    // By stage, then by receiving device: a replica gets all its values
-                    // before the next replica's, so it can start as soon as the plan's one
-                    // message per device pair would let it. Within, in the order the receiver
-                    // receives them (by its micro-batch, where micro-batch sizes differ, then
-                    // by its value order), so both ends of a device pair order its messages
-                    // alike ([`program::pair_order`]).
-                    outgoing.sort_by_key(|(c, at, i)| (*c, send_peer(i), *at));
+                    outgoing.sort_by_key(|x| x.0);
                     // A value other stages read that this replica sends to none of them (a
                     // batch-independent value goes from one producer replica) and its backward
                     // does not read: freed now, not held with the micro-batch to its backward.
@@ -620,14 +614,14 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             .filter(|vn| {
                                 !bwd.inputs.iter().any(|x| x == vn)
                                     && !outgoing.iter().any(
-                                        |(_, _, i)| matches!(i, Instr::Send { tensor, .. } if tensor == vn),
+                                        |(_, i)| matches!(i, Instr::Send { tensor, .. } if tensor == vn),
                                     )
                             })
                             .map(str::to_string)
                             .collect(),
                         None => Vec::new(),
                     };
-                    list.extend(outgoing.into_iter().map(|x| x.2));
+                    list.extend(outgoing.into_iter().map(|x| x.1));
                     if !unsent.is_empty() {
                         if let Some(keep) = live.get_mut(&mb) {
                             keep.retain(|x| !unsent.contains(x));
@@ -713,9 +707,9 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             .filter(|o| !param_grad_names.contains(o))
                             .cloned(),
                     );
-                    // Cotangents out, to the producers of what this stage received, grouped by
-                    // producer stage in stage order.
-                    let mut outgoing: Vec<(usize, (u32, usize), Instr)> = Vec::new();
+                    // Cotangents out, to the producers of what this stage received, in
+                    // [`SendOrder`].
+                    let mut outgoing: Vec<(SendOrder, Instr)> = Vec::new();
                     for (vn, gn) in &cx.input_grads[s] {
                         let Some(&v) = cx.stage_inputs[s].iter().find(|v| g.name(**v) == vn) else {
                             continue;
@@ -732,13 +726,13 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         for h in edge_hops(cx, lay, p, s, side, vn)? {
                             let (slice, shape) =
                                 send_piece(lay, h.at_c, (olo, ohi), ty, cx.batch_sym);
+                            let peer = cx.stage_devices[p][h.i];
                             outgoing.push((
-                                p,
-                                (h.mp, at),
+                                (p, peer, h.mp, at),
                                 Instr::Send {
                                     mb,
                                     tensor: gn.clone(),
-                                    peer: cx.stage_devices[p][h.i],
+                                    peer,
                                     slice,
                                     tag: tags.get(true, vn, s, h.i, h.j, h.mp, h.mc),
                                     dtype: ty.dtype.to_string(),
@@ -747,14 +741,8 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             ));
                         }
                     }
-                    // By stage, then by receiving device: a replica gets all its values
-                    // before the next replica's, so it can start as soon as the plan's one
-                    // message per device pair would let it. Within, in the order the receiver
-                    // receives them (by its micro-batch, where micro-batch sizes differ, then
-                    // by its value order), so both ends of a device pair order its messages
-                    // alike ([`program::pair_order`]).
-                    outgoing.sort_by_key(|(c, at, i)| (*c, send_peer(i), *at));
-                    list.extend(outgoing.into_iter().map(|x| x.2));
+                    outgoing.sort_by_key(|x| x.0);
+                    list.extend(outgoing.into_iter().map(|x| x.1));
                     if !param_grad_names.is_empty() {
                         list.push(Instr::Accumulate {
                             mb,

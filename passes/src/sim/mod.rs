@@ -602,8 +602,8 @@ pub fn simulate(
         }
     }
     // A batch-independent value's cotangent comes back from every consumer replica a producer
-    // replica serves (consumer replica `j` from producer replica `j mod r_src`), and codegen adds
-    // these partial sums as they arrive: `k − 1` adds (read two, write one) before the backward.
+    // replica serves ([`stage_graph::partial_sums`]), and codegen adds these partial sums as they
+    // arrive: `k − 1` adds (read two, write one) before the backward.
     let split = |s: usize| {
         if sched.kind.round_robin() || sg.is_round_robin(s) {
             1
@@ -619,8 +619,7 @@ pub fn simulate(
     for e in sg.edges.iter().filter(|e| e.whole_grad_bytes > 0.0) {
         let (rp, rc) = (split(e.src), split(e.dst));
         for (r, b) in partial_sum_bytes[e.src].iter_mut().enumerate() {
-            let i = if rp == 1 { 0 } else { r };
-            let pieces = if i < rc { (rc - i).div_ceil(rp) } else { 0 };
+            let pieces = stage_graph::partial_sums(rp, rc, r);
             *b += pieces.saturating_sub(1) as f64 * e.whole_grad_bytes;
         }
     }

@@ -31,6 +31,20 @@ pub struct SimStage {
     pub saved_bytes: f64,
 }
 
+/// How many partial sums of a batch-independent value's cotangent producer replica `i` of a
+/// stage split over `rp` replicas receives from a consumer stage split over `rc`: codegen sends
+/// such a value to consumer replica `x` from producer replica `x mod rp`, and each consumer
+/// replica sends its partial sum back the same way (`⌈(rc − i) / rp⌉` for `i < rc`, else 0). A
+/// stage whose replicas take whole micro-batches in turn counts as split over 1.
+pub fn partial_sums(rp: usize, rc: usize, i: usize) -> usize {
+    let i = if rp <= 1 { 0 } else { i };
+    if i < rc {
+        (rc - i).div_ceil(rp.max(1))
+    } else {
+        0
+    }
+}
+
 /// A data edge between stages: `bytes` per whole micro-batch (split over replicas as needed).
 #[derive(Clone, Debug, PartialEq)]
 pub struct StageEdge {
@@ -457,8 +471,9 @@ impl StageGraph {
         let mut bwd_comm = vec![0.0f64; stages.len()];
         for e in &edges {
             let batched = e.grad_bytes - e.whole_grad_bytes;
-            let pieces = (split_of[e.dst] / split_of[e.src]).ceil();
-            let running = if pieces >= 2.0 { 2.0 } else { 1.0 };
+            // Replica 0 gets the most pieces.
+            let pieces = partial_sums(split_of[e.src] as usize, split_of[e.dst] as usize, 0);
+            let running = if pieces >= 2 { 2.0 } else { 1.0 };
             bwd_comm[e.src] += batched / split_of[e.src] + e.whole_grad_bytes * running;
             bwd_comm[e.dst] += batched / split_of[e.dst] + e.whole_grad_bytes;
         }

@@ -48,21 +48,16 @@ pub fn slice_axis(t: &Tensor, axis: usize, lo: usize, hi: usize) -> Result<Tenso
     Ok(map_any!(t, a => a.slice_axis(Axis(axis), s).to_owned()))
 }
 
-/// Rows `[lo*n/of, hi*n/of)` of axis 0.
-pub fn slice_rows(t: &Tensor, lo: u64, hi: u64, of: u64) -> Result<Tensor, String> {
-    slice_rows_of(t, 0, lo, hi, of)
-}
-
 /// Rows `[lo*n/of, hi*n/of)` of axis `axis` (the schedule's
 /// [`pipec_compiler::program::Slice`]).
-pub fn slice_rows_of(t: &Tensor, axis: usize, lo: u64, hi: u64, of: u64) -> Result<Tensor, String> {
-    let (a, b) = row_range_of(t.shape(), axis, lo, hi, of)?;
+pub fn slice_rows(t: &Tensor, axis: usize, lo: u64, hi: u64, of: u64) -> Result<Tensor, String> {
+    let (a, b) = row_range(t.shape(), axis, lo, hi, of)?;
     slice_axis(t, axis, a, b)
 }
 
-/// The rows `[lo*n/of, hi*n/of)` that [`slice_rows_of`] takes of axis `axis` of a tensor of
+/// The rows `[lo*n/of, hi*n/of)` that [`slice_rows`] takes of axis `axis` of a tensor of
 /// `shape` (`n` long).
-pub fn row_range_of(
+pub fn row_range(
     shape: &[usize],
     axis: usize,
     lo: u64,
@@ -77,11 +72,6 @@ pub fn row_range_of(
         return Err(format!("a slice in {of} parts of {n} rows"));
     }
     Ok(((lo * n / of) as usize, (hi * n / of) as usize))
-}
-
-/// Concatenate along axis 0 (same dtype, same trailing dims).
-pub fn concat0(parts: &[Tensor]) -> Result<Tensor, String> {
-    concat(parts, 0)
 }
 
 /// Concatenate along `axis` (same dtype, same other dims).
@@ -272,11 +262,17 @@ mod tests {
     fn slices_and_concat_round_trip() {
         let a =
             Tensor::I64(ndarray::ArrayD::from_shape_vec(IxDyn(&[4, 2]), (0..8).collect()).unwrap());
-        let lo = slice_rows(&a, 0, 1, 2).unwrap();
-        let hi = slice_rows(&a, 1, 2, 2).unwrap();
+        let lo = slice_rows(&a, 0, 0, 1, 2).unwrap();
+        let hi = slice_rows(&a, 0, 1, 2, 2).unwrap();
         assert_eq!(lo.to_i64_vec(), vec![0, 1, 2, 3]);
-        assert_eq!(concat0(&[lo, hi]).unwrap(), a);
-        assert!(slice_rows(&a, 0, 1, 3).is_err());
+        assert_eq!(concat(&[lo, hi], 0).unwrap(), a);
+        assert!(slice_rows(&a, 0, 0, 1, 3).is_err());
+        // Along axis 1 (an RNN's batch axis).
+        let left = slice_rows(&a, 1, 0, 1, 2).unwrap();
+        let right = slice_rows(&a, 1, 1, 2, 2).unwrap();
+        assert_eq!(left.to_i64_vec(), vec![0, 2, 4, 6]);
+        assert_eq!(concat(&[left, right], 1).unwrap(), a);
+        assert!(slice_rows(&a, 2, 0, 1, 2).is_err());
     }
 
     #[test]

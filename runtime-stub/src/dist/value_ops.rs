@@ -95,10 +95,10 @@ impl<'a> ValueOps<'a> {
         of: u64,
     ) -> R<(Value, Value)> {
         if let Value::Host(t) = &v {
-            let s = data::slice_rows_of(t, axis, lo, hi, of)?;
+            let s = data::slice_rows(t, axis, lo, hi, of)?;
             return Ok((v, Value::Host(s)));
         }
-        let (a, b) = data::row_range_of(&v.shape(), axis, lo, hi, of)?;
+        let (a, b) = data::row_range(&v.shape(), axis, lo, hi, of)?;
         let bound = |x: usize| Value::Host(Tensor::I64(ndarray::arr1(&[x as i64]).into_dyn()));
         let dt = v.dtype();
         let (back, out) = self.run_keep(

@@ -161,6 +161,43 @@ fn list_clusters() {
     }
 }
 
+/// `--show-cluster NAME` prints the preset's TOML; planning on that file gives the preset's plan.
+#[test]
+fn show_cluster_writes_a_file_that_plans_like_the_preset() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let model = root().join("onnx-models/mlp4.onnx");
+    let model = model.to_str().expect("utf8");
+    for name in ["bapipe-hetero", "cpu"] {
+        let o = pipec(&["plan", "--show-cluster", name]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let file = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&file, &o.stdout).expect("write");
+        let file = file.to_str().expect("utf8");
+        let plan = |cluster: &str| {
+            let o = pipec(&[
+                "plan",
+                model,
+                "--cluster",
+                cluster,
+                "--planner",
+                "gpp",
+                "--batch",
+                "16",
+                "--json",
+            ]);
+            assert!(o.status.success(), "{cluster}: {}", stderr(&o));
+            let mut v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+            v.as_object_mut().expect("object").remove("search_time_s");
+            v
+        };
+        assert_eq!(plan(name), plan(file), "{name}");
+    }
+    bad(
+        &["plan", "--show-cluster", "nowhere"],
+        "--show-cluster nowhere: not a preset (one of dapple-a",
+    );
+}
+
 fn bad(args: &[&str], want: &str) {
     let o = pipec(args);
     assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));

@@ -17,6 +17,57 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * b.abs().max(1e-12)
 }
 
+/// Every preset builds from its compiled-in description, is named as it is listed, has a summary,
+/// and writes out as TOML that reads back as the same cluster.
+#[test]
+fn presets_are_data_that_round_trip() {
+    for p in PRESETS {
+        let c = p.build();
+        assert_eq!(c.name, p.name, "preset {} names itself {}", p.name, c.name);
+        assert!(!p.summary().is_empty(), "preset {} has no summary", p.name);
+        let text = c.to_toml(&p.summary());
+        let back = Cluster::from_toml_str(&text, "written.toml").expect(&text);
+        assert_eq!(back, c, "{}:\n{text}", p.name);
+        assert_eq!(
+            Cluster::from_toml_str(&p.toml(), "p.toml").expect("toml"),
+            c
+        );
+    }
+}
+
+/// A `[[device_kind]]` with only a name is the known kind; partial figures are an error that says
+/// what to give; an unknown name lists the known ones.
+#[test]
+fn device_kinds_by_name_in_toml() {
+    let level = "[[level]]\nsize = 2\nbandwidth = 1e9\n";
+    let c = Cluster::from_toml_str(
+        &format!("[[device_kind]]\nname = \"H100-80GB\"\n{level}"),
+        "a.toml",
+    )
+    .expect("by name");
+    assert_eq!(c.kinds[0], pipec_passes::cost::cluster::h100_80gb());
+    let e = Cluster::from_toml_str(
+        &format!("[[device_kind]]\nname = \"X\"\nmemory_bytes = 1e9\n{level}"),
+        "b.toml",
+    )
+    .expect_err("partial figures");
+    assert!(
+        e.to_string()
+            .contains("b.toml: device_kind 'X': give all of"),
+        "{e}"
+    );
+    let e = Cluster::from_toml_str(
+        &format!("[[device_kind]]\nname = \"A100\"\n{level}"),
+        "c.toml",
+    )
+    .expect_err("unknown kind");
+    assert!(
+        e.to_string()
+            .contains("not a known kind (V100-16GB, TitanX-12GB, H100-80GB, cpu-core)"),
+        "{e}"
+    );
+}
+
 #[test]
 fn presets_match_the_papers() {
     let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();

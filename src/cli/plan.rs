@@ -101,6 +101,10 @@ pub struct PlanArgs {
     /// List the cluster presets and exit.
     #[arg(long = "list-clusters")]
     pub list_clusters: bool,
+    /// Print a preset's TOML description and exit: copy it, edit it, and pass the file to
+    /// `--cluster` (the presets are these files, compiled in).
+    #[arg(long = "show-cluster", value_name = "PRESET")]
+    pub show_cluster: Option<String>,
     /// Write a Chrome/Perfetto trace of the simulated iteration to this file.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -229,7 +233,7 @@ pub fn list_clusters() -> String {
             "{:<12} {:>3} devices  {}\n",
             p.name,
             c.len(),
-            p.summary
+            p.summary()
         ));
     }
     out
@@ -296,6 +300,17 @@ pub fn render(plan: &Plan) -> String {
 pub fn run(a: PlanArgs) -> Result<ExitCode> {
     if a.list_clusters {
         print!("{}", list_clusters());
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(name) = &a.show_cluster {
+        let p = PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            anyhow!(
+                "--show-cluster {name}: not a preset (one of {})",
+                names.join(", ")
+            )
+        })?;
+        print!("{}", p.toml());
         return Ok(ExitCode::SUCCESS);
     }
     let model = a

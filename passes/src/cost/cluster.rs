@@ -7,7 +7,9 @@
 //! device kind, so a cluster may mix kinds (heterogeneous), node by node.
 //!
 //! Three ways to get one (`pipec plan --cluster C`):
-//! - a preset name ([`Cluster::preset`], listed by [`PRESETS`] / `pipec plan --list-clusters`);
+//! - a preset name ([`Cluster::preset`], listed by [`PRESETS`] / `pipec plan --list-clusters`):
+//!   the presets are TOML files of the format below in `passes/presets/` (compiled in; `pipec plan
+//!   --show-cluster NAME` prints one), except `cpu`, which is built from this machine;
 //! - a TOML file ([`Cluster::from_toml_str`]; format below);
 //! - an inline hierarchy `N1@BW1,N2@BW2` ([`Cluster::from_inline`]), read like PipeDream's flags.
 //!
@@ -35,6 +37,9 @@
 //! kind = "V100-16GB"
 //! count = 2
 //! ```
+//! A `[[device_kind]]` that gives only `name` is a known kind ([`device_kind_by_name`]: those of
+//! `passes/presets/device-kinds.toml` and `cpu-core`); `summary` is an optional one-line
+//! description.
 
 use pipec_compiler::ir::DType;
 use pipec_compiler::{Error, Result};
@@ -57,6 +62,19 @@ pub enum Precision {
 }
 
 impl Precision {
+    /// The name TOML descriptions use (`f32`, `tf32`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F64 => "f64",
+            Precision::F32 => "f32",
+            Precision::Tf32 => "tf32",
+            Precision::F16 => "f16",
+            Precision::Bf16 => "bf16",
+            Precision::F8 => "f8",
+            Precision::I8 => "i8",
+        }
+    }
+
     /// The precision class an IR element type computes in.
     pub fn of(dtype: DType) -> Precision {
         use DType::*;
@@ -192,16 +210,49 @@ fn is_one_f64(x: &f64) -> bool {
     *x == 1.0
 }
 
-/// A preset: name, one-line description (for `--list-clusters`), and its constructor.
+/// A preset: its name and where its description comes from.
 pub struct Preset {
     pub name: &'static str,
-    pub summary: &'static str,
-    build: fn() -> Cluster,
+    source: PresetSource,
+}
+
+enum PresetSource {
+    /// A TOML description compiled in from `passes/presets/NAME.toml`.
+    Toml(&'static str),
+    /// The `cpu` preset, built from this machine.
+    ThisMachine,
 }
 
 impl Preset {
+    /// The cluster. Presets are valid by construction (a unit test builds every one).
     pub fn build(&self) -> Cluster {
-        (self.build)()
+        match self.source {
+            PresetSource::Toml(text) => {
+                Cluster::from_toml_str(text, &format!("presets/{}.toml", self.name))
+                    .unwrap_or_else(|e| panic!("preset {}: {e}", self.name))
+            }
+            PresetSource::ThisMachine => cpu_cluster(cores()),
+        }
+    }
+
+    /// The one-line description `--list-clusters` prints (the file's `summary`).
+    pub fn summary(&self) -> String {
+        match self.source {
+            PresetSource::Toml(text) => toml::from_str::<TomlCluster>(text)
+                .ok()
+                .and_then(|t| t.summary)
+                .unwrap_or_default(),
+            PresetSource::ThisMachine => CPU_SUMMARY.to_string(),
+        }
+    }
+
+    /// The preset as a TOML cluster description (the file it is compiled from; for `cpu`, this
+    /// machine's cluster written out), to copy and edit into a `--cluster FILE.toml`.
+    pub fn toml(&self) -> String {
+        match self.source {
+            PresetSource::Toml(text) => text.to_string(),
+            PresetSource::ThisMachine => cpu_cluster(cores()).to_toml(&self.summary()),
+        }
     }
 }
 
@@ -210,48 +261,48 @@ impl Preset {
 /// limits of their own); a hundred thousand devices made `dp` and `pipedream` run for minutes.
 pub const MAX_DEVICES: usize = 16384;
 
-// ---- device kinds: vendor datasheet figures (dense, no sparsity) ----
+// ---- device kinds: vendor datasheet figures (dense, no sparsity), in presets/device-kinds.toml ----
+
+/// The device kinds of `presets/device-kinds.toml`, parsed once.
+fn builtin_kinds() -> &'static [DeviceKind] {
+    static KINDS: std::sync::OnceLock<Vec<DeviceKind>> = std::sync::OnceLock::new();
+    KINDS.get_or_init(|| {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Kinds {
+            device_kind: Vec<TomlKind>,
+        }
+        const FILE: &str = "presets/device-kinds.toml";
+        let t: Kinds = toml::from_str(include_str!("../../presets/device-kinds.toml"))
+            .unwrap_or_else(|e| panic!("{FILE}: {e}"));
+        t.device_kind
+            .into_iter()
+            .map(|k| k.resolve(FILE).unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    })
+}
+
+fn builtin_kind(name: &str) -> DeviceKind {
+    builtin_kinds()
+        .iter()
+        .find(|k| k.name == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("presets/device-kinds.toml has no kind '{name}'"))
+}
 
 /// NVIDIA V100 SXM2 16 GB: 15.7 TFLOP/s fp32, 125 TFLOP/s fp16 tensor, 900 GB/s HBM2.
 pub fn v100_16gb() -> DeviceKind {
-    kind(
-        "V100-16GB",
-        16 << 30,
-        900e9,
-        &[
-            (Precision::F32, 15.7e12),
-            (Precision::F64, 7.8e12),
-            (Precision::F16, 125e12),
-        ],
-    )
+    builtin_kind("V100-16GB")
 }
 
 /// NVIDIA Titan X (Pascal) 12 GB: 11 TFLOP/s fp32, 480 GB/s (PipeDream's Cluster-A).
 pub fn titan_x_12gb() -> DeviceKind {
-    kind(
-        "TitanX-12GB",
-        12 << 30,
-        480e9,
-        &[(Precision::F32, 11.0e12), (Precision::F16, 11.0e12)],
-    )
+    builtin_kind("TitanX-12GB")
 }
 
 /// NVIDIA H100 SXM5 80 GB: 67 TFLOP/s fp32, 495 tf32, 989 fp16/bf16, 1979 fp8, 3.35 TB/s HBM3.
 pub fn h100_80gb() -> DeviceKind {
-    kind(
-        "H100-80GB",
-        80 << 30,
-        3.35e12,
-        &[
-            (Precision::F64, 34e12),
-            (Precision::F32, 67e12),
-            (Precision::Tf32, 495e12),
-            (Precision::F16, 989e12),
-            (Precision::Bf16, 989e12),
-            (Precision::F8, 1979e12),
-            (Precision::I8, 1979e12),
-        ],
-    )
+    builtin_kind("H100-80GB")
 }
 
 /// One core of this machine as the reference executor uses it (single-threaded), with an equal
@@ -280,15 +331,25 @@ fn kind(name: &str, mem: u64, bw: f64, peaks: &[(Precision, f64)]) -> DeviceKind
     }
 }
 
-/// A device kind by name (the kinds the presets use), for `--device-kind`.
+/// A device kind by name, case-insensitively (the kinds of `presets/device-kinds.toml` and
+/// `cpu-core`), for `--device-kind` and for `[[device_kind]]` entries that give only a name.
 pub fn device_kind_by_name(name: &str) -> Option<DeviceKind> {
-    let all = [
-        v100_16gb(),
-        titan_x_12gb(),
-        h100_80gb(),
-        cpu_core(machine_memory() / cores() as u64),
-    ];
-    all.into_iter().find(|k| k.name.eq_ignore_ascii_case(name))
+    if name.eq_ignore_ascii_case("cpu-core") {
+        return Some(cpu_core(machine_memory() / cores() as u64));
+    }
+    builtin_kinds()
+        .iter()
+        .find(|k| k.name.eq_ignore_ascii_case(name))
+        .cloned()
+}
+
+/// The names [`device_kind_by_name`] knows, for error messages.
+pub fn device_kind_names() -> Vec<&'static str> {
+    builtin_kinds()
+        .iter()
+        .map(|k| k.name.as_str())
+        .chain(["cpu-core"])
+        .collect()
 }
 
 fn level(name: &str, size: usize, bw: f64, lat: f64) -> Level {
@@ -300,123 +361,58 @@ fn level(name: &str, size: usize, bw: f64, lat: f64) -> Level {
     }
 }
 
-const GBPS: f64 = 1e9 / 8.0;
-
-// Link figures: NVLink 2 on DGX-1 "up to 130 GB/s" (DAPPLE arXiv), Summit NVLink 2 at 50 GB/s per
-// direction between GPU pairs, NVLink 4 at 450 GB/s per direction (900 GB/s bidirectional), PCIe 3.0
-// x16 at 15.75 GB/s. Network figures are the papers' nominal rates (25 Gbps = 3.125 GB/s). The
-// latencies are typical values (not from the papers): NVLink 5 µs, PCIe 10 µs, IB 5 µs, Ethernet 50 µs.
-
-/// The built-in presets (the papers' testbeds).
+/// The built-in presets (the papers' testbeds), in `--list-clusters` order. Each is a TOML
+/// cluster description in `passes/presets/` (the format of [`Cluster::from_toml_str`], with a
+/// `summary` line), compiled in; `cpu` alone is built in code, from this machine's cores and memory.
 pub const PRESETS: &[Preset] = &[
-    Preset {
-        name: "dapple-a",
-        summary: "DAPPLE config A: 2 servers x 8 V100-16GB, NVLink 130 GB/s inside, 25 Gbps Ethernet between",
-        build: || {
-            homogeneous(
-                "dapple-a",
-                v100_16gb(),
-                vec![level("nvlink", 8, 130e9, 5e-6), level("ethernet", 2, 25.0 * GBPS, 50e-6)],
-            )
-        },
-    },
-    Preset {
-        name: "dapple-b",
-        summary: "DAPPLE config B: 16 servers x 1 V100-16GB, 25 Gbps Ethernet",
-        build: || {
-            homogeneous(
-                "dapple-b",
-                v100_16gb(),
-                vec![level("pcie", 1, 15.75e9, 10e-6), level("ethernet", 16, 25.0 * GBPS, 50e-6)],
-            )
-        },
-    },
-    Preset {
-        name: "dapple-c",
-        summary: "DAPPLE config C: 16 servers x 1 V100-16GB, 10 Gbps Ethernet",
-        build: || {
-            homogeneous(
-                "dapple-c",
-                v100_16gb(),
-                vec![level("pcie", 1, 15.75e9, 10e-6), level("ethernet", 16, 10.0 * GBPS, 50e-6)],
-            )
-        },
-    },
-    Preset {
-        name: "pipedream-a",
-        summary: "PipeDream Cluster-A: 16 servers x 1 Titan X 12 GB, 25 Gbps Ethernet",
-        build: || {
-            homogeneous(
-                "pipedream-a",
-                titan_x_12gb(),
-                vec![level("pcie", 1, 15.75e9, 10e-6), level("ethernet", 16, 25.0 * GBPS, 50e-6)],
-            )
-        },
-    },
-    Preset {
-        name: "pipedream-b",
-        summary: "PipeDream Cluster-B (AWS p3.2xlarge): 16 servers x 1 V100-16GB, 10 Gbps Ethernet",
-        build: || {
-            homogeneous(
-                "pipedream-b",
-                v100_16gb(),
-                vec![level("pcie", 1, 15.75e9, 10e-6), level("ethernet", 16, 10.0 * GBPS, 50e-6)],
-            )
-        },
-    },
-    Preset {
-        name: "summit",
-        summary: "Summit as GraphPipe uses it: 8 nodes x 4 V100-16GB, NVLink 50 GB/s, EDR 100 Gb InfiniBand",
-        build: || {
-            homogeneous(
-                "summit",
-                v100_16gb(),
-                vec![level("nvlink", 4, 50e9, 5e-6), level("infiniband", 8, 100.0 * GBPS, 5e-6)],
-            )
-        },
-    },
-    Preset {
-        name: "bapipe-pcie",
-        summary: "BaPipe's testbed: 1 server x 8 V100-16GB on PCIe 3.0 x16 (15.75 GB/s)",
-        build: || homogeneous("bapipe-pcie", v100_16gb(), vec![level("pcie", 8, 15.75e9, 10e-6)]),
-    },
-    Preset {
-        name: "bapipe-hetero",
-        summary: "heterogeneous chain for BaPipe: 2 V100-16GB + 2 TitanX-12GB, one per server, PCIe 3.0 x16 (15.75 GB/s)",
-        build: || {
-            Cluster::build(
-                "bapipe-hetero",
-                vec![v100_16gb(), titan_x_12gb()],
-                vec![level("pcie", 1, 15.75e9, 10e-6), level("pcie-chain", 4, 15.75e9, 10e-6)],
-                &[(0, 2), (1, 2)],
-            )
-            .unwrap_or_else(|e| panic!("preset bapipe-hetero: {e}"))
-        },
-    },
-    Preset {
-        name: "dgx-h100",
-        summary: "4 DGX H100 nodes x 8 H100-80GB, NVLink 4 (450 GB/s per direction), 400 Gb InfiniBand",
-        build: || {
-            homogeneous(
-                "dgx-h100",
-                h100_80gb(),
-                vec![level("nvlink4", 8, 450e9, 3e-6), level("infiniband", 4, 400.0 * GBPS, 5e-6)],
-            )
-        },
-    },
+    preset("dapple-a", include_str!("../../presets/dapple-a.toml")),
+    preset("dapple-b", include_str!("../../presets/dapple-b.toml")),
+    preset("dapple-c", include_str!("../../presets/dapple-c.toml")),
+    preset(
+        "pipedream-a",
+        include_str!("../../presets/pipedream-a.toml"),
+    ),
+    preset(
+        "pipedream-b",
+        include_str!("../../presets/pipedream-b.toml"),
+    ),
+    preset("summit", include_str!("../../presets/summit.toml")),
+    preset(
+        "bapipe-pcie",
+        include_str!("../../presets/bapipe-pcie.toml"),
+    ),
+    preset(
+        "bapipe-hetero",
+        include_str!("../../presets/bapipe-hetero.toml"),
+    ),
+    preset("dgx-h100", include_str!("../../presets/dgx-h100.toml")),
     Preset {
         name: "cpu",
-        summary: "this machine: one device per CPU core (--devices N > cores oversubscribes), shared memory 10 GB/s",
-        build: || {
-            let n = cores();
-            homogeneous(
-                "cpu",
-                cpu_core(machine_memory() / n as u64),
-                vec![level("shm", n, 10e9, 1e-6)],
-            )
-        },
+        source: PresetSource::ThisMachine,
     },
 ];
+
+const fn preset(name: &'static str, toml: &'static str) -> Preset {
+    Preset {
+        name,
+        source: PresetSource::Toml(toml),
+    }
+}
+
+/// The `cpu` preset with `n` devices (one per core of this machine, or more sharing its cores),
+/// each with an equal share of its memory, joined by shared memory.
+fn cpu_cluster(n: usize) -> Cluster {
+    Cluster::build(
+        "cpu",
+        vec![cpu_core(machine_memory() / n as u64)],
+        vec![level("shm", n, 10e9, 1e-6)],
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("preset cpu: {e}"))
+}
+
+const CPU_SUMMARY: &str =
+    "this machine: one device per CPU core (--devices N > cores oversubscribes), shared memory 10 GB/s";
 
 fn cores() -> usize {
     std::thread::available_parallelism()
@@ -438,15 +434,13 @@ fn machine_memory() -> u64 {
         .unwrap_or(8 << 30)
 }
 
-fn homogeneous(name: &str, k: DeviceKind, levels: Vec<Level>) -> Cluster {
-    // Presets are valid by construction; `build` cannot fail for them.
-    Cluster::build(name, vec![k], levels, &[]).unwrap_or_else(|e| panic!("preset {name}: {e}"))
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TomlCluster {
     name: Option<String>,
+    /// A one-line description (`--list-clusters` prints the presets' own).
+    #[allow(dead_code)]
+    summary: Option<String>,
     device_kind: Vec<TomlKind>,
     level: Vec<TomlLevel>,
     #[serde(default)]
@@ -457,9 +451,46 @@ struct TomlCluster {
 #[serde(deny_unknown_fields)]
 struct TomlKind {
     name: String,
-    memory_bytes: f64,
-    memory_bandwidth: f64,
-    peak_flops: BTreeMap<Precision, f64>,
+    memory_bytes: Option<f64>,
+    memory_bandwidth: Option<f64>,
+    peak_flops: Option<BTreeMap<Precision, f64>>,
+}
+
+impl TomlKind {
+    /// The kind this entry describes: its figures, or, when it gives only a name, the known kind
+    /// of that name ([`device_kind_by_name`]; its name as the kind spells it).
+    fn resolve(self, file: &str) -> Result<DeviceKind> {
+        match (self.memory_bytes, self.memory_bandwidth, self.peak_flops) {
+            (None, None, None) => device_kind_by_name(&self.name).ok_or_else(|| {
+                Error::Usage(format!(
+                    "{file}: device_kind '{}' gives no figures and is not a known kind ({}); \
+                         give memory_bytes, memory_bandwidth and peak_flops",
+                    self.name,
+                    device_kind_names().join(", ")
+                ))
+            }),
+            (Some(memory_bytes), Some(memory_bandwidth), Some(peak_flops)) => {
+                if !(memory_bytes.is_finite() && memory_bytes > 0.0) {
+                    return Err(Error::Usage(format!(
+                        "{file}: device_kind '{}': memory_bytes must be > 0, got {memory_bytes}",
+                        self.name
+                    )));
+                }
+                Ok(DeviceKind {
+                    name: self.name,
+                    memory_bytes: memory_bytes as u64,
+                    memory_bandwidth,
+                    peak_flops,
+                })
+            }
+            _ => Err(Error::Usage(format!(
+                "{file}: device_kind '{}': give all of memory_bytes, memory_bandwidth and \
+                 peak_flops, or only the name of a known kind ({})",
+                self.name,
+                device_kind_names().join(", ")
+            ))),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -589,18 +620,7 @@ impl Cluster {
         })?;
         let mut kinds = Vec::new();
         for k in t.device_kind {
-            if !(k.memory_bytes.is_finite() && k.memory_bytes > 0.0) {
-                return Err(Error::Usage(format!(
-                    "{file}: device_kind '{}': memory_bytes must be > 0, got {}",
-                    k.name, k.memory_bytes
-                )));
-            }
-            kinds.push(DeviceKind {
-                name: k.name,
-                memory_bytes: k.memory_bytes as u64,
-                memory_bandwidth: k.memory_bandwidth,
-                peak_flops: k.peak_flops,
-            });
+            kinds.push(k.resolve(file)?);
         }
         let mut levels = Vec::new();
         for (i, l) in t.level.into_iter().enumerate() {
@@ -710,11 +730,7 @@ impl Cluster {
         if n > self.devices.len() && self.name == "cpu" {
             // The `cpu` preset may be oversubscribed: N worker devices sharing this machine's
             // cores (what `pipec run` executes on), each with its share of the memory.
-            let mut c = homogeneous(
-                "cpu",
-                cpu_core(machine_memory() / n as u64),
-                vec![level("shm", n, 10e9, 1e-6)],
-            );
+            let mut c = cpu_cluster(n);
             c.host_cores = Some(self.devices.len());
             return Ok(c);
         }
@@ -727,6 +743,61 @@ impl Cluster {
         }
         self.devices.truncate(n);
         Ok(self)
+    }
+
+    /// This cluster as a TOML description that [`Cluster::from_toml_str`] reads back equal (one
+    /// `[[node]]` run per change of kind; `host_cores` is not part of the format).
+    pub fn to_toml(&self, summary: &str) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let q = |s: &str| format!("{s:?}");
+        let _ = writeln!(out, "name = {}", q(&self.name));
+        if !summary.is_empty() {
+            let _ = writeln!(out, "summary = {}", q(summary));
+        }
+        for k in &self.kinds {
+            let peaks: Vec<String> = k
+                .peak_flops
+                .iter()
+                .map(|(p, f)| format!("{} = {f:e}", p.name()))
+                .collect();
+            let _ = writeln!(
+                out,
+                "[[device_kind]]\nname = {}\nmemory_bytes = {}\nmemory_bandwidth = {:e}\npeak_flops = {{ {} }}",
+                q(&k.name),
+                k.memory_bytes,
+                k.memory_bandwidth,
+                peaks.join(", ")
+            );
+        }
+        for l in &self.levels {
+            let _ = writeln!(
+                out,
+                "[[level]]\nname = {}\nsize = {}\nbandwidth = {:e}\nlatency = {:e}",
+                q(&l.name),
+                l.size,
+                l.bandwidth,
+                l.latency
+            );
+        }
+        if self.kinds.len() > 1 {
+            let per_node = self.levels[0].size;
+            let mut runs: Vec<(usize, usize)> = Vec::new();
+            for d in self.devices.iter().step_by(per_node) {
+                match runs.last_mut() {
+                    Some((k, c)) if *k == d.kind => *c += 1,
+                    _ => runs.push((d.kind, 1)),
+                }
+            }
+            for (k, c) in runs {
+                let _ = writeln!(
+                    out,
+                    "[[node]]\nkind = {}\ncount = {c}",
+                    q(&self.kinds[k].name)
+                );
+            }
+        }
+        out
     }
 
     /// Number of devices.

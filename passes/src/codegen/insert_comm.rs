@@ -604,18 +604,29 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         }
                     }
                     outgoing.sort_by_key(|x| x.0);
-                    // A value other stages read that this replica sends to none of them (a
-                    // batch-independent value goes from one producer replica) and its backward
-                    // does not read: freed now, not held with the micro-batch to its backward.
+                    // A value other stages read that its backward does not read, and that this
+                    // replica sends to none of them (a batch-independent value goes from one
+                    // producer replica) or sends last as a slice (a slice is copied out; only a
+                    // whole-buffer send moves the buffer): freed now, not held with the
+                    // micro-batch to its backward.
+                    let last_send_sliced = |vn: &str| {
+                        outgoing
+                            .iter()
+                            .rev()
+                            .find_map(|(_, i)| match i {
+                                Instr::Send { tensor, slice, .. } if tensor == vn => {
+                                    Some(slice.is_some())
+                                }
+                                _ => None,
+                            })
+                            .unwrap_or(true)
+                    };
                     let unsent: Vec<String> = match &st.bwd {
                         Some(bwd) => cx.stage_outputs[s]
                             .iter()
                             .map(|(v, _)| g.name(*v))
                             .filter(|vn| {
-                                !bwd.inputs.iter().any(|x| x == vn)
-                                    && !outgoing.iter().any(
-                                        |(_, i)| matches!(i, Instr::Send { tensor, .. } if tensor == vn),
-                                    )
+                                !bwd.inputs.iter().any(|x| x == vn) && last_send_sliced(vn)
                             })
                             .map(str::to_string)
                             .collect(),

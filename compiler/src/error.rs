@@ -63,6 +63,72 @@ pub enum Error {
     /// Bad usage: unknown pass name, bad option value.
     #[error("{0}")]
     Usage(String),
+    /// A planning option that cannot be used as given: `option` is the library's name of it
+    /// ([`PlanOption`]; a command-line front end names its own flag instead), `value` the value
+    /// given, `msg` what is wrong with it.
+    #[error("{option} {value}: {msg}")]
+    InvalidOption {
+        option: PlanOption,
+        value: String,
+        msg: String,
+    },
+    /// The planner found no plan that meets the constraints (devices, the model's shape).
+    #[error("{planner}: {msg}")]
+    Infeasible { planner: String, msg: String },
+    /// No plan fits in device memory (`have` bytes per device): every plan the planner formed
+    /// has a stage over it. `stage` names the first node of the part of the model the planner
+    /// cannot split further that needs the most, `need` bytes of parameters, gradients,
+    /// optimizer state and buffers before any activations.
+    #[error(
+        "{planner}: no plan fits in device memory ({have_gb:.2} GB per device){at}: every plan \
+         has a stage over it; the largest part that cannot be split (at '{stage}') alone needs \
+         {need_gb:.2} GB of parameters, gradients, optimizer state and buffers",
+        have_gb = have / 1e9,
+        need_gb = need / 1e9
+    )]
+    OutOfMemory {
+        planner: String,
+        /// Where the search was (e.g. " at micro-batch 4"), or empty.
+        at: String,
+        stage: String,
+        need: f64,
+        have: f64,
+    },
+}
+
+/// The options of planning that [`Error::InvalidOption`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanOption {
+    Batch,
+    MicroBatch,
+    Devices,
+    Cluster,
+    Planner,
+    Stages,
+    Optimizer,
+    DappleReference,
+}
+
+impl PlanOption {
+    /// The library's name of the option (the field of the planning options).
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanOption::Batch => "batch",
+            PlanOption::MicroBatch => "micro_batch",
+            PlanOption::Devices => "devices",
+            PlanOption::Cluster => "cluster",
+            PlanOption::Planner => "planner",
+            PlanOption::Stages => "stages",
+            PlanOption::Optimizer => "optimizer",
+            PlanOption::DappleReference => "dapple_reference",
+        }
+    }
+}
+
+impl std::fmt::Display for PlanOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 fn loc_prefix(node: &Option<String>, op_type: &Option<String>) -> String {
@@ -107,6 +173,25 @@ impl Error {
         Error::Shape {
             node: node.to_string(),
             op_type: op_type.to_string(),
+            msg: msg.into(),
+        }
+    }
+    /// [`Error::InvalidOption`].
+    pub fn option(
+        option: PlanOption,
+        value: impl std::fmt::Display,
+        msg: impl Into<String>,
+    ) -> Self {
+        Error::InvalidOption {
+            option,
+            value: value.to_string(),
+            msg: msg.into(),
+        }
+    }
+    /// [`Error::Infeasible`].
+    pub fn infeasible(planner: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Infeasible {
+            planner: planner.into(),
             msg: msg.into(),
         }
     }

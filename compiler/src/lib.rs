@@ -15,4 +15,4 @@ pub mod text;
 pub mod topo;
 pub mod verify;
 
-pub use error::{Error, Result};
+pub use error::{Error, PlanOption, Result};

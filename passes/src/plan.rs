@@ -8,7 +8,7 @@
 
 use crate::cost::{AllReduceAlgo, Cluster, CostGraph, Optimizer};
 use crate::sim::{self, ScheduleKind, StageGraph};
-use pipec_compiler::{Error, Result};
+use pipec_compiler::{Error, PlanOption, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -137,9 +137,11 @@ pub const MAX_MICRO_BATCHES: u64 = 4096;
 /// user flags also go through [`check_micro_batch`].
 pub fn micro_batches(batch: u64, mb: u64) -> Result<u64> {
     if mb == 0 || !batch.is_multiple_of(mb) {
-        return Err(Error::Usage(format!(
-            "--micro-batch {mb}: must be >= 1 and divide --batch {batch}"
-        )));
+        return Err(Error::option(
+            PlanOption::MicroBatch,
+            mb,
+            format!("must be >= 1 and divide the batch ({batch})"),
+        ));
     }
     Ok(batch / mb)
 }
@@ -149,9 +151,14 @@ pub fn micro_batches(batch: u64, mb: u64) -> Result<u64> {
 pub fn check_micro_batch(batch: u64, mb: u64) -> Result<u64> {
     let m = micro_batches(batch, mb)?;
     if m > MAX_MICRO_BATCHES {
-        return Err(Error::Usage(format!(
-            "--batch {batch} / --micro-batch {mb} = {m} micro-batches: at most {MAX_MICRO_BATCHES} per iteration (raise --micro-batch)"
-        )));
+        return Err(Error::option(
+            PlanOption::MicroBatch,
+            mb,
+            format!(
+                "the batch ({batch}) in micro-batches of {mb} is {m} micro-batches: at most \
+                 {MAX_MICRO_BATCHES} per iteration (raise the micro-batch)"
+            ),
+        ));
     }
     Ok(m)
 }

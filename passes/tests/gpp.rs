@@ -432,19 +432,59 @@ fn plans_verify_c1_to_c4() {
 #[test]
 fn bad_input_errors() {
     let g = family("candle_uno");
+    // Typed: the option at fault by the library's name (a front end names its flag).
+    use pipec_compiler::{Error, PlanOption};
     let e = Cluster::preset("summit").unwrap().take(64).unwrap_err();
-    assert!(e.to_string().contains("has only 32 devices"), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "devices 64: cluster 'summit' has only 32 devices"
+    );
+    assert!(
+        matches!(
+            e,
+            Error::InvalidOption {
+                option: PlanOption::Devices,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     let mut opts = PlanOptions::new(100);
     opts.micro_batch = Some(7);
     let e = Gpp::default().plan(&g, &summit(4), &opts).unwrap_err();
-    assert!(e.to_string().contains("divide"), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "micro_batch 7: must be >= 1 and divide the batch (100)"
+    );
+    assert!(
+        matches!(
+            e,
+            Error::InvalidOption {
+                option: PlanOption::MicroBatch,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     // 1.7 GB of fp32 weights with Adam (4x) on 1 GB devices: no plan fits.
     let small =
         Cluster::from_inline("4@50e9", pipec_passes::cost::cluster::cpu_core(1 << 30)).unwrap();
     let mut opts = PlanOptions::new(64);
     opts.optimizer = pipec_passes::cost::Optimizer::Adam;
     let e = Gpp::default().plan(&g, &small, &opts).unwrap_err();
-    assert!(e.to_string().contains("memory"), "{e}");
+    assert!(
+        e.to_string().contains("no plan fits in device memory"),
+        "{e}"
+    );
+    match e {
+        Error::OutOfMemory {
+            need, have, stage, ..
+        } => {
+            assert_eq!(have, (1u64 << 30) as f64);
+            assert!(need > 0.0 && !stage.is_empty(), "{need} {stage}");
+        }
+        e => panic!("not OutOfMemory: {e:?}"),
+    }
 }
 
 /// A search that starts from another search's stage table (the graph DP's, handed to the

@@ -23,15 +23,40 @@ pub use pipec::frontend::{
 /// A cause whose text the message above it already contains (a wrapper that prints its
 /// source, as `Error::Pass` does) is not repeated.
 pub fn report_error(e: &anyhow::Error) {
-    let mut shown = e.to_string();
+    let mut chain = e.chain().map(cli_text);
+    let mut shown = chain.next().unwrap_or_default();
     eprintln!("error: {shown}");
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
+    for text in chain {
         if shown.contains(&text) {
             continue;
         }
         eprintln!("  caused by: {text}");
         shown = text;
+    }
+}
+
+/// An error's text as the command line says it: a planning option named by its flag.
+fn cli_text(e: &(dyn std::error::Error + 'static)) -> String {
+    match e.downcast_ref::<pipec_compiler::Error>() {
+        Some(pipec_compiler::Error::InvalidOption { option, value, msg }) => {
+            format!("{} {value}: {msg}", flag(*option))
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// The flag that sets a planning option.
+pub fn flag(o: pipec_compiler::PlanOption) -> &'static str {
+    use pipec_compiler::PlanOption::*;
+    match o {
+        Batch => "--batch",
+        MicroBatch => "--micro-batch",
+        Devices => "--devices",
+        Cluster => "--cluster",
+        Planner => "--planner",
+        Stages => "--stages",
+        Optimizer => "--optimizer",
+        DappleReference => "--dapple-reference",
     }
 }
 

@@ -42,7 +42,7 @@
 //! description.
 
 use pipec_compiler::ir::DType;
-use pipec_compiler::{Error, Result};
+use pipec_compiler::{Error, PlanOption, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -668,32 +668,27 @@ impl Cluster {
     /// An inline homogeneous hierarchy `N1@BW1,N2@BW2,...` (N1 devices per group joined at BW1
     /// bytes/s, N2 such groups at BW2, ...), as PipeDream's `-n N1 N2 -b BW1 BW2`. Latency 0.
     pub fn from_inline(spec: &str, kind: DeviceKind) -> Result<Cluster> {
+        let bad = |m: String| Error::option(PlanOption::Cluster, spec, m);
         let mut levels = Vec::new();
         for (i, part) in spec.split(',').enumerate() {
-            let (n, bw) = part.split_once('@').ok_or_else(|| {
-                Error::Usage(format!(
-                    "--cluster {spec}: '{part}' is not N@BANDWIDTH (e.g. 8@25e9)"
-                ))
-            })?;
-            let n: usize = n.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-                Error::Usage(format!(
-                    "--cluster {spec}: '{n}' is not a device count >= 1"
-                ))
-            })?;
+            let (n, bw) = part
+                .split_once('@')
+                .ok_or_else(|| bad(format!("'{part}' is not N@BANDWIDTH (e.g. 8@25e9)")))?;
+            let n: usize = n
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| bad(format!("'{n}' is not a device count >= 1")))?;
             let bw: f64 = bw
                 .trim()
                 .parse()
                 .ok()
                 .filter(|b: &f64| b.is_finite() && *b > 0.0)
-                .ok_or_else(|| {
-                    Error::Usage(format!(
-                        "--cluster {spec}: '{bw}' is not a bandwidth > 0 in bytes/s"
-                    ))
-                })?;
+                .ok_or_else(|| bad(format!("'{bw}' is not a bandwidth > 0 in bytes/s")))?;
             levels.push(level(&format!("level{i}"), n, bw, 0.0));
         }
-        Cluster::build(spec, vec![kind], levels, &[])
-            .map_err(|e| Error::Usage(format!("--cluster {spec}: {e}")))
+        Cluster::build(spec, vec![kind], levels, &[]).map_err(|e| bad(format!("{e}")))
     }
 
     /// Resolve `--cluster C`: a preset name, an inline `N@BW,...` hierarchy, or a TOML file.
@@ -708,10 +703,14 @@ impl Cluster {
         let path = Path::new(spec);
         if !path.exists() {
             let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-            return Err(Error::Usage(format!(
-                "--cluster {spec}: not a preset ({}), an N@BW,... hierarchy, or an existing TOML file",
-                names.join(", ")
-            )));
+            return Err(Error::option(
+                PlanOption::Cluster,
+                spec,
+                format!(
+                    "not a preset ({}), an N@BW,... hierarchy, or an existing TOML file",
+                    names.join(", ")
+                ),
+            ));
         }
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Cluster::from_toml_str(&text, spec)
@@ -720,12 +719,18 @@ impl Cluster {
     /// Keep the first `n` devices (`--devices N`). Fails if the cluster has fewer.
     pub fn take(mut self, n: usize) -> Result<Cluster> {
         if n == 0 {
-            return Err(Error::Usage("--devices 0: need at least one device".into()));
+            return Err(Error::option(
+                PlanOption::Devices,
+                0,
+                "need at least one device",
+            ));
         }
         if n > MAX_DEVICES {
-            return Err(Error::Usage(format!(
-                "--devices {n}: pipec plans for at most {MAX_DEVICES} devices"
-            )));
+            return Err(Error::option(
+                PlanOption::Devices,
+                n,
+                format!("pipec plans for at most {MAX_DEVICES} devices"),
+            ));
         }
         if n > self.devices.len() && self.name == "cpu" {
             // The `cpu` preset may be oversubscribed: N worker devices sharing this machine's
@@ -735,11 +740,15 @@ impl Cluster {
             return Ok(c);
         }
         if n > self.devices.len() {
-            return Err(Error::Usage(format!(
-                "--devices {n}: cluster '{}' has only {} devices",
-                self.name,
-                self.devices.len()
-            )));
+            return Err(Error::option(
+                PlanOption::Devices,
+                n,
+                format!(
+                    "cluster '{}' has only {} devices",
+                    self.name,
+                    self.devices.len()
+                ),
+            ));
         }
         self.devices.truncate(n);
         Ok(self)

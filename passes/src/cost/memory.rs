@@ -18,7 +18,7 @@
 //! device's first backward to its step, and one more copy of them during every later backward
 //! (the micro-batch's gradients before they are added to the global buffer).
 
-use pipec_compiler::{Error, Result};
+use pipec_compiler::{Error, PlanOption, Result};
 
 /// Optimizer kind, for its state size and the memory traffic of its step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -50,9 +50,11 @@ impl Optimizer {
             }
             "momentum" => Ok(Optimizer::Momentum),
             "adam" | "adamw" => Ok(Optimizer::Adam),
-            other => Err(Error::Usage(format!(
-                "--optimizer {s}: unknown optimizer '{other}' (sgd, momentum, adam)"
-            ))),
+            other => Err(Error::option(
+                PlanOption::Optimizer,
+                s,
+                format!("unknown optimizer '{other}' (sgd, momentum, adam)"),
+            )),
         }
     }
 

@@ -504,7 +504,7 @@ fn explore_with(
     prune: bool,
 ) -> Result<Vec<Candidate>> {
     if g.is_empty() {
-        return Err(Error::Usage("bapipe: the graph has no node".into()));
+        return Err(Error::infeasible("bapipe", "the graph has no node"));
     }
     let batch = opts.batch.max(1);
     let k = cluster.len().min(g.len()).max(1);

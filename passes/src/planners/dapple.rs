@@ -494,7 +494,7 @@ pub fn search_with(
         .candidates
         .first()
         .cloned()
-        .ok_or_else(|| Error::msg("dapple: no plan found"))?;
+        .ok_or_else(|| Error::infeasible("dapple", "no plan found"))?;
     Ok(Search {
         stages,
         latency,
@@ -534,12 +534,13 @@ fn search_bounded(
 ) -> Result<Found> {
     let ndev = cluster.len();
     if ndev > 128 {
-        return Err(Error::Usage(format!(
-            "dapple: at most 128 devices supported, cluster has {ndev}"
-        )));
+        return Err(Error::infeasible(
+            "dapple",
+            format!("at most 128 devices supported, cluster has {ndev}"),
+        ));
     }
     if g.is_empty() {
-        return Err(Error::Usage("dapple: the graph has no node".into()));
+        return Err(Error::infeasible("dapple", "the graph has no node"));
     }
     let batch = opts.batch.max(1);
     let m = (batch / mb.max(1)).max(1) as usize;
@@ -1474,7 +1475,7 @@ impl Planner for Dapple {
             };
             let s = search_bounded(g, cluster, opts, mbs[x], &family, bound, &mut caches)?;
             if s.candidates.is_empty() && bound == f64::INFINITY {
-                return Err(Error::msg("dapple: no plan found"));
+                return Err(Error::infeasible("dapple", "no plan found"));
             }
             time_limited |= s.time_limited;
             capped |= s.capped;
@@ -1541,7 +1542,7 @@ impl Planner for Dapple {
                 }
             }
         }
-        let mut plan = best.ok_or_else(|| Error::msg("dapple: no plan found"))?;
+        let mut plan = best.ok_or_else(|| Error::infeasible("dapple", "no plan found"))?;
         plan.search_time_s = t0.elapsed().as_secs_f64();
         plan.time_limited = time_limited;
         plan.search_capped = capped;

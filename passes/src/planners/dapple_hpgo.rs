@@ -84,7 +84,7 @@ use crate::cost::antichain::{pipedream_exclusions, stage_of_nodes, Linearization
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{micro_batches, Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
-use pipec_compiler::{Error, Result};
+use pipec_compiler::{Error, PlanOption, Result};
 use std::time::Instant;
 
 /// HPGO's NVLink bandwidth, bytes/s (`environment/nvlink.rs`).
@@ -110,9 +110,11 @@ pub struct DappleHpgo;
 
 /// Why HPGO would abort on this input (it panics).
 fn abort(what: &str) -> Error {
-    Error::msg(format!(
-        "--dapple-reference hpgo: HPGO aborts on this input ({what}); no reference plan"
-    ))
+    Error::option(
+        PlanOption::DappleReference,
+        "hpgo",
+        format!("HPGO aborts on this input ({what}); no reference plan"),
+    )
 }
 
 /// An allocation policy of HPGO's `next_cards`.
@@ -411,7 +413,7 @@ impl Model {
     /// Build HPGO's model of `g` at the global batch `gbs` (times on device 0's kind).
     pub fn new(g: &CostGraph, cluster: &Cluster, gbs: u64) -> Result<Model> {
         if g.is_empty() {
-            return Err(Error::msg("dapple-hpgo: the graph has no node"));
+            return Err(Error::infeasible("dapple-hpgo", "the graph has no node"));
         }
         let mut excluded = pipedream_exclusions(g);
         if excluded.iter().all(|&e| e) {
@@ -424,9 +426,11 @@ impl Model {
             StateOrder::Descriptions,
         )
         .ok_or_else(|| {
-            Error::msg(format!(
-                "--dapple-reference hpgo: the model's antichain DAG has more than {MAX_STATES} states"
-            ))
+            Error::option(
+                PlanOption::DappleReference,
+                "hpgo",
+                format!("the model's antichain DAG has more than {MAX_STATES} states"),
+            )
         })?;
         let kind = cluster.kind_of(0);
         let rb = g.reference_batch;
@@ -877,7 +881,7 @@ fn bipartition(d: &Devices, m: &Model) -> Result<Candidate> {
 /// HPGO's `orchestrate()` and its choice (`py_orchestrate`).
 pub fn orchestrate(d: &Devices, m: &Model) -> Result<Outcome> {
     if m.is_empty() {
-        return Err(Error::msg("dapple-hpgo: the graph has no state"));
+        return Err(Error::infeasible("dapple-hpgo", "the graph has no state"));
     }
     let n = d.n as u32;
     let mut candidates = Vec::new();
@@ -936,10 +940,11 @@ impl Planner for DappleHpgo {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         if cluster.len() > MAX_DEVICES {
-            return Err(Error::Usage(format!(
-                "--dapple-reference hpgo: at most {MAX_DEVICES} devices (got {})",
-                cluster.len()
-            )));
+            return Err(Error::option(
+                PlanOption::DappleReference,
+                "hpgo",
+                format!("at most {MAX_DEVICES} devices (got {})", cluster.len()),
+            ));
         }
         if cluster.len() < 2 {
             return Err(abort("one device: its two-way split search is empty"));
@@ -952,8 +957,10 @@ impl Planner for DappleHpgo {
         let specs = specs(g, &m, &best.stages);
         let used = best.stages.iter().map(|s| s.gids).fold(0, |a, b| a | b);
         if best.stages.iter().map(|s| count(s.gids)).sum::<usize>() != count(used) {
-            return Err(Error::msg(
-                "--dapple-reference hpgo: HPGO's plan puts two stages on one GPU; pipec cannot represent it",
+            return Err(Error::option(
+                PlanOption::DappleReference,
+                "hpgo",
+                "HPGO's plan puts two stages on one GPU; pipec cannot represent it",
             ));
         }
         let mb = match opts.micro_batch {

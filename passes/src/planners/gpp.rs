@@ -540,11 +540,13 @@ impl Planner for Gpp {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         if cluster.len() > MAX_DEVICES {
-            return Err(Error::Usage(format!(
-                "{}: at most {MAX_DEVICES} devices supported, cluster has {}",
+            return Err(Error::infeasible(
                 self.name(),
-                cluster.len()
-            )));
+                format!(
+                    "at most {MAX_DEVICES} devices supported, cluster has {}",
+                    cluster.len()
+                ),
+            ));
         }
         // The DP's buffers, reused by every search of this call (see `ScratchPool`).
         let pool = ScratchPool::default();
@@ -1133,7 +1135,9 @@ impl Gpp {
             }
         }
         if pool.is_empty() {
-            return Err(last_err.unwrap_or_else(|| Error::msg("gpp: no candidate micro-batch")));
+            return Err(
+                last_err.unwrap_or_else(|| Error::infeasible("gpp", "no candidate micro-batch"))
+            );
         }
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
         // Rank the pool by (short) simulation; the graph and linearised DPs often return the
@@ -1214,7 +1218,7 @@ impl Gpp {
                 best = Some((t, i));
             }
         }
-        let (ranked_t, i) = best.ok_or_else(|| Error::msg("gpp: no plan"))?;
+        let (ranked_t, i) = best.ok_or_else(|| Error::infeasible("gpp", "no plan"))?;
         let (b, specs, objective) = cands.swap_remove(i);
         // Per-stage sizes are searched on the stage DAG (not on `gpp-seq`'s chain simulation).
         let per_stage_specs =

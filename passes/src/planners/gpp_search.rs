@@ -1371,15 +1371,17 @@ fn search_in(
     pool: &ScratchPool,
 ) -> Result<(SearchResult, StageTable)> {
     if p.devices == 0 || p.devices > cluster.len() {
-        return Err(Error::Usage(format!(
-            "gpp: {} devices requested but the cluster '{}' has {}",
-            p.devices,
-            cluster.name,
-            cluster.len()
-        )));
+        return Err(Error::infeasible(
+            "gpp",
+            format!(
+                "{} devices requested but the cluster '{}' has {}",
+                p.devices,
+                cluster.name,
+                cluster.len()
+            ),
+        ));
     }
-    crate::plan::check_micro_batch(p.batch, p.micro_batch)
-        .map_err(|e| Error::Usage(format!("gpp: {e}")))?;
+    crate::plan::check_micro_batch(p.batch, p.micro_batch)?;
     if !p.granule.max(1).is_power_of_two() || !p.devices.is_multiple_of(p.granule.max(1)) {
         return Err(Error::msg(format!(
             "gpp: device granule {} is not a power of two dividing the {} devices",
@@ -1387,15 +1389,19 @@ fn search_in(
         )));
     }
     if ug.units.len() > MAX_DP_UNITS {
-        return Err(Error::Usage(format!(
-            "gpp: {} units after coarsening, more than the DP's {MAX_DP_UNITS} (its stage tables \
-             grow with the square of the units); coarsen the decomposition further",
-            ug.units.len()
-        )));
+        return Err(Error::infeasible(
+            "gpp",
+            format!(
+                "{} units after coarsening, more than the DP's {MAX_DP_UNITS} (its stage tables \
+                 grow with the square of the units); coarsen the decomposition further",
+                ug.units.len()
+            ),
+        ));
     }
     if ug.units.is_empty() {
-        return Err(Error::Usage(
-            "gpp: the model has no node to partition".into(),
+        return Err(Error::infeasible(
+            "gpp",
+            "the model has no node to partition",
         ));
     }
     let mut s = Search::new(g, ug, cluster, p, tab, pool.take());
@@ -1441,14 +1447,15 @@ fn bisect(s: &mut Search) -> Result<SearchResult> {
             .first()
             .map(|&n| g.nodes[n].name.clone())
             .unwrap_or_default();
-        return Err(Error::Usage(format!(
-            "gpp: no plan fits in device memory (Eq. 2, {:.2} GB per device) at micro-batch {}: \
-             every stage graph has a stage over its memory; the largest unit (at '{name}') alone \
-             needs {:.2} GB of parameters, gradients, optimizer state and buffers",
-            s.mem / 1e9,
-            s.p.micro_batch,
-            bytes / 1e9
-        )));
+        // Every stage graph has a stage over its memory (Eq. 2's constraint); the largest unit
+        // is the smallest stage that cannot fit.
+        return Err(Error::OutOfMemory {
+            planner: "gpp".into(),
+            at: format!(" at micro-batch {}", s.p.micro_batch),
+            stage: name,
+            need: bytes,
+            have: s.mem,
+        });
     };
     let bottleneck = |st: &[StageChoice]| st.iter().map(|x| x.tps).fold(0.0, f64::max);
     let mut t_r = bottleneck(&best.1);

@@ -39,7 +39,7 @@ pub mod planner;
 pub mod stages;
 pub mod straight;
 
-use pipec_compiler::{Error, Result};
+use pipec_compiler::{Error, PlanOption, Result};
 pub use planner::Planner;
 
 /// The planner name `stages:SPEC` is the user's own stages ([`stages`], `--stages SPEC`).
@@ -74,9 +74,10 @@ pub fn by_name(name: &str) -> Result<Box<dyn Planner>> {
         n if n.starts_with(STAGES_PREFIX) => Ok(Box::new(stages::UserStages {
             spec: n[STAGES_PREFIX.len()..].to_string(),
         })),
-        n => Err(Error::Usage(format!(
-            "--planner {n}: unknown planner (one of {})",
-            PLANNER_NAMES.join(", ")
-        ))),
+        n => Err(Error::option(
+            PlanOption::Planner,
+            n,
+            format!("unknown planner (one of {})", PLANNER_NAMES.join(", ")),
+        )),
     }
 }

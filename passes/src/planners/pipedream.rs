@@ -418,9 +418,10 @@ impl<'a> Solver<'a> {
         let a = self.row(l, start, Some(&mut args));
         let (mut j, mut m) = (end - 1, n - 1);
         if a[j * n + m].is_nan() {
-            return Err(Error::msg(format!(
-                "pipedream: no feasible partition of states {start}..{end} on {n} workers"
-            )));
+            return Err(Error::infeasible(
+                "pipedream",
+                format!("no feasible partition of states {start}..{end} on {n} workers"),
+            ));
         }
         let mut right = end;
         let mut out = Vec::new();
@@ -484,7 +485,7 @@ impl Planner for PipeDream {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         if g.is_empty() {
-            return Err(Error::msg("pipedream: the graph has no node"));
+            return Err(Error::infeasible("pipedream", "the graph has no node"));
         }
         let batch = opts.batch.max(1) as f64;
         let kind = cluster.kind_of(0);
@@ -506,8 +507,9 @@ impl Planner for PipeDream {
         let mut solver = Solver::new(g, &lin, levels, &self.options, time);
         let objective = solver.solve();
         if objective.is_nan() {
-            return Err(Error::msg(
-                "pipedream: no feasible partition (memory constraint?)",
+            return Err(Error::infeasible(
+                "pipedream",
+                "no feasible partition (memory constraint?)",
             ));
         }
         let leaves = solver.stages()?;

@@ -20,7 +20,7 @@ use super::planner::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{micro_batches, Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
-use pipec_compiler::{Error, Result};
+use pipec_compiler::{Error, PlanOption, Result};
 use std::time::Instant;
 
 /// Most micro-batch sizes tried when `--micro-batch` is not given.
@@ -32,7 +32,7 @@ pub struct UserStages {
 }
 
 fn err(spec: &str, m: impl std::fmt::Display) -> Error {
-    Error::Usage(format!("--stages '{spec}': {m}"))
+    Error::option(PlanOption::Stages, format!("'{spec}'"), m.to_string())
 }
 
 /// Parse `spec` against `g` into stage specs on devices `0..`, at most `devices` of them.

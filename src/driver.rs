@@ -27,7 +27,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use pipec_compiler::ir::Module;
 use pipec_passes::codegen::{self, Compiled};
 use pipec_passes::cost::analytic::{self, AnalyticOptions};
-use pipec_passes::cost::cluster::{device_kind_by_name, Cluster};
+use pipec_passes::cost::cluster::{device_kind_by_name, device_kind_names, Cluster};
 use pipec_passes::cost::measured::{self, MeasuredProfile};
 use pipec_passes::cost::{CostGraph, Optimizer as MemOptimizer};
 use pipec_passes::loss::LossKind;
@@ -338,7 +338,10 @@ pub fn resolve_cluster(spec: &str, kind: Option<&str>, devices: Option<usize>) -
     let kind = match kind {
         None => None,
         Some(k) => Some(device_kind_by_name(k).ok_or_else(|| {
-            anyhow!("--device-kind {k}: unknown device kind (V100-16GB, TitanX-12GB, H100-80GB, cpu-core)")
+            anyhow!(
+                "--device-kind {k}: unknown device kind ({})",
+                device_kind_names().join(", ")
+            )
         })?),
     };
     let c = Cluster::resolve(spec, kind)?;

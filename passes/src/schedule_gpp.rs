@@ -42,12 +42,7 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
     plan.verify(g, cluster)
         .map_err(|e| Error::msg(format!("C1/C2: {e}")))?;
     let specs = plan.specs(g)?;
-    let mut stage_of = vec![usize::MAX; g.len()];
-    for (s, sp) in specs.iter().enumerate() {
-        for &n in &sp.nodes {
-            stage_of[n] = s;
-        }
-    }
+    let stage_of = crate::stage::stage_of(&specs, g.len());
     // C1 explicitly: no path leaves a stage and comes back (reachability in the node DAG).
     for s in 0..specs.len() {
         let mut left = vec![false; g.len()];

@@ -268,12 +268,7 @@ impl StageGraph {
         split: bool,
         per_stage_mb: Option<&[u64]>,
     ) -> StageGraph {
-        let mut stage_of = vec![usize::MAX; g.len()];
-        for (s, sp) in specs.iter().enumerate() {
-            for &n in &sp.nodes {
-                stage_of[n] = s;
-            }
-        }
+        let stage_of = crate::stage::stage_of(specs, g.len());
         // Tied parameters read in several stages: a copy in each (`extra` beyond the node
         // that counts the bytes), all-reduced over every holder's devices.
         let mut extra = vec![0.0f64; specs.len()];

@@ -433,3 +433,100 @@ pub fn step_piece(
         step_counter,
     })
 }
+
+/// A stage's backward piece split in two for the zero-bubble schedules (Qi et al., "Zero Bubble
+/// Pipeline Parallelism", 2023, §2: `B` computes the gradient with respect to the stage's input,
+/// `W` the gradient with respect to its parameters), from the same autodiff output, so that a
+/// schedule may run `W` later, in a bubble:
+/// - `b`: the ops every input gradient needs; its outputs are the input gradients (what the stage
+///   sends upstream), then the `carried` values that are not among them;
+/// - `w`: the ops only parameter gradients need; its inputs are the backward's own inputs it reads
+///   and the `carried` values; its outputs are the parameter gradients.
+///
+/// `carried` (in the backward's op order) is what `B` must keep alive for `W`: values `b`
+/// computes that `w` reads (e.g. the cotangent at a matmul's output, which `W` multiplies by the
+/// saved activation), and parameter gradients that `b` computes anyway. Running `b` then `w`
+/// computes exactly what the backward does (the same ops on the same values), and no op runs in
+/// both.
+#[derive(Clone, Debug)]
+pub struct BwSplit {
+    pub b: Module,
+    pub w: Module,
+    pub carried: Vec<String>,
+}
+
+/// Split `bwd` (a backward piece of [`stage_pieces`]) into [`BwSplit`]: `param_grads` names its
+/// parameter-gradient outputs; every other output is an input gradient.
+pub fn split_backward(bwd: &Module, param_grads: &[String], name: &str) -> Result<BwSplit> {
+    let g = &bwd.graph;
+    let mut w_out = Vec::new();
+    let mut b_out = Vec::new();
+    for &v in &g.outputs {
+        if param_grads.iter().any(|p| p == g.name(v)) {
+            w_out.push(v);
+        } else {
+            b_out.push(v);
+        }
+    }
+    if w_out.len() != param_grads.len() {
+        let missing = param_grads
+            .iter()
+            .find(|p| !w_out.iter().any(|&v| g.name(v) == p.as_str()))
+            .cloned()
+            .unwrap_or_default();
+        return Err(Error::named(
+            missing,
+            format!(
+                "B/W split of '{}': not an output of the backward piece",
+                g.name
+            ),
+        ));
+    }
+    // The ops each side needs (one backward sweep over a topological order).
+    let needed_by = |outs: &[Value]| -> HashSet<Op> {
+        let mut live: HashSet<Value> = outs.iter().copied().collect();
+        let mut ops = HashSet::new();
+        for &op in g.order.iter().rev() {
+            let d = &g.ops[op];
+            if d.outputs.iter().any(|v| live.contains(v)) {
+                ops.insert(op);
+                live.extend(d.inputs.iter().flatten().copied());
+            }
+        }
+        ops
+    };
+    let b_ops = needed_by(&b_out);
+    let w_all = needed_by(&w_out);
+    let b_order: Vec<Op> = g
+        .order
+        .iter()
+        .copied()
+        .filter(|o| b_ops.contains(o))
+        .collect();
+    let w_order: Vec<Op> = g
+        .order
+        .iter()
+        .copied()
+        .filter(|o| w_all.contains(o) && !b_ops.contains(o))
+        .collect();
+    // Carried: values of B's ops that W's ops read, or that are parameter gradients.
+    let w_reads: HashSet<Value> = w_order
+        .iter()
+        .flat_map(|o| g.ops[*o].inputs.iter().flatten().copied())
+        .chain(w_out.iter().copied())
+        .collect();
+    let carried: Vec<Value> = b_order
+        .iter()
+        .flat_map(|o| g.ops[*o].outputs.iter().copied())
+        .filter(|v| w_reads.contains(v))
+        .collect();
+    let mut b_all = b_out.clone();
+    b_all.extend(carried.iter().copied().filter(|v| !b_out.contains(v)));
+    let b = extract(bwd, &b_order, &b_all, false, &format!("{name}.B"))?;
+    let w = extract(bwd, &w_order, &w_out, false, &format!("{name}.W"))?;
+    Ok(BwSplit {
+        b,
+        w,
+        carried: carried.iter().map(|&v| g.name(v).to_string()).collect(),
+    })
+}

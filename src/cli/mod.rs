@@ -46,7 +46,7 @@ fn cli_text(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// The flag that sets a planning option.
-pub fn flag(o: pipec_compiler::PlanOption) -> &'static str {
+fn flag(o: pipec_compiler::PlanOption) -> &'static str {
     use pipec_compiler::PlanOption::*;
     match o {
         Batch => "--batch",

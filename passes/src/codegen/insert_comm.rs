@@ -621,7 +621,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             })
                             .unwrap_or(true)
                     };
-                    let unsent: Vec<String> = match &st.bwd {
+                    let free_now: Vec<String> = match &st.bwd {
                         Some(bwd) => cx.stage_outputs[s]
                             .iter()
                             .map(|(v, _)| g.name(*v))
@@ -633,13 +633,13 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         None => Vec::new(),
                     };
                     list.extend(outgoing.into_iter().map(|x| x.1));
-                    if !unsent.is_empty() {
+                    if !free_now.is_empty() {
                         if let Some(keep) = live.get_mut(&mb) {
-                            keep.retain(|x| !unsent.contains(x));
+                            keep.retain(|x| !free_now.contains(x));
                         }
                         list.push(Instr::Free {
                             mb,
-                            tensors: dedup(unsent),
+                            tensors: dedup(free_now),
                         });
                     }
                     if st.bwd.is_none() {

@@ -439,7 +439,6 @@ fn machine_memory() -> u64 {
 struct TomlCluster {
     name: Option<String>,
     /// A one-line description (`--list-clusters` prints the presets' own).
-    #[allow(dead_code)]
     summary: Option<String>,
     device_kind: Vec<TomlKind>,
     level: Vec<TomlLevel>,
@@ -759,7 +758,8 @@ impl Cluster {
     pub fn to_toml(&self, summary: &str) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
-        let q = |s: &str| format!("{s:?}");
+        // A TOML basic string, escaped as TOML escapes it.
+        let q = |s: &str| toml::Value::String(s.to_string()).to_string();
         let _ = writeln!(out, "name = {}", q(&self.name));
         if !summary.is_empty() {
             let _ = writeln!(out, "summary = {}", q(summary));

@@ -15,7 +15,12 @@
 //!   all their channels (and their nodes' ports when it spans nodes) for [`comm::allreduce_time`]
 //!   and blocks their streams meanwhile;
 //! - resources are granted first come, first served at the time a task becomes ready (a transfer
-//!   reserves its sender's and receiver's channels together, as a rendezvous send does);
+//!   reserves its sender's and receiver's channels together, as a rendezvous send does), in the
+//!   earliest interval where all of them are free: a transfer that becomes ready later may use an
+//!   idle gap before an earlier reservation if it ends before that reservation starts
+//!   (conservative backfilling). So a channel never idles while a message that could use it
+//!   waits on its other end, and which of two nearly simultaneous messages asks first changes
+//!   the timing only where both compete for the same gap (`earliest_fit`);
 //! - a replicated stage splits every micro-batch evenly over its replicas (DAPPLE §3.3, GraphPipe
 //!   §7.5), with split/concat traffic between stages of different replica counts
 //!   ([`comm::redistribute`]); under `1f1b-rr` (PipeDream's 1F1B-RR) replicas instead take whole
@@ -63,7 +68,7 @@ use crate::cost::{comm, AllReduceAlgo, Cluster};
 use pipec_compiler::{Error, Result};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 /// What a simulated task was.
 #[derive(Clone, Debug, PartialEq)]
@@ -266,7 +271,8 @@ impl Builder {
         let mut start = vec![f64::NAN; n];
         let mut end = vec![f64::NAN; n];
         let mut ready = vec![0.0f64; n];
-        let mut free = vec![0.0f64; nres];
+        // Each resource's reserved intervals `[start, end)` from the current time on, in order.
+        let mut busy: Vec<VecDeque<(f64, f64)>> = vec![VecDeque::new(); nres];
         // Host cores shared by every device's compute (the oversubscribed `cpu` preset): the compute
         // tasks running at once share the cores as the OS time-slices threads (processor sharing):
         // with k of them on C < k cores each progresses at C/k. Such a task's end is only known when
@@ -355,12 +361,12 @@ impl Builder {
         let mut clock = 0.0f64;
         let launch = |id: usize,
                       at: f64,
-                      free: &mut Vec<f64>,
+                      busy: &mut Vec<VecDeque<(f64, f64)>>,
                       heap: &mut BinaryHeap<Ev>,
                       starting: &mut BinaryHeap<Ev>,
                       start: &mut Vec<f64>,
                       end: &mut Vec<f64>| {
-            let s = res[id].iter().fold(at, |t, &r| t.max(free[r]));
+            let s = earliest_fit(busy, &res[id], at, dur[id]);
             start[id] = s;
             if shared[id] {
                 // Compute tasks hold no resource (their device's order is in the edges).
@@ -368,8 +374,12 @@ impl Builder {
                 return;
             }
             let e = s + dur[id];
-            for &r in &res[id] {
-                free[r] = e;
+            if e > s {
+                for &r in &res[id] {
+                    let q = &mut busy[r];
+                    let at = q.partition_point(|&(a, _)| a < s);
+                    q.insert(at, (s, e));
+                }
             }
             end[id] = e;
             heap.push(Ev(e, id as u32));
@@ -379,7 +389,7 @@ impl Builder {
             launch(
                 id,
                 0.0,
-                &mut free,
+                &mut busy,
                 &mut heap,
                 &mut starting,
                 &mut start,
@@ -433,7 +443,7 @@ impl Builder {
                     launch(
                         s,
                         ready[s],
-                        &mut free,
+                        &mut busy,
                         &mut heap,
                         &mut starting,
                         &mut start,
@@ -452,6 +462,35 @@ impl Builder {
             )));
         }
         Ok((start, end))
+    }
+}
+
+/// The earliest start `≥ at` at which every resource in `rs` is free for `d` seconds: the first
+/// gap common to their reservations that fits (a later-ready task may take an idle gap before a
+/// reservation made earlier, as long as it ends before that reservation starts). Reservations
+/// that end by `at` are dropped: tasks are launched in time order, so no later task can start
+/// before `at`.
+fn earliest_fit(busy: &mut [VecDeque<(f64, f64)>], rs: &[usize], at: f64, d: f64) -> f64 {
+    for &r in rs {
+        let q = &mut busy[r];
+        while q.front().is_some_and(|&(_, e)| e <= at) {
+            q.pop_front();
+        }
+    }
+    let mut t = at;
+    'retry: loop {
+        for &r in rs {
+            // The first reservation of `r` that overlaps `[t, t + d)` (`[t, t]` when `d = 0`).
+            let q = &busy[r];
+            let k = q.partition_point(|&(_, e)| e <= t);
+            if let Some(&(a, e)) = q.get(k) {
+                if a < t + d {
+                    t = e;
+                    continue 'retry;
+                }
+            }
+        }
+        return t;
     }
 }
 
@@ -623,6 +662,47 @@ pub fn simulate(
             *b += pieces.saturating_sub(1) as f64 * e.whole_grad_bytes;
         }
     }
+    // A replica whose samples of a micro-batch span the slices of several micro-batch pieces of
+    // the stage on the other side of an edge (its replicas' even slices, or its smaller
+    // micro-batches) receives one piece from each, and codegen joins them with a `Concat` along
+    // the batch (read the pieces, write the whole: memory-bound) before the forward
+    // (activations) or the backward (cotangents). Values with no batch axis come whole and are
+    // not joined. `joined(s, j, mb, backward)`: the bytes replica `j` of stage `s` joins.
+    let joined = |s: usize, j: usize, mb: usize, backward: bool| -> f64 {
+        // Samples per micro-batch of a stage and per unit of an edge's bytes.
+        let ps = sg.per_stage.as_ref();
+        let size = |t: usize| {
+            ps.and_then(|ps| ps.micro_batch.get(t))
+                .map_or(1.0, |&b| b as f64)
+        };
+        let base = ps.map_or(1.0, |ps| ps.base_micro_batch.max(1) as f64);
+        let slice = |t: usize| size(t) / split(t) as f64;
+        // Under round robin a replica runs whole micro-batches.
+        let j = if split(s) > 1 { j } else { 0 };
+        let lo = mb as f64 * size(s) + j as f64 * slice(s);
+        let hi = lo + slice(s);
+        let pieces = |t: usize| {
+            let q = slice(t);
+            ((hi / q - 1e-9).ceil() - (lo / q + 1e-9).floor()).max(1.0)
+        };
+        let mut bytes = 0.0;
+        if backward {
+            for &e in &sg.out_edges[s] {
+                let e = &sg.edges[e];
+                if e.grad_tensors > 0 && pieces(e.dst) > 1.0 {
+                    bytes += (e.grad_bytes - e.whole_grad_bytes).max(0.0) / base * slice(s);
+                }
+            }
+        } else {
+            for &e in &sg.in_edges[s] {
+                let e = &sg.edges[e];
+                if pieces(e.src) > 1.0 {
+                    bytes += (e.bytes - e.whole_bytes).max(0.0) / base * slice(s);
+                }
+            }
+        }
+        bytes
+    };
     let mut tb = Builder {
         ndev,
         program_devices: sched.programs.len(),
@@ -654,6 +734,15 @@ pub fn simulate(
             3.0 * partial_sum_bytes[s][r] / mem_bw
         } else {
             0.0
+        };
+        // Before the backward: the partial sums, then the joins of sliced cotangents; before
+        // the forward: the joins of sliced activations.
+        let join_s = |mb: usize, backward: bool| {
+            if mem_bw > 0.0 {
+                2.0 * joined(s, r, mb, backward) / mem_bw
+            } else {
+                0.0
+            }
         };
         let mut backwards_seen = 0usize;
         let mut prev_stream: Option<u32> = None;
@@ -687,8 +776,13 @@ pub fn simulate(
                 _ => None,
             };
             if let Some((k, t)) = compute {
-                if partial_sums_s > 0.0 && matches!(ins, Instr::Backward { .. }) {
-                    let sum = tb.task(TaskKind::Memory { device: d }, partial_sums_s, Vec::new());
+                let before = match ins {
+                    Instr::Backward { mb, .. } => partial_sums_s + join_s(*mb, true),
+                    Instr::Forward { mb, .. } => join_s(*mb, false),
+                    _ => 0.0,
+                };
+                if before > 0.0 {
+                    let sum = tb.task(TaskKind::Memory { device: d }, before, Vec::new());
                     if let Some(p) = prev_stream {
                         tb.edge(p, sum);
                     }
@@ -905,4 +999,30 @@ pub fn simulate(
         stage_in_flight,
         tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::earliest_fit;
+    use std::collections::VecDeque;
+
+    #[test]
+    fn earliest_fit_takes_the_first_common_gap() {
+        let mut busy: Vec<VecDeque<(f64, f64)>> = vec![
+            VecDeque::from([(2.0, 3.0), (5.0, 6.0)]),
+            VecDeque::from([(0.0, 1.0)]),
+        ];
+        // Alone on resource 0: before its first reservation when it fits, else in a later gap.
+        assert_eq!(earliest_fit(&mut busy, &[0], 0.0, 2.0), 0.0);
+        assert_eq!(earliest_fit(&mut busy, &[0], 0.0, 2.5), 6.0);
+        assert_eq!(earliest_fit(&mut busy, &[0], 0.0, 1.5), 0.0);
+        // Both resources: [1, 2) is free on both, [3, 5) too.
+        assert_eq!(earliest_fit(&mut busy, &[0, 1], 0.0, 1.0), 1.0);
+        assert_eq!(earliest_fit(&mut busy, &[0, 1], 0.0, 1.5), 3.0);
+        // A zero-length task starts inside no reservation.
+        assert_eq!(earliest_fit(&mut busy, &[0], 2.5, 0.0), 3.0);
+        // Reservations that ended by `at` are dropped.
+        assert_eq!(earliest_fit(&mut busy, &[0], 4.0, 0.5), 4.0);
+        assert_eq!(busy[0], VecDeque::from([(5.0, 6.0)]));
+    }
 }

@@ -21,7 +21,8 @@
 //! - `Step`: the step piece costed the same way (no batch).
 //! - `Send`: never blocks the stream. The message is ready when the stream reaches the send; it
 //!   holds the sender's send channel, the receiver's receive channel and, between nodes, both
-//!   nodes' ports for [`comm::p2p_time`] (first come, first served).
+//!   nodes' ports for [`comm::p2p_time`] (first come, first served). Sends issued back to back
+//!   to one peer are one burst, timed as one transfer paying the latency per value (`bursts`).
 //! - `Recv`: the next task on the stream waits until the message has arrived.
 //! - `AllReduce`: starts when every group member's stream reaches it, lasts
 //!   [`comm::allreduce_time`] of the summed gradient bytes (`grad/P` is shaped like `P`), holds
@@ -299,9 +300,11 @@ pub fn replay(
         },
         shown: Vec::new(),
         messages: HashMap::new(),
+        bursts: HashMap::new(),
         streams: vec![Vec::new(); n],
         pending: Vec::new(),
     };
+    tasks.bursts = bursts(p);
     let mut sent: BTreeSet<u32> = BTreeSet::new();
     let mut collectives: HashMap<u32, (u32, Vec<usize>, usize)> = HashMap::new();
     let mut bufs: Vec<HashMap<(String, u32), Buf>> = vec![HashMap::new(); n];
@@ -446,13 +449,21 @@ pub fn replay(
                         )));
                     }
                     let id = tasks.message(cluster, *tag, d, *peer, bytes);
-                    tasks.shown[id as usize] =
-                        Some((d, 1, format!("{tensor}[{mb}]->{peer}"), "send"));
+                    let burst = tasks.bursts.get(tag).copied();
+                    let leads = burst.is_none_or(|b| b.0 == *tag);
+                    if leads {
+                        let more = match burst {
+                            Some((_, _, k)) if k > 1 => format!(" (+{} more)", k - 1),
+                            _ => String::new(),
+                        };
+                        tasks.shown[id as usize] =
+                            Some((d, 1, format!("{tensor}[{mb}]->{peer}{more}"), "send"));
+                    }
                     // A whole-buffer send that is the buffer's last use moves it out.
                     if slice.is_none() && last_use.get(&(tensor.clone(), *mb)) == Some(&k_ins) {
                         take(&mut bufs[d], &mut live[d], tensor, *mb);
                     }
-                    if let Some(&(p, _)) = tasks.streams[d].last() {
+                    if let (true, Some(&(p, _))) = (leads, tasks.streams[d].last()) {
                         tasks.tb.edge(p, id);
                     }
                 }
@@ -703,8 +714,10 @@ struct Tasks {
     /// Per task: what the trace shows of it (device, lane, name, category); `None` for
     /// collectives (shown per member) and messages until their send names them.
     shown: Vec<Option<(usize, u8, String, &'static str)>>,
-    /// The message task of each tag.
+    /// The message task of each burst's first tag.
     messages: HashMap<u32, u32>,
+    /// Each sent tag's burst (see [`bursts`]): its first tag, summed bytes and value count.
+    bursts: HashMap<u32, (u32, f64, usize)>,
     /// Per device: its compute stream's tasks in order, each with the first message it waited
     /// for (named in the trace's waits).
     streams: Vec<Vec<(u32, Option<String>)>>,
@@ -736,9 +749,10 @@ impl Tasks {
     }
 
     /// The task of message `tag` from `src` to `dst` (created by its send or its receive,
-    /// whichever comes first in the walk).
+    /// whichever comes first in the walk): the transfer of its whole burst.
     fn message(&mut self, cluster: &Cluster, tag: u32, src: usize, dst: usize, bytes: f64) -> u32 {
-        if let Some(&id) = self.messages.get(&tag) {
+        let (lead, bytes, values) = self.bursts.get(&tag).copied().unwrap_or((tag, bytes, 1));
+        if let Some(&id) = self.messages.get(&lead) {
             return id;
         }
         let k = TaskKind::Transfer {
@@ -748,12 +762,68 @@ impl Tasks {
             dst,
             bytes,
         };
-        let t = comm::p2p_time(cluster, src, dst, bytes);
+        // One message per value: the latency is paid `values` times (as the planned
+        // schedule's transfers pay it, [`super::Builder::transfer`]).
+        let mut t = comm::p2p_time(cluster, src, dst, bytes);
+        if t > 0.0 && values > 1 {
+            t += (values - 1) as f64 * cluster.path(src, dst).map_or(0.0, |(_, lat)| lat);
+        }
         let id = self.tb.p2p(cluster, k, src, dst, t);
         self.shown.push(None);
-        self.messages.insert(tag, id);
+        self.messages.insert(lead, id);
         id
     }
+}
+
+/// The program's sends grouped into **bursts**: the sends a device issues back to back to one
+/// peer (no stream task between them; a `Free` does not count) go out together when the stream
+/// reaches them, one message per value on one channel, so the replay times a burst as one
+/// transfer of their summed bytes paying the link latency once per value — as the planned
+/// schedule times the values one stage sends another for one micro-batch. Timing them as
+/// separate transfers would let other messages slip between them first come, first served,
+/// which the plan cannot see and the runtime's back-to-back posting does not do. Each sent tag
+/// maps to (its burst's first tag, the burst's bytes, its number of values).
+fn bursts(p: &Program) -> HashMap<u32, (u32, f64, usize)> {
+    let mut out: HashMap<u32, (u32, f64, usize)> = HashMap::new();
+    for dp in &p.devices {
+        // The open burst: its peer, first tag and tags so far.
+        let mut open: Option<(usize, u32, Vec<u32>, f64)> = None;
+        let mut close = |open: &mut Option<(usize, u32, Vec<u32>, f64)>| {
+            if let Some((_, lead, tags, bytes)) = open.take() {
+                let k = tags.len();
+                for t in tags {
+                    out.insert(t, (lead, bytes, k));
+                }
+            }
+        };
+        for ins in &dp.instructions {
+            match ins {
+                Instr::Send {
+                    peer,
+                    tag,
+                    dtype,
+                    shape,
+                    ..
+                } => {
+                    let b = shape_bytes(dtype, shape);
+                    match &mut open {
+                        Some((q, _, tags, bytes)) if q == peer => {
+                            tags.push(*tag);
+                            *bytes += b;
+                        }
+                        _ => {
+                            close(&mut open);
+                            open = Some((*peer, *tag, vec![*tag], b));
+                        }
+                    }
+                }
+                Instr::Free { .. } => {}
+                _ => close(&mut open),
+            }
+        }
+        close(&mut open);
+    }
+    out
 }
 
 fn put(m: &mut HashMap<(String, u32), Buf>, live: &mut f64, name: &str, mb: u32, b: Buf) {

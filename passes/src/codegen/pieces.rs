@@ -280,6 +280,10 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
             needed.extend(d.inputs.iter().flatten().copied());
         }
     }
+    // A `Constant` the backward reads is emitted again in the backward piece instead: saved, it
+    // would be a buffer per micro-batch in flight (an interpolation matrix, a mask) for a value
+    // that never changes.
+    let mut consts: Vec<Op> = Vec::new();
     for &op in &bwd_list {
         let d = &g.ops[op];
         if !d.outputs.iter().any(|o| needed.contains(o)) {
@@ -287,10 +291,18 @@ pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
         }
         for v in d.inputs.iter().flatten() {
             if fwd_defined.contains(v) && seen.insert(*v) {
-                saved.push(*v);
+                match g.values[*v].def {
+                    ValueDef::Result(p, _)
+                        if g.ops[p].op_type == "Constant" && g.ops[p].inputs.is_empty() =>
+                    {
+                        consts.push(p)
+                    }
+                    _ => saved.push(*v),
+                }
             }
         }
     }
+    let bwd_list: Vec<Op> = consts.into_iter().chain(bwd_list).collect();
     let mut f_outs: Vec<Value> = sent.clone();
     if let Some(l) = loss_value {
         f_outs.push(l);

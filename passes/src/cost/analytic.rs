@@ -565,6 +565,23 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         )
         .collect();
     let mut cg = CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)?;
+    cg.data_inputs = g
+        .inputs
+        .iter()
+        .filter(|v| !g.initializers.contains_key(*v))
+        .map(|&v| super::DataInput {
+            name: g.name(v).to_string(),
+            bytes: bytes_of(g.ty(v), env),
+            readers: g
+                .order
+                .iter()
+                .enumerate()
+                .filter(|(i, op)| alive[*i] && g.ops[**op].inputs.contains(&Some(v)))
+                .map(|(i, _)| i)
+                .collect(),
+            saved_by: Vec::new(),
+        })
+        .collect();
     cg.tied = readers
         .into_iter()
         .filter(|r| r.2.len() > 1 && r.1 > 0.0)
@@ -806,6 +823,12 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     }
     // Split like the kernels: the part that doubles with the batch, and the rest (a value
     // computed from parameters alone is saved whole by every micro-batch).
+    let by_name = tgr.values_by_name();
+    for di in &mut g.data_inputs {
+        if let Some(r) = by_name.get(di.name.as_str()).and_then(|v| reader.get(v)) {
+            di.saved_by = r.iter().copied().collect();
+        }
+    }
     let mut saved = vec![(0.0, 0.0); g.len()];
     let mut shared = Vec::new();
     for (v, readers) in reader {

@@ -285,6 +285,25 @@ pub struct CostGraph {
     pub loss_forward: Vec<Kernel>,
     /// The node whose output the loss reads.
     pub loss_node: Option<NodeId>,
+    /// The model's data inputs (see [`DataInput`]); empty for graphs from profiles.
+    pub data_inputs: Vec<DataInput>,
+}
+
+/// A data input of the model (a graph input that is not a parameter). Every stage whose forward
+/// reads it, directly or through a side computation it recomputes, loads its slice of every
+/// micro-batch: a buffer live through the forward, which the stage's saved activations already
+/// count where the backward of one of its nodes reads it, and which is otherwise one more
+/// communication buffer (a later stage reading only the input's `Shape`, as a ViT's class token
+/// does).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DataInput {
+    pub name: String,
+    /// Bytes at the reference batch (scaled with the batch).
+    pub bytes: f64,
+    /// Nodes whose forward reads it (side computations included).
+    pub readers: Vec<NodeId>,
+    /// Nodes whose backward reads it (it is saved with them).
+    pub saved_by: Vec<NodeId>,
 }
 
 /// A forward value saved for backward that the backward ops of several nodes read (a `Relu`
@@ -424,6 +443,7 @@ impl CostGraph {
             shared_saved: Vec::new(),
             loss_forward: Vec::new(),
             loss_node: None,
+            data_inputs: Vec::new(),
         })
     }
 

@@ -301,6 +301,42 @@ impl StageGraph {
             }
             *tied.entry(devices).or_default() += t.bytes;
         }
+        let mut need: HashMap<usize, std::collections::BTreeSet<usize>> = HashMap::new();
+        for &x in g.topo_order().iter().rev() {
+            if !g.nodes[x].side {
+                continue;
+            }
+            let mut set = std::collections::BTreeSet::new();
+            for &e in g.out_edges(x) {
+                let d = g.edges[e].dst;
+                match need.get(&d) {
+                    Some(ss) if g.nodes[d].side => set.extend(ss.iter().copied()),
+                    _ => {
+                        set.insert(stage_of[d]);
+                    }
+                }
+            }
+            need.insert(x, set);
+        }
+        // Per stage: the data inputs it loads and holds through the forward besides its saved
+        // activations (bytes at the graph's reference batch; see `DataInput`).
+        let mut loads = vec![0.0f64; specs.len()];
+        for di in &g.data_inputs {
+            let mut at = std::collections::BTreeSet::new();
+            for &r in &di.readers {
+                match need.get(&r) {
+                    Some(ss) if g.nodes[r].side => at.extend(ss.iter().copied()),
+                    _ => {
+                        at.insert(stage_of[r]);
+                    }
+                }
+            }
+            for s in at {
+                if s < loads.len() && !di.saved_by.iter().any(|&n| stage_of[n] == s) {
+                    loads[s] += di.bytes;
+                }
+            }
+        }
         let mut stages = Vec::with_capacity(specs.len());
         let mut round_robin = Vec::with_capacity(specs.len());
         // Per stage: the replicas a micro-batch is split over, and the forward's boundary
@@ -339,8 +375,9 @@ impl StageGraph {
                 bwd.push(c.bwd_s);
                 let held = c.parameter_bytes + extra[s];
                 step.push(step_time(held, kind.memory_bandwidth, opt));
-                let mem = stage_memory(held, c.saved_bytes, 1, c.in_bytes + c.out_bytes, opt);
-                fwd_comm[s] = fwd_comm[s].max(c.in_bytes + c.out_bytes);
+                let comm = c.in_bytes + c.out_bytes + loads[s] * g.scale(slice);
+                let mem = stage_memory(held, c.saved_bytes, 1, comm, opt);
+                fwd_comm[s] = fwd_comm[s].max(comm);
                 static_bytes = static_bytes.max(mem.static_bytes());
                 params = held;
                 saved = c.saved_bytes;
@@ -362,23 +399,6 @@ impl StageGraph {
         // directly or through other side computations (not in a stage of its own where nothing
         // reads it: a stage's forward piece keeps only what leads to what it sends); what a side
         // computation reads from a heavy node crosses to each of those stages.
-        let mut need: HashMap<usize, std::collections::BTreeSet<usize>> = HashMap::new();
-        for &x in g.topo_order().iter().rev() {
-            if !g.nodes[x].side {
-                continue;
-            }
-            let mut set = std::collections::BTreeSet::new();
-            for &e in g.out_edges(x) {
-                let d = g.edges[e].dst;
-                match need.get(&d) {
-                    Some(ss) if g.nodes[d].side => set.extend(ss.iter().copied()),
-                    _ => {
-                        set.insert(stage_of[d]);
-                    }
-                }
-            }
-            need.insert(x, set);
-        }
         // Nodes whose output depends on a parameter: only those get cotangents back. A node
         // reads a parameter when it holds its bytes or is one of a tied parameter's readers
         // (whose bytes count at the first reader only, e.g. GPT-2's LM-head `Transpose(wte)`).

@@ -214,6 +214,19 @@ pub struct TrainingGraph {
     /// attribute backward time to forward nodes; unlike the `<node>/grad` name prefix, it does
     /// not depend on forward node names being present and unique.
     pub grad_of: HashMap<Op, Op>,
+    /// Every accumulation of a forward value's cotangent from several contributions (the
+    /// `Add`/`Sum` of [`TrainingGraph::grad_of`] that sums the cotangents of one result):
+    /// the summing op and, per contribution, the forward op whose gradient rule made it (`None`
+    /// for a seed). A pipeline places this sum where the contributions meet, which is not
+    /// always the producer's stage.
+    pub cotangent_sums: Vec<CotangentSum>,
+}
+
+/// See [`TrainingGraph::cotangent_sums`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct CotangentSum {
+    pub op: Op,
+    pub from: Vec<Option<Op>>,
 }
 
 /// The contract of `autodiff` (`--list-passes`, the option parser, the pass manager's checks).
@@ -384,11 +397,16 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
     let mut b = Builder::new(&mut m.graph, "bwd");
     b.known = known;
     let mut contrib: HashMap<Value, Vec<Value>> = HashMap::new();
+    // Per value: the forward op that made each contribution (`None`: a seed).
+    let mut contrib_from: HashMap<Value, Vec<Option<Op>>> = HashMap::new();
+    let mut cotangent_sums: Vec<CotangentSum> = Vec::new();
     let dt = b.dt(loss);
     let seed = b.scalar(dt, 1.0)?;
     contrib.insert(loss, vec![seed]);
+    contrib_from.insert(loss, vec![None]);
     for &(v, c) in &seeds {
         contrib.entry(v).or_default().push(c);
+        contrib_from.entry(v).or_default().push(None);
     }
     let take = |b: &mut Builder, contrib: &mut HashMap<Value, Vec<Value>>, v: Value| {
         contrib.remove(&v).map(|vs| b.sum(&vs))
@@ -399,7 +417,14 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         let mut dys = Vec::with_capacity(outs.len());
         for &o in &outs {
             dys.push(if active(o) {
-                take(&mut b, &mut contrib, o)
+                let from = contrib_from.remove(&o).unwrap_or_default();
+                let dy = take(&mut b, &mut contrib, o);
+                if from.len() > 1 {
+                    if let Some(op) = dy.and_then(|v| b.g.producer(v)) {
+                        cotangent_sums.push(CotangentSum { op, from });
+                    }
+                }
+                dy
             } else {
                 None
             });
@@ -440,6 +465,7 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
                 ));
             };
             contrib.entry(v).or_default().push(gv);
+            contrib_from.entry(v).or_default().push(Some(op));
         }
     }
     // Gradients of the parameters, named `grad/<param>`.
@@ -554,6 +580,7 @@ pub fn differentiate(m: &mut Module, opts: &Autodiff) -> Result<TrainingGraph> {
         forward_ops: fwd_count,
         backward_ops,
         grad_of,
+        cotangent_sums,
     })
 }
 

@@ -289,6 +289,7 @@ fn pipedream_round_robin_throughput() {
         tied_bytes: 0.0,
         static_bytes: 0.0,
         saved_bytes: 1.0,
+        load_bytes: 0.0,
     };
     // T_0 = 3 on one device; T_1 = 6 per whole micro-batch on each of 2 replicas.
     let sg = StageGraph::new(
@@ -416,6 +417,7 @@ fn pinned_devices_share_only_their_core() {
                 tied_bytes: 0.0,
                 static_bytes: 0.0,
                 saved_bytes: 1.0,
+                load_bytes: 0.0,
             })
             .collect();
         StageGraph::new(stages, Vec::new())

@@ -744,6 +744,12 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         }
     }
     let mut tied_kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.tied.len()];
+    let sums: HashMap<Op, &[Option<Op>]> = tg
+        .cotangent_sums
+        .iter()
+        .map(|c| (c.op, c.from.as_slice()))
+        .collect();
+    let mut cotangent_sums: Vec<super::CotangentSum> = Vec::new();
     let mut loss_forward: Vec<Kernel> = Vec::new();
     // The forward as the training graph runs it: autodiff may change a forward op (a `MaxPool`
     // also returns its indices, which its backward reads), and the forward piece runs that op.
@@ -808,21 +814,40 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         }
         // The loss's own forward ops run in the forward piece (their backward in the backward).
         let loss_fwd = matches!(role, Role::Loss) && !tg.grad_of.contains_key(&op);
-        let to = match tied_sum.get(&op) {
-            Some(&ti) => &mut tied_kernels[ti],
-            None if loss_fwd => &mut loss_forward,
-            None => &mut kernels[node],
-        };
-        to.push(Kernel {
+        let kernel = Kernel {
             flops,
             fixed_flops,
             bytes,
             fixed_bytes,
             precision: op_precision(d, &ty),
-        });
+        };
+        if let (Some(from), Role::Bwd(_), None) = (sums.get(&op), role, tied_sum.get(&op)) {
+            let from = from
+                .iter()
+                .map(|f| {
+                    f.and_then(|f| match role_of.get(&f) {
+                        Some(Role::Fwd(n)) => Some(*n),
+                        Some(Role::Loss) => loss_node,
+                        _ => None,
+                    })
+                })
+                .collect();
+            cotangent_sums.push(super::CotangentSum {
+                producer: node,
+                from,
+                kernel: kernel.clone(),
+            });
+        }
+        let to = match tied_sum.get(&op) {
+            Some(&ti) => &mut tied_kernels[ti],
+            None if loss_fwd => &mut loss_forward,
+            None => &mut kernels[node],
+        };
+        to.push(kernel);
     }
     // Split like the kernels: the part that doubles with the batch, and the rest (a value
     // computed from parameters alone is saved whole by every micro-batch).
+    g.cotangent_sums = cotangent_sums;
     let by_name = tgr.values_by_name();
     for di in &mut g.data_inputs {
         if let Some(r) = by_name.get(di.name.as_str()).and_then(|v| reader.get(v)) {

@@ -15,8 +15,10 @@
 //!   the compute or send that is its last use, so no more than one micro-batch's are live).
 //!
 //! The simulator ([`crate::sim`]) adds what varies over the iteration: the gradients from the
-//! device's first backward to its step, and one more copy of them during every later backward
-//! (the micro-batch's gradients before they are added to the global buffer).
+//! device's first backward to its step, one more copy of them during every later backward
+//! (the micro-batch's gradients before they are added to the global buffer), and during every
+//! forward the data inputs the stage loads for the forward alone (no backward of the stage reads
+//! them; [`crate::sim::SimStage::load_bytes`]).
 
 use pipec_compiler::{Error, PlanOption, Result};
 

@@ -287,6 +287,43 @@ pub struct CostGraph {
     pub loss_node: Option<NodeId>,
     /// The model's data inputs (see [`DataInput`]); empty for graphs from profiles.
     pub data_inputs: Vec<DataInput>,
+    /// Sums of a value's cotangent contributions (see [`CotangentSum`]); empty for graphs from
+    /// profiles.
+    pub cotangent_sums: Vec<CotangentSum>,
+}
+
+/// The sum of the cotangent contributions of one forward value that autodiff of the whole model
+/// emits (read `K` contributions, write one), costed in the backward of the value's `producer`
+/// like the rest of its gradient. A pipeline sums where the contributions meet: each stage other
+/// than the producer's adds up its own consumers' contributions and sends one cotangent, and the
+/// producer's stage adds its own, the seeds, and one per consuming stage. The stage graph moves
+/// the cost there ([`CotangentSum::part`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CotangentSum {
+    pub producer: NodeId,
+    /// The node whose backward made each contribution (`None`: a seed, summed at the producer).
+    pub from: Vec<Option<NodeId>>,
+    /// The whole sum as costed at the producer.
+    pub kernel: Kernel,
+}
+
+impl CotangentSum {
+    /// The kernel of a sum of `k ≥ 2` of the contributions: `k` reads and one write, `k − 1`
+    /// adds (the whole sum is `K = from.len()` of them).
+    pub fn part(&self, k: usize) -> Kernel {
+        let big = self.from.len().max(2) as f64;
+        let (rw, adds) = (
+            (k as f64 + 1.0) / (big + 1.0),
+            (k as f64 - 1.0) / (big - 1.0),
+        );
+        Kernel {
+            flops: self.kernel.flops * adds,
+            fixed_flops: self.kernel.fixed_flops * adds,
+            bytes: self.kernel.bytes * rw,
+            fixed_bytes: self.kernel.fixed_bytes * rw,
+            precision: self.kernel.precision,
+        }
+    }
 }
 
 /// A data input of the model (a graph input that is not a parameter). Every stage whose forward
@@ -444,6 +481,7 @@ impl CostGraph {
             loss_forward: Vec::new(),
             loss_node: None,
             data_inputs: Vec::new(),
+            cotangent_sums: Vec::new(),
         })
     }
 
@@ -697,5 +735,30 @@ impl CostGraph {
             m[n] = true;
         }
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CotangentSum, Kernel};
+    use crate::cost::cluster::Precision;
+
+    #[test]
+    fn a_part_of_a_cotangent_sum_reads_its_terms_and_writes_one() {
+        // A `Sum` of 4 contributions of 100 bytes each: 5 × 100 bytes, 3 adds of 10 flops.
+        let cs = CotangentSum {
+            producer: 0,
+            from: vec![Some(1), Some(2), Some(3), None],
+            kernel: Kernel {
+                flops: 30.0,
+                fixed_flops: 0.0,
+                bytes: 500.0,
+                fixed_bytes: 0.0,
+                precision: Precision::F32,
+            },
+        };
+        let two = cs.part(2);
+        assert_eq!((two.flops, two.bytes), (10.0, 300.0));
+        assert_eq!(cs.part(4), cs.kernel);
     }
 }

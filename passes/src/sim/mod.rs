@@ -913,6 +913,12 @@ pub fn simulate(
             TaskKind::Forward { stage, device, .. } => {
                 devices[*device].busy_s += dt;
                 mem_events[*device].push((start[i], sg.stages[*stage].saved_bytes));
+                // The data inputs only the forward reads, loaded for it and dropped after it.
+                let load = sg.stages[*stage].load_bytes;
+                if load > 0.0 {
+                    mem_events[*device].push((start[i], load));
+                    mem_events[*device].push((end[i], -load));
+                }
                 flight_events[*device].push((start[i], 1));
             }
             TaskKind::Backward { stage, device, .. } => {

@@ -29,6 +29,9 @@ pub struct SimStage {
     pub static_bytes: f64,
     /// Activation bytes saved by one micro-batch slice until its backward.
     pub saved_bytes: f64,
+    /// Data-input bytes one micro-batch slice loads for the forward alone (no backward of the
+    /// stage reads them): held while the forward runs (`DataInput`).
+    pub load_bytes: f64,
 }
 
 /// How many partial sums of a batch-independent value's cotangent producer replica `i` of a
@@ -187,6 +190,7 @@ impl StageGraph {
                 tied_bytes: 0.0,
                 static_bytes: 0.0,
                 saved_bytes: 1.0,
+                load_bytes: 0.0,
             })
             .collect();
         let edges = (1..s).map(|i| StageEdge::new(i - 1, i, bytes)).collect();
@@ -318,6 +322,53 @@ impl StageGraph {
             }
             need.insert(x, set);
         }
+        // Per stage: the side computations whose forward it runs that are not its members
+        // (+1: codegen recomputes them there) and the members it does not run (−1: nothing of
+        // the stage reads them, so its forward piece drops them).
+        let mut side_runs: Vec<Vec<(usize, f64)>> = vec![Vec::new(); specs.len()];
+        for (&x, at) in &need {
+            let home = stage_of[x];
+            for &s in at {
+                if s != home && s < side_runs.len() {
+                    side_runs[s].push((x, 1.0));
+                }
+            }
+            if home < side_runs.len() && !at.contains(&home) {
+                side_runs[home].push((x, -1.0));
+            }
+        }
+        for v in &mut side_runs {
+            v.sort_by_key(|&(x, _)| x);
+        }
+        // Per stage: the cotangent sums it runs (+1) and the whole sums costed with its
+        // members' backward that it does not run as such (−1); see `CotangentSum`.
+        let mut sum_parts: Vec<Vec<(crate::cost::Kernel, f64)>> = vec![Vec::new(); specs.len()];
+        for cs in &g.cotangent_sums {
+            let home = stage_of[cs.producer];
+            if home >= specs.len() {
+                continue;
+            }
+            let mut per: std::collections::BTreeMap<usize, usize> = Default::default();
+            for f in &cs.from {
+                *per.entry(f.map_or(home, |n| stage_of[n])).or_default() += 1;
+            }
+            let at_home =
+                per.get(&home).copied().unwrap_or(0) + per.keys().filter(|&&t| t != home).count();
+            let parts: Vec<(usize, usize)> = per
+                .iter()
+                .filter(|&(&t, _)| t != home)
+                .map(|(&t, &k)| (t, k))
+                .chain([(home, at_home)])
+                .filter(|&(t, k)| k >= 2 && t < specs.len())
+                .collect();
+            if parts == [(home, cs.from.len())] {
+                continue;
+            }
+            sum_parts[home].push((cs.kernel.clone(), -1.0));
+            for (t, k) in parts {
+                sum_parts[t].push((cs.part(k), 1.0));
+            }
+        }
         // Per stage: the data inputs it loads and holds through the forward besides its saved
         // activations (bytes at the graph's reference batch; see `DataInput`).
         let mut loads = vec![0.0f64; specs.len()];
@@ -365,17 +416,28 @@ impl StageGraph {
             let mut static_bytes: f64 = 0.0;
             let mut params = 0.0;
             let mut saved = 0.0;
+            let mut load = 0.0;
             for &d in &sp.devices {
                 let k = cluster.devices[d].kind;
                 let kind = &cluster.kinds[k];
                 let c = by_kind
                     .entry(k)
                     .or_insert_with(|| g.group_cost(&mask, slice, kind));
-                fwd.push(c.fwd_s);
-                bwd.push(c.bwd_s);
+                // Side computations run where they are read, not where the plan put them.
+                let side_s: f64 = side_runs[s]
+                    .iter()
+                    .map(|&(x, sign)| sign * g.times(x, slice, kind).0)
+                    .sum();
+                fwd.push(c.fwd_s + side_s);
+                let sums_s: f64 = sum_parts[s]
+                    .iter()
+                    .map(|(k, sign)| sign * k.time(g.scale(slice), kind))
+                    .sum();
+                bwd.push(c.bwd_s + sums_s);
                 let held = c.parameter_bytes + extra[s];
                 step.push(step_time(held, kind.memory_bandwidth, opt));
-                let comm = c.in_bytes + c.out_bytes + loads[s] * g.scale(slice);
+                let comm = c.in_bytes + c.out_bytes;
+                load = loads[s] * g.scale(slice);
                 let mem = stage_memory(held, c.saved_bytes, 1, comm, opt);
                 fwd_comm[s] = fwd_comm[s].max(comm);
                 static_bytes = static_bytes.max(mem.static_bytes());
@@ -391,6 +453,7 @@ impl StageGraph {
                 tied_bytes: tied_in[s],
                 static_bytes,
                 saved_bytes: saved,
+                load_bytes: load,
             });
         }
         // Stage edges: a node's output crosses once per consuming stage (the largest of its edges

@@ -425,6 +425,8 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         .unwrap_or(1) as f64;
     let side = side_ops(m);
     let mut owned: HashSet<Value> = HashSet::new();
+    // Each parameter, the node its bytes count at, and its bytes.
+    let mut credited: Vec<(Value, usize, f64)> = Vec::new();
     // Per parameter (in order of first reader): its bytes and reading nodes.
     let mut readers: Vec<(Value, f64, Vec<usize>)> = Vec::new();
     let mut reader_of: HashMap<Value, usize> = HashMap::new();
@@ -466,6 +468,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             let Some(v) = v else { continue };
             if is_param(*v) && owned.insert(*v) {
                 params += bytes_of(g.ty(*v), env);
+                credited.push((*v, nodes.len(), bytes_of(g.ty(*v), env)));
             }
             if is_param(*v) && alive[i] && diff.get(slot).copied().unwrap_or(true) {
                 let k = *reader_of.entry(*v).or_insert_with(|| {
@@ -565,6 +568,13 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         )
         .collect();
     let mut cg = CostGraph::new(g.name.clone(), reference_batch, nodes, edges, file)?;
+    // A parameter no computed op differentiates (read only by ops that lead nowhere, like an
+    // auxiliary head the loss does not read) gets no gradient: held, never stepped or reduced.
+    cg.untrained = credited
+        .into_iter()
+        .filter(|(v, _, b)| !reader_of.contains_key(v) && *b > 0.0)
+        .map(|(_, n, b)| (n, b))
+        .collect();
     cg.data_inputs = g
         .inputs
         .iter()

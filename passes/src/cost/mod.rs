@@ -290,6 +290,9 @@ pub struct CostGraph {
     /// Sums of a value's cotangent contributions (see [`CotangentSum`]); empty for graphs from
     /// profiles.
     pub cotangent_sums: Vec<CotangentSum>,
+    /// Parameter bytes counted at a node that get no gradient (`(node, bytes)`): held by its
+    /// stage, but not stepped, accumulated or all-reduced (codegen emits them none).
+    pub untrained: Vec<(NodeId, f64)>,
 }
 
 /// The sum of the cotangent contributions of one forward value that autodiff of the whole model
@@ -482,6 +485,7 @@ impl CostGraph {
             loss_node: None,
             data_inputs: Vec::new(),
             cotangent_sums: Vec::new(),
+            untrained: Vec::new(),
         })
     }
 

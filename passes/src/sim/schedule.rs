@@ -296,7 +296,8 @@ fn device_count(sg: &StageGraph) -> usize {
 /// and each tied group holding `d` ([`StageGraph::tied`], `stage` numbered after the stages).
 fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &SimStage, sg: &StageGraph, d: usize) {
     let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
-    if st.devices.len() > 1 {
+    // Codegen all-reduces the gradients a stage has; none when no parameter of it is trained.
+    if st.devices.len() > 1 && st.parameter_bytes - st.tied_bytes > 0.0 {
         let mut key = st.devices.clone();
         key.sort_unstable();
         ars.push((

@@ -388,6 +388,12 @@ impl StageGraph {
                 }
             }
         }
+        let mut untrained = vec![0.0f64; specs.len()];
+        for &(n, b) in &g.untrained {
+            if let Some(u) = untrained.get_mut(stage_of[n]) {
+                *u += b;
+            }
+        }
         let mut stages = Vec::with_capacity(specs.len());
         let mut round_robin = Vec::with_capacity(specs.len());
         // Per stage: the replicas a micro-batch is split over, and the forward's boundary
@@ -434,11 +440,14 @@ impl StageGraph {
                     .map(|(k, sign)| sign * k.time(g.scale(slice), kind))
                     .sum();
                 bwd.push(c.bwd_s + sums_s);
-                let held = c.parameter_bytes + extra[s];
+                // Trained parameters: stepped, with gradients and optimizer state; the
+                // untrained ones are only held.
+                let held = c.parameter_bytes + extra[s] - untrained[s];
                 step.push(step_time(held, kind.memory_bandwidth, opt));
                 let comm = c.in_bytes + c.out_bytes;
                 load = loads[s] * g.scale(slice);
-                let mem = stage_memory(held, c.saved_bytes, 1, comm, opt);
+                let mut mem = stage_memory(held, c.saved_bytes, 1, comm, opt);
+                mem.parameters += untrained[s];
                 fwd_comm[s] = fwd_comm[s].max(comm);
                 static_bytes = static_bytes.max(mem.static_bytes());
                 params = held;

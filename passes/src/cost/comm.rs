@@ -32,6 +32,18 @@ pub fn p2p_time(c: &Cluster, a: usize, b: usize, bytes: f64) -> f64 {
     }
 }
 
+/// A message of `values` tensors totalling `bytes` from `a` to `b`: one transfer at
+/// [`p2p_time`], each value after the first adding the link latency (one send per value, as the
+/// programs issue them). 0 when nothing moves.
+pub fn message_time(c: &Cluster, a: usize, b: usize, bytes: f64, values: usize) -> f64 {
+    let t = p2p_time(c, a, b, bytes);
+    if t > 0.0 && values > 1 {
+        t + (values - 1) as f64 * c.path(a, b).map_or(0.0, |(_, lat)| lat)
+    } else {
+        t
+    }
+}
+
 /// Ring all-reduce of `bytes` over `p` devices on links of bandwidth `bw` and latency `lat`:
 /// `2(p−1)/p · bytes/bw + 2(p−1)·lat`; 0 for `p ≤ 1`.
 pub fn ring_allreduce(p: usize, bytes: f64, bw: f64, lat: f64) -> f64 {

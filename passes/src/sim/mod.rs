@@ -200,10 +200,7 @@ impl Builder {
         }
         let (dir, mb, _, src, dst) = key;
         // One message per value: the latency is paid `tensors` times.
-        let mut t = comm::p2p_time(cluster, src, dst, bytes);
-        if t > 0.0 && tensors > 1 {
-            t += (tensors - 1) as f64 * cluster.path(src, dst).map_or(0.0, |(_, lat)| lat);
-        }
+        let t = comm::message_time(cluster, src, dst, bytes, tensors);
         let id = self.p2p(
             cluster,
             TaskKind::Transfer {
@@ -702,6 +699,23 @@ pub fn simulate(
             }
         }
         bytes
+    };
+    // With uniform micro-batches every micro-batch's slices sit alike, so what a replica joins
+    // does not depend on the micro-batch: computed once per replica and direction.
+    let joined_uniform: Option<Vec<Vec<[f64; 2]>>> = sg.per_stage.is_none().then(|| {
+        sg.stages
+            .iter()
+            .enumerate()
+            .map(|(s, st)| {
+                (0..st.devices.len())
+                    .map(|j| [joined(s, j, 0, false), joined(s, j, 0, true)])
+                    .collect()
+            })
+            .collect()
+    });
+    let joined = |s: usize, j: usize, mb: usize, backward: bool| match &joined_uniform {
+        Some(t) => t[s][j][usize::from(backward)],
+        None => joined(s, j, mb, backward),
     };
     let mut tb = Builder {
         ndev,

@@ -300,11 +300,10 @@ pub fn replay(
         },
         shown: Vec::new(),
         messages: HashMap::new(),
-        bursts: HashMap::new(),
+        bursts: bursts(p),
         streams: vec![Vec::new(); n],
         pending: Vec::new(),
     };
-    tasks.bursts = bursts(p);
     let mut sent: BTreeSet<u32> = BTreeSet::new();
     let mut collectives: HashMap<u32, (u32, Vec<usize>, usize)> = HashMap::new();
     let mut bufs: Vec<HashMap<(String, u32), Buf>> = vec![HashMap::new(); n];
@@ -764,10 +763,7 @@ impl Tasks {
         };
         // One message per value: the latency is paid `values` times (as the planned
         // schedule's transfers pay it, [`super::Builder::transfer`]).
-        let mut t = comm::p2p_time(cluster, src, dst, bytes);
-        if t > 0.0 && values > 1 {
-            t += (values - 1) as f64 * cluster.path(src, dst).map_or(0.0, |(_, lat)| lat);
-        }
+        let t = comm::message_time(cluster, src, dst, bytes, values);
         let id = self.tb.p2p(cluster, k, src, dst, t);
         self.shown.push(None);
         self.messages.insert(lead, id);

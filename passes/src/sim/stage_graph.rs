@@ -305,20 +305,28 @@ impl StageGraph {
             }
             *tied.entry(devices).or_default() += t.bytes;
         }
+        // Per side computation: the stages that run it (those whose pieces read it, directly
+        // or through other side computations; codegen recomputes it in each).
         let mut need: HashMap<usize, std::collections::BTreeSet<usize>> = HashMap::new();
+        // The stages that run node `d`: those that need it if it is a side computation, else
+        // its own stage.
+        let runs = |need: &HashMap<usize, std::collections::BTreeSet<usize>>,
+                    d: usize,
+                    into: &mut std::collections::BTreeSet<usize>| {
+            match need.get(&d) {
+                Some(ss) if g.nodes[d].side => into.extend(ss.iter().copied()),
+                _ => {
+                    into.insert(stage_of[d]);
+                }
+            }
+        };
         for &x in g.topo_order().iter().rev() {
             if !g.nodes[x].side {
                 continue;
             }
             let mut set = std::collections::BTreeSet::new();
             for &e in g.out_edges(x) {
-                let d = g.edges[e].dst;
-                match need.get(&d) {
-                    Some(ss) if g.nodes[d].side => set.extend(ss.iter().copied()),
-                    _ => {
-                        set.insert(stage_of[d]);
-                    }
-                }
+                runs(&need, g.edges[e].dst, &mut set);
             }
             need.insert(x, set);
         }
@@ -375,12 +383,7 @@ impl StageGraph {
         for di in &g.data_inputs {
             let mut at = std::collections::BTreeSet::new();
             for &r in &di.readers {
-                match need.get(&r) {
-                    Some(ss) if g.nodes[r].side => at.extend(ss.iter().copied()),
-                    _ => {
-                        at.insert(stage_of[r]);
-                    }
-                }
+                runs(&need, r, &mut at);
             }
             for s in at {
                 if s < loads.len() && !di.saved_by.iter().any(|&n| stage_of[n] == s) {

@@ -169,6 +169,179 @@ pub fn latency(st: &[LatStage], m: usize) -> (f64, usize) {
     (tw + ts + te, q)
 }
 
+/// Eq. 2 ([`latency`]) of the plans that extend one prefix of stages by a few more, at a cost
+/// independent of the prefix's length: the search costs every split of a state's last stage
+/// against the same planned prefix (hundreds of splits per state), and a scan of the whole list
+/// per split had been a quarter of its time.
+///
+/// Algorithm 1 ([`pivot`]) scans from the back; after the appended stages it enters the prefix
+/// with a pivot `q` and the running sum `acc`, i.e. a threshold `T = (M−1)·c_q + acc` (`c = F + B`).
+/// Its first move inside the prefix is to the latest stage `s` with
+/// `key_s = (M−1)·c_s − Σ_{s<i<P} c_i > T`, necessarily a **record** (a key above every later
+/// one), found by binary search over the records; from there on the scan no longer depends on the
+/// appended stages (`acc` restarts at 0), so its result per record is computed once. `T_w` and
+/// `T_e` come from prefix sums of `F` and `B` and prefix/suffix maxima of the all-reduce terms.
+/// Equal to [`latency`] up to the rounding of those sums (the unit test bounds it).
+pub struct PrefixLatency {
+    mf: f64,
+    c: Vec<f64>,
+    f: Vec<f64>,
+    b: Vec<f64>,
+    ar: Vec<f64>,
+    /// `fsum[k] = Σ_{s<k} F_s`, `bsum[k] = Σ_{s<k} B_s`.
+    fsum: Vec<f64>,
+    bsum: Vec<f64>,
+    /// `up[k] = max_{s<k} (AR_s − bsum[s])` (the `s ≤ Q` terms of `T_e`).
+    up: Vec<f64>,
+    /// `down[k] = max_{k≤s<P} (AR_s − bsum[s+1])` (the `s > Q` terms of `T_e`).
+    down: Vec<f64>,
+    /// Algorithm 1's records from the back: `(key_s, s)`, `s` descending, keys ascending.
+    records: Vec<(f64, usize)>,
+    /// The pivot after the scan moves to each record (`usize::MAX`: not computed yet).
+    cont: Vec<usize>,
+}
+
+impl PrefixLatency {
+    pub fn new(prefix: &[LatStage], m: usize) -> PrefixLatency {
+        let p = prefix.len();
+        let mf = m.max(1) as f64 - 1.0;
+        let c: Vec<f64> = prefix.iter().map(|x| x.f + x.b).collect();
+        let mut fsum = Vec::with_capacity(p + 1);
+        let mut bsum = Vec::with_capacity(p + 1);
+        let mut up = Vec::with_capacity(p + 1);
+        let (mut fs, mut bs, mut u) = (0.0, 0.0, f64::NEG_INFINITY);
+        for x in prefix {
+            fsum.push(fs);
+            bsum.push(bs);
+            up.push(u);
+            u = u.max(x.ar - bs);
+            fs += x.f;
+            bs += x.b;
+        }
+        fsum.push(fs);
+        bsum.push(bs);
+        up.push(u);
+        let mut down = vec![f64::NEG_INFINITY; p + 1];
+        for s in (0..p).rev() {
+            down[s] = down[s + 1].max(prefix[s].ar - bsum[s + 1]);
+        }
+        let mut records: Vec<(f64, usize)> = Vec::new();
+        let mut after = 0.0;
+        for s in (0..p).rev() {
+            let key = mf * c[s] - after;
+            if records.last().is_none_or(|&(k, _)| key > k) {
+                records.push((key, s));
+            }
+            after += c[s];
+        }
+        PrefixLatency {
+            mf,
+            f: prefix.iter().map(|x| x.f).collect(),
+            b: prefix.iter().map(|x| x.b).collect(),
+            ar: prefix.iter().map(|x| x.ar).collect(),
+            cont: vec![usize::MAX; records.len()],
+            c,
+            fsum,
+            bsum,
+            up,
+            down,
+            records,
+        }
+    }
+
+    /// `(L, Q)` of the prefix followed by `tail` (as [`latency`] of the whole list).
+    pub fn latency(&mut self, tail: &[LatStage]) -> (f64, usize) {
+        let p = self.c.len();
+        if tail.is_empty() {
+            // Not used by the search; the plain scan.
+            let all: Vec<LatStage> = (0..p)
+                .map(|s| LatStage {
+                    f: self.f[s],
+                    b: self.b[s],
+                    ar: self.ar[s],
+                })
+                .collect();
+            return latency(&all, self.mf as usize + 1);
+        }
+        let mf = self.mf;
+        // Algorithm 1 over the tail, then into the prefix.
+        let mut q = tail.len() - 1;
+        let mut acc = 0.0;
+        for s in (0..tail.len() - 1).rev() {
+            let l1 = mf * (tail[s].f + tail[s].b);
+            let l2 = mf * (tail[q].f + tail[q].b) + acc;
+            if l1 > l2 {
+                q = s;
+                acc = 0.0;
+            } else {
+                acc += tail[s].f + tail[s].b;
+            }
+        }
+        let threshold = mf * (tail[q].f + tail[q].b) + acc;
+        let r = self.records.partition_point(|&(k, _)| k <= threshold);
+        let q = if r < self.records.len() {
+            if self.cont[r] == usize::MAX {
+                let s0 = self.records[r].1;
+                let mut q = s0;
+                let mut acc = 0.0;
+                for s in (0..s0).rev() {
+                    if mf * self.c[s] > mf * self.c[q] + acc {
+                        q = s;
+                        acc = 0.0;
+                    } else {
+                        acc += self.c[s];
+                    }
+                }
+                self.cont[r] = q;
+            }
+            self.cont[r]
+        } else {
+            p + q
+        };
+        let stage = |s: usize| -> (f64, f64, f64) {
+            if s < p {
+                (self.f[s], self.b[s], self.ar[s])
+            } else {
+                let x = tail[s - p];
+                (x.f, x.b, x.ar)
+            }
+        };
+        let (fq, bq, _) = stage(q);
+        let ts = mf * (fq + bq);
+        let n = p + tail.len();
+        let (tw, te) = if q < p {
+            let tw = self.fsum[q + 1];
+            let mut te = (self.bsum[q + 1] + self.up[q + 1]).max(self.bsum[q] + self.down[q + 1]);
+            let mut acc = self.bsum[p] - self.bsum[q];
+            for x in tail {
+                acc += x.b;
+                te = te.max(x.ar - acc);
+            }
+            (tw, te)
+        } else {
+            let mut tw = self.fsum[p];
+            for x in &tail[..=q - p] {
+                tw += x.f;
+            }
+            let mut te = f64::NEG_INFINITY;
+            let mut acc = 0.0;
+            for x in tail[..=q - p].iter().rev() {
+                acc += x.b;
+                te = te.max(x.ar + acc);
+            }
+            te = te.max(acc + self.bsum[p] + self.up[p]);
+            let mut acc = bq;
+            for s in q + 1..n {
+                let (_, b, ar) = stage(s);
+                acc += b;
+                te = te.max(ar - acc);
+            }
+            (tw, te)
+        };
+        (tw + ts + te, q)
+    }
+}
+
 /// Device placement policy of DAPPLE §4.3 (PPoPP Fig. 5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -1170,6 +1343,7 @@ fn run_search(ctx: &mut Ctx) -> Searched {
             });
             let mut lat = st.lat.clone();
             let base_len = lat.len();
+            let mut eq2 = PrefixLatency::new(&st.lat, ctx.m);
             for mnew in 1..nfree {
                 // The smallest stage at `i` on `mnew` devices already reaches the incumbent
                 // (then so it does on fewer devices).
@@ -1295,7 +1469,7 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                             ar: 0.0,
                         });
                         lat.push(rest_st);
-                        let (l, _) = latency(&lat, ctx.m);
+                        let (l, _) = eq2.latency(&lat[base_len..]);
                         if l < old {
                             let slot = &mut best_l[c2];
                             if slot.len() <= key as usize {
@@ -1584,6 +1758,52 @@ mod tests {
                 lb <= check * (1.0 + 1e-12),
                 "m={m} t={t} {t2} x={xs} {x2}: {lb} > {check}"
             );
+        }
+    }
+
+    /// [`PrefixLatency`] gives Eq. 2 and the pivot of [`latency`] for every split of a stage
+    /// list into a prefix and a tail.
+    #[test]
+    fn prefix_latency_is_eq2() {
+        let mut rnd = uniform(0x51_7cc1_b727_220au64);
+        for _ in 0..50_000 {
+            let s = 1 + (rnd() * 14.0) as usize;
+            let m = [1, 2, 3, 4, 8, 16, 64][(rnd() * 7.0) as usize];
+            // Some stages repeat exactly (ties in Algorithm 1), some are communication stages.
+            let mut st: Vec<LatStage> = Vec::new();
+            for _ in 0..s {
+                let x = if !st.is_empty() && rnd() < 0.2 {
+                    st[(rnd() * st.len() as f64) as usize]
+                } else if rnd() < 0.3 {
+                    let t = rnd() * 0.1;
+                    LatStage {
+                        f: t,
+                        b: t,
+                        ar: 0.0,
+                    }
+                } else {
+                    LatStage {
+                        f: rnd().powi(1 + 2 * (rnd() < 0.5) as i32),
+                        b: rnd().powi(1 + 2 * (rnd() < 0.5) as i32),
+                        ar: if rnd() < 0.5 { 0.0 } else { rnd() },
+                    }
+                };
+                st.push(x);
+            }
+            let (l, q) = latency(&st, m);
+            for p in 0..s {
+                let mut pl = PrefixLatency::new(&st[..p], m);
+                let (l2, q2) = pl.latency(&st[p..]);
+                // Twice: the second reads the cached continuation.
+                let (l3, q3) = pl.latency(&st[p..]);
+                assert_eq!((l2, q2), (l3, q3));
+                assert!(
+                    (l2 - l).abs() <= 1e-12 * l.abs().max(1.0),
+                    "{st:?} m={m} p={p}: {l2} (Q={q2}) vs {l} (Q={q})"
+                );
+                let (lq, _) = latency(&st, m);
+                assert_eq!(q2, q, "{st:?} m={m} p={p}: pivot, L {l2} vs {lq}");
+            }
         }
     }
 

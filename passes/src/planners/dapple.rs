@@ -129,21 +129,25 @@ pub fn pivot(st: &[LatStage], m: usize) -> usize {
     if st.is_empty() {
         return 0;
     }
-    let mf = m.max(1) as f64 - 1.0;
-    let mut q = st.len() - 1;
+    scan_pivot(|s| st[s].f + st[s].b, st.len() - 1, m.max(1) as f64 - 1.0).0
+}
+
+/// Algorithm 1's scan over the stages before `q` (from the back, `c(s) = F_s + B_s`, `mf = M − 1`)
+/// with `q` the pivot so far: the pivot and the final `acc = Σ_{0 ≤ s' < Q} c(s')` since the last
+/// move.
+fn scan_pivot(c: impl Fn(usize) -> f64, q: usize, mf: f64) -> (usize, f64) {
+    let mut q = q;
     // acc = Σ_{s < s' < Q} (F_{s'} + B_{s'}) for the current s.
     let mut acc = 0.0;
-    for s in (0..st.len() - 1).rev() {
-        let l1 = mf * (st[s].f + st[s].b);
-        let l2 = mf * (st[q].f + st[q].b) + acc;
-        if l1 > l2 {
+    for s in (0..q).rev() {
+        if mf * c(s) > mf * c(q) + acc {
             q = s;
             acc = 0.0;
         } else {
-            acc += st[s].f + st[s].b;
+            acc += c(s);
         }
     }
-    q
+    (q, acc)
 }
 
 /// DAPPLE's latency `L = T_w + T_s + T_e` (Eq. 2) of a stage list for `m` micro-batches, and
@@ -265,34 +269,13 @@ impl PrefixLatency {
         }
         let mf = self.mf;
         // Algorithm 1 over the tail, then into the prefix.
-        let mut q = tail.len() - 1;
-        let mut acc = 0.0;
-        for s in (0..tail.len() - 1).rev() {
-            let l1 = mf * (tail[s].f + tail[s].b);
-            let l2 = mf * (tail[q].f + tail[q].b) + acc;
-            if l1 > l2 {
-                q = s;
-                acc = 0.0;
-            } else {
-                acc += tail[s].f + tail[s].b;
-            }
-        }
+        let (q, acc) = scan_pivot(|s| tail[s].f + tail[s].b, tail.len() - 1, mf);
         let threshold = mf * (tail[q].f + tail[q].b) + acc;
         let r = self.records.partition_point(|&(k, _)| k <= threshold);
         let q = if r < self.records.len() {
             if self.cont[r] == usize::MAX {
-                let s0 = self.records[r].1;
-                let mut q = s0;
-                let mut acc = 0.0;
-                for s in (0..s0).rev() {
-                    if mf * self.c[s] > mf * self.c[q] + acc {
-                        q = s;
-                        acc = 0.0;
-                    } else {
-                        acc += self.c[s];
-                    }
-                }
-                self.cont[r] = q;
+                let c = &self.c;
+                self.cont[r] = scan_pivot(|s| c[s], self.records[r].1, mf).0;
             }
             self.cont[r]
         } else {

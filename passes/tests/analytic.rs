@@ -332,3 +332,57 @@ fn planning_graph_drops_what_the_loss_never_reads() {
         .iter()
         .all(|&e| !full.edges[e].cotangent));
 }
+
+/// Weight-gradient kernels (the zero-bubble schedules' `W`): a matmul's `dW = Xᵀ·dY` is `W`,
+/// its `dX = dY·Wᵀ` is `B`; a node without parameters has no `W`; the bias gradient (a sum of
+/// `dY` over the batch) is `W` too.
+#[test]
+fn weight_gradient_kernels_are_w() {
+    use pipec_passes::cost::analytic::planning_graph;
+    let m = mlp(DType::F32);
+    let opts = AnalyticOptions {
+        dims: BTreeMap::from([("batch".to_string(), 64)]),
+        ..AnalyticOptions::default()
+    };
+    let (g, note) = planning_graph(&m, &opts, "mlp").expect("planning graph");
+    assert!(note.is_none(), "{note:?}");
+    let kind = h100_80gb();
+    let node = |name: &str| g.nodes.iter().position(|n| n.name == name).unwrap();
+    let kernels = |n: usize| match &g.nodes[n].work {
+        Work::Counted { bwd_kernels, .. } => bwd_kernels.clone(),
+        Work::Measured { .. } => panic!("not counted"),
+    };
+    // fc2 = MatMul(r, w2): dW (weight) and dX (not).
+    let fc2 = kernels(node("fc2"));
+    let flops = |w: bool| -> f64 { fc2.iter().filter(|k| k.weight == w).map(|k| k.flops).sum() };
+    assert_eq!(flops(true), flops(false), "{fc2:?}");
+    assert!(flops(true) > 0.0);
+    // relu: no parameter, no W.
+    assert_eq!(g.weight_time(node("relu"), 64.0, &kind), 0.0);
+    assert!(kernels(node("relu")).iter().all(|k| !k.weight));
+    // fc1 = Gemm(x, w1, b1) on the data input: its dX is never needed, every kernel left is W.
+    let fc1 = node("fc1");
+    let (_, b) = g.times(fc1, 64.0, &kind);
+    let w = g.weight_time(fc1, 64.0, &kind);
+    assert!(w > 0.0 && w <= b * (1.0 + 1e-12), "w {w} b {b}");
+    // Split at fc1: the second half's input gradient needs relu's, fc2's and the softmax's
+    // `B`; its `W` is fc2's weight gradient, reading fc2's input and the `dY` `B` made.
+    let trained = g.trained_nodes();
+    let second: Vec<bool> = (0..g.len()).map(|n| n != fc1).collect();
+    let w2 = g.weight_part(&second, &trained, 64.0, &kind);
+    let fc2n = node("fc2");
+    assert!(
+        (w2.wgt_s - g.weight_time(fc2n, 64.0, &kind)).abs() < 1e-15,
+        "{w2:?}"
+    );
+    assert!(
+        w2.carried_bytes > 0.0 && w2.weight_saved_bytes > 0.0,
+        "{w2:?}"
+    );
+    // fc1 alone sends no input gradient (it reads the data input): its whole backward is `W`,
+    // which holds the cotangent of `h` it receives (64 × 128 floats).
+    let first: Vec<bool> = (0..g.len()).map(|n| n == fc1).collect();
+    let w1 = g.weight_part(&first, &trained, 64.0, &kind);
+    assert_eq!(w1.wgt_s, b, "{w1:?}");
+    assert_eq!(w1.carried_bytes, 64.0 * 128.0 * 4.0);
+}

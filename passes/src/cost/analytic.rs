@@ -378,6 +378,7 @@ fn forward_work(
                 c.weight_bytes
             },
         precision: op_precision(d, ty),
+        weight: false,
     }
 }
 
@@ -456,6 +457,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
                 bytes: 0.0,
                 fixed_bytes: 0.0,
                 precision: op_precision(d, &ty),
+                weight: false,
             };
             (OpCost::default(), none)
         };
@@ -754,6 +756,54 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         }
     }
     let mut tied_kernels: Vec<Vec<Kernel>> = vec![Vec::new(); g.tied.len()];
+    // Per value the weight-gradient kernels read (not a parameter), the nodes reading it.
+    let mut weight_reader: BTreeMap<(bool, Value), BTreeSet<usize>> = BTreeMap::new();
+    // Weight-gradient ops (Qi et al.'s `W`): backward ops of a node whose results reach only
+    // parameter gradients (directly, through the node's own backward ops, through a tied
+    // parameter's sum, or as a value with no batch axis through another node's weight-gradient
+    // ops), never the input gradient of another node, the loss or a gradient of a data input:
+    // one sweep against the order.
+    let weight_ops: HashSet<Op> = {
+        let uses = tgr.uses();
+        let param_grads: HashSet<Value> = tg
+            .grads
+            .iter()
+            .filter(|(p, _)| is_param(*p))
+            .map(|&(_, gv)| gv)
+            .collect();
+        let outputs: HashSet<Value> = tgr.outputs.iter().copied().collect();
+        let mut w: HashSet<Op> = HashSet::new();
+        for &op in tgr.order.iter().rev() {
+            let Some(Role::Bwd(n)) = role_of.get(&op).copied() else {
+                continue;
+            };
+            let n = *n;
+            let mut reaches_grad = false;
+            let only_grads = tgr.ops[op].outputs.iter().all(|&v| {
+                if outputs.contains(&v) {
+                    if !param_grads.contains(&v) {
+                        return false;
+                    }
+                    reaches_grad = true;
+                }
+                // A value with no batch axis (the cotangent of a weight's transpose, read by
+                // a per-step matmul) may go on to another node's weight-gradient ops.
+                let batch_free =
+                    symbolic && bytes_of(tgr.ty(v), env1) == bytes_of(tgr.ty(v), &env2);
+                uses[v].iter().all(|&(c, _)| {
+                    let ok = tied_sum.contains_key(&c)
+                        || (matches!(role_of.get(&c), Some(Role::Bwd(m)) if *m == n || batch_free)
+                            && w.contains(&c));
+                    reaches_grad |= ok;
+                    ok
+                })
+            });
+            if only_grads && reaches_grad {
+                w.insert(op);
+            }
+        }
+        w
+    };
     let sums: HashMap<Op, &[Option<Op>]> = tg
         .cotangent_sums
         .iter()
@@ -819,6 +869,21 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         } else {
             (c1.fwd_flops, 0.0, c1.fwd_bytes, c1.weight_bytes)
         };
+        if weight_ops.contains(&op) {
+            // What the weight-gradient part reads besides parameters: forward values and
+            // what the input-gradient part computed.
+            for &v in tgr.ops[op].inputs.iter().flatten() {
+                // Carried: made by the input-gradient part; else a saved forward value.
+                let held = match tgr.values[v].def {
+                    ValueDef::Result(p, _) if weight_ops.contains(&p) => None,
+                    ValueDef::Result(p, _) => Some(!matches!(role_of.get(&p), Some(Role::Fwd(_)))),
+                    _ => (!is_param(v)).then_some(false),
+                };
+                if let Some(carried) = held {
+                    weight_reader.entry((carried, v)).or_default().insert(node);
+                }
+            }
+        }
         if flops + fixed_flops + bytes + fixed_bytes == 0.0 {
             continue;
         }
@@ -830,6 +895,7 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             bytes,
             fixed_bytes,
             precision: op_precision(d, &ty),
+            weight: weight_ops.contains(&op),
         };
         if let (Some(from), Role::Bwd(_), None) = (sums.get(&op), role, tied_sum.get(&op)) {
             let from = from
@@ -864,6 +930,18 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             di.saved_by = r.iter().copied().collect();
         }
     }
+    let mut held = vec![[0.0; 4]; g.len()];
+    for ((carried, v), readers) in weight_reader {
+        let Some(&n) = readers.last() else { continue };
+        let (prop, fixed) = batch_split(
+            bytes_of(tgr.ty(v), env1),
+            symbolic.then(|| bytes_of(tgr.ty(v), &env2)),
+        );
+        let k = if carried { 2 } else { 0 };
+        held[n][k] += prop;
+        held[n][k + 1] += fixed;
+    }
+    g.weight_held = held;
     let mut saved = vec![(0.0, 0.0); g.len()];
     let mut shared = Vec::new();
     for (v, readers) in reader {

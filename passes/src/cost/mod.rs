@@ -105,6 +105,10 @@ pub struct Kernel {
     pub bytes: f64,
     pub fixed_bytes: f64,
     pub precision: Precision,
+    /// A weight-gradient kernel: what it computes reaches only parameter gradients, never the
+    /// cotangent another node's backward reads (Qi et al.'s `W`, the rest being `B`; see
+    /// [`CostGraph::weight_time`]).
+    pub weight: bool,
 }
 
 impl Kernel {
@@ -194,6 +198,17 @@ pub struct GroupCost {
     pub out_bytes: f64,
 }
 
+/// A split backward's weight-gradient part ([`CostGraph::weight_part`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WeightPart {
+    /// Seconds of `W`.
+    pub wgt_s: f64,
+    /// Saved activations held from `B` to `W` (of the set's saved bytes).
+    pub weight_saved_bytes: f64,
+    /// Values `B` computes for `W`.
+    pub carried_bytes: f64,
+}
+
 /// Prefix sums over [`CostGraph::topo_order`] at one batch and device kind, for planners that cut
 /// the linearized graph into contiguous runs (PipeDream, DAPPLE, BaPipe, `straight`).
 ///
@@ -279,6 +294,13 @@ pub struct CostGraph {
     /// Saved values that the backward of several nodes reads (see [`SharedSaved`]); empty for
     /// graphs from profiles.
     pub shared_saved: Vec<SharedSaved>,
+    /// Per node, what a micro-batch holds between the input-gradient and the weight-gradient
+    /// part of a split backward (zero bubble), the values the node's weight-gradient kernels
+    /// read: `[saved, saved_fixed, carried, carried_fixed]`, the forward values among them
+    /// (a matmul's `X`, part of the saved activations) and those its input-gradient kernels
+    /// computed (its `dY`), each as bytes at the reference batch and fixed bytes. Empty for
+    /// graphs from profiles (then a split holds the saved activations and carries nothing).
+    pub weight_held: Vec<[f64; 4]>,
     /// The loss's forward ops (`pipec.phase = loss`, run by the forward piece of the stage that
     /// computes the model's first output) as kernels, timed with the forward of `loss_node`;
     /// empty for graphs from profiles.
@@ -325,6 +347,7 @@ impl CotangentSum {
             bytes: self.kernel.bytes * rw,
             fixed_bytes: self.kernel.fixed_bytes * rw,
             precision: self.kernel.precision,
+            weight: self.kernel.weight,
         }
     }
 }
@@ -481,6 +504,7 @@ impl CostGraph {
             by_name,
             tied: Vec::new(),
             shared_saved: Vec::new(),
+            weight_held: Vec::new(),
             loss_forward: Vec::new(),
             loss_node: None,
             data_inputs: Vec::new(),
@@ -580,6 +604,24 @@ impl CostGraph {
         }
     }
 
+    /// Of node `n`'s backward seconds ([`CostGraph::times`]), those of its weight-gradient
+    /// kernels (Qi et al.'s `W`; the rest is `B`, what the input gradients need). Where the
+    /// backward is not given kernel by kernel (profiles, the documented factors), a node with
+    /// parameters spends half its backward on `W`, as for a matmul (`dX = dY·Wᵀ` and
+    /// `dW = Xᵀ·dY` cost the same) and the zero-bubble paper's `T_W ≈ T_B`.
+    pub fn weight_time(&self, n: NodeId, batch: f64, kind: &DeviceKind) -> f64 {
+        let s = self.scale(batch);
+        match &self.nodes[n].work {
+            Work::Counted { bwd_kernels, .. } if !bwd_kernels.is_empty() => bwd_kernels
+                .iter()
+                .filter(|k| k.weight)
+                .map(|k| k.time(s, kind))
+                .sum(),
+            _ if self.nodes[n].parameter_bytes > 0.0 => 0.5 * self.times(n, batch, kind).1,
+            _ => 0.0,
+        }
+    }
+
     /// Forward seconds of node `n` for `batch` samples on `kind`.
     pub fn fwd_time(&self, n: NodeId, batch: f64, kind: &DeviceKind) -> f64 {
         self.times(n, batch, kind).0
@@ -662,6 +704,91 @@ impl CostGraph {
             }
         }
         c
+    }
+
+    /// Nodes whose output depends on a parameter: only those get cotangents back. A node reads
+    /// a parameter when it holds its bytes or is one of a tied parameter's readers (whose bytes
+    /// count at the first reader only, e.g. GPT-2's LM-head `Transpose(wte)`).
+    pub fn trained_nodes(&self) -> Vec<bool> {
+        let mut trained = vec![false; self.len()];
+        for t in &self.tied {
+            for &r in &t.readers {
+                trained[r] = true;
+            }
+        }
+        for &u in self.topo_order() {
+            trained[u] |= self.nodes[u].parameter_bytes > 0.0 || self.preds(u).any(|p| trained[p]);
+        }
+        trained
+    }
+
+    /// The backward of the node set `member` split for a zero-bubble schedule: the input-gradient
+    /// part `B` runs what the cotangents sent out of the set need, the backward of every node a
+    /// differentiated input of the set reaches (over edges that carry cotangents from `trained`
+    /// producers, [`CostGraph::trained_nodes`]); those nodes' weight-gradient kernels
+    /// ([`CostGraph::weight_time`]) and the whole backward of the others (a branch fed by data
+    /// inputs alone, a transposed weight another stage reads) make up `W`, which holds what
+    /// those kernels read ([`CostGraph::weight_held`]), the other nodes' saved activations and
+    /// the cotangents they receive.
+    pub fn weight_part(
+        &self,
+        member: &[bool],
+        trained: &[bool],
+        batch: f64,
+        kind: &DeviceKind,
+    ) -> WeightPart {
+        let s = self.scale(batch);
+        let mut reached = vec![false; self.len()];
+        let mut stack: Vec<NodeId> = Vec::new();
+        for e in &self.edges {
+            if !member[e.src] && member[e.dst] && e.cotangent && trained[e.src] && !reached[e.dst] {
+                reached[e.dst] = true;
+                stack.push(e.dst);
+            }
+        }
+        while let Some(u) = stack.pop() {
+            for &ei in &self.out_edges[u] {
+                let e = &self.edges[ei];
+                if member[e.dst] && e.cotangent && !reached[e.dst] {
+                    reached[e.dst] = true;
+                    stack.push(e.dst);
+                }
+            }
+        }
+        let mut w = WeightPart::default();
+        for n in (0..self.len()).filter(|&n| member[n]) {
+            let saved = self.nodes[n].saved_bytes * s + self.nodes[n].saved_fixed_bytes;
+            if !reached[n] {
+                w.wgt_s += self.times(n, batch, kind).1;
+                w.weight_saved_bytes += saved;
+                // The cotangent it receives for its output (read by other stages) waits for
+                // `W` too (the largest of its crossing edges: one value, its partial sums
+                // added as they arrive).
+                if trained[n] {
+                    w.carried_bytes += self.out_edges[n]
+                        .iter()
+                        .map(|&e| &self.edges[e])
+                        .filter(|e| !member[e.dst] && e.cotangent)
+                        .map(|e| e.bytes * s + e.fixed_bytes)
+                        .fold(0.0, f64::max);
+                }
+                continue;
+            }
+            w.wgt_s += self.weight_time(n, batch, kind);
+            match self.weight_held.get(n) {
+                Some(&[sp, sf, cp, cf]) => {
+                    w.weight_saved_bytes += sp * s + sf;
+                    w.carried_bytes += cp * s + cf;
+                }
+                None => w.weight_saved_bytes += saved,
+            }
+        }
+        for t in self.tied.iter().filter(|t| !t.accumulate.is_empty()) {
+            if t.readers.iter().all(|&r| member[r]) {
+                w.wgt_s += t.accumulate.iter().map(|k| k.time(s, kind)).sum::<f64>();
+            }
+        }
+        w
     }
 
     /// Prefix sums over the topological order at `batch` samples on `kind` (see [`Chain`]).
@@ -759,6 +886,7 @@ mod tests {
                 bytes: 500.0,
                 fixed_bytes: 0.0,
                 precision: Precision::F32,
+                weight: false,
             },
         };
         let two = cs.part(2);

@@ -41,6 +41,8 @@ def case(a, model, planner, cluster, devices):
     path = model if model.endswith(".onnx") else os.path.join(ROOT, "onnx-models", model + ".onnx")
     base = ["--cluster", cluster, "--devices", str(devices), "--planner", planner,
             "--batch", str(a.batch)]
+    if a.schedule:
+        base += ["--schedule", a.schedule]
     out = {"model": os.path.basename(path)[:-5], "planner": planner, "cluster": cluster,
            "devices": devices}
     so, err = run([a.pipec, "plan", path, *base, "--json"], a.timeout)
@@ -125,6 +127,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--schedule", help="--schedule for every plan (default: each planner's own)")
     ap.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 5%%)")
     ap.add_argument("--json")
     ap.add_argument("--md")

@@ -101,6 +101,14 @@ pub struct StageProgram {
     pub fwd: Piece,
     /// `None` when nothing in the stage needs a gradient.
     pub bwd: Option<Piece>,
+    /// The backward split for the zero-bubble schedules (Qi et al. 2023): `bwd_b` computes the
+    /// input gradients the stage sends upstream and the values `bwd_w` reads from it; `bwd_w`
+    /// the parameter gradients. Running `bwd_b` then `bwd_w` computes what `bwd` does. Present
+    /// when the schedule runs them apart (`--schedule zb-h1`); `bwd` is then kept for reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_b: Option<Piece>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwd_w: Option<Piece>,
     /// Optimizer step; `None` when the stage has no trainable parameter.
     pub step: Option<Piece>,
     /// Trainable parameters the stage holds (a tied parameter is held by several stages).
@@ -115,6 +123,18 @@ pub struct StageProgram {
     /// The forward output holding this slice's loss, and the factor that turns the sum of
     /// those values over micro-batches and replicas into the mini-batch loss.
     pub loss: Option<(String, f64)>,
+}
+
+impl StageProgram {
+    /// The piece a [`Instr::Compute`] of `pass` runs, if the stage has it.
+    pub fn piece(&self, pass: PieceKind) -> Option<&Piece> {
+        match pass {
+            PieceKind::Fwd => Some(&self.fwd),
+            PieceKind::Bwd => self.bwd.as_ref(),
+            PieceKind::BwdB => self.bwd_b.as_ref(),
+            PieceKind::BwdW => self.bwd_w.as_ref(),
+        }
+    }
 }
 
 /// The reference program of `--check`.
@@ -165,6 +185,22 @@ fn is_zero(x: &u32) -> bool {
 pub enum PieceKind {
     Fwd,
     Bwd,
+    /// The input-gradient part of a split backward ([`StageProgram::bwd_b`]).
+    BwdB,
+    /// The weight-gradient part of a split backward ([`StageProgram::bwd_w`]).
+    BwdW,
+}
+
+impl PieceKind {
+    /// As JSON names it (`fwd`, `bwd`, `bwd_b`, `bwd_w`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PieceKind::Fwd => "fwd",
+            PieceKind::Bwd => "bwd",
+            PieceKind::BwdB => "bwd_b",
+            PieceKind::BwdW => "bwd_w",
+        }
+    }
 }
 
 /// One instruction of a device program (`"op"` tags it in JSON).
@@ -250,7 +286,7 @@ impl Instr {
     pub fn describe(&self) -> String {
         match self {
             Instr::Load { mb, input, .. } => format!("load '{input}' mb {mb}"),
-            Instr::Compute { pass, mb } => format!("compute {pass:?} mb {mb}").to_lowercase(),
+            Instr::Compute { pass, mb } => format!("compute {} mb {mb}", pass.name()),
             Instr::Send {
                 mb,
                 tensor,
@@ -323,24 +359,15 @@ pub fn joined_name(piece: &str) -> &str {
 }
 
 /// The last instruction (index into `list`) reading each micro-batch buffer `(name, mb)`: the
-/// computes (every input of the forward piece `fwd_inputs`, of the backward piece
-/// `bwd_inputs`) and the sends. Frees do not count; concat and accumulate consume their inputs
-/// anyway. A runtime may move a buffer into the compute or send that is its last use, and
-/// `pipec simulate` counts its memory until then.
-pub fn last_uses(
-    list: &[Instr],
-    fwd_inputs: &[String],
-    bwd_inputs: Option<&[String]>,
-) -> HashMap<(String, u32), usize> {
+/// computes (every input of the piece of `stage` they run) and the sends. Frees do not count;
+/// concat and accumulate consume their inputs anyway. A runtime may move a buffer into the
+/// compute or send that is its last use, and `pipec simulate` counts its memory until then.
+pub fn last_uses(list: &[Instr], stage: &StageProgram) -> HashMap<(String, u32), usize> {
     let mut m = HashMap::new();
     for (k, ins) in list.iter().enumerate() {
         match ins {
             Instr::Compute { pass, mb } => {
-                let inputs = match pass {
-                    PieceKind::Fwd => Some(fwd_inputs),
-                    PieceKind::Bwd => bwd_inputs,
-                };
-                for x in inputs.into_iter().flatten() {
+                for x in stage.piece(*pass).into_iter().flat_map(|p| &p.inputs) {
                     m.insert((x.clone(), *mb), k);
                 }
             }
@@ -500,7 +527,10 @@ pub fn verify(p: &Program) -> Result<()> {
     for d in &p.devices {
         let dev = d.device;
         let mut fwd: BTreeMap<u32, usize> = BTreeMap::new();
+        // The backward (or its weight-gradient part) and the input-gradient part per
+        // micro-batch.
         let mut bwd: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut bwd_b: BTreeMap<u32, usize> = BTreeMap::new();
         let mut last_acc = None;
         let mut step_at = None;
         for (k, ins) in d.instructions.iter().enumerate() {
@@ -520,12 +550,27 @@ pub fn verify(p: &Program) -> Result<()> {
                     fwd.insert(*mb, k);
                 }
                 Instr::Compute {
-                    pass: PieceKind::Bwd,
+                    pass: pass @ (PieceKind::Bwd | PieceKind::BwdB),
                     mb,
                 } => {
                     if !fwd.contains_key(mb) {
                         return Err(Error::msg(format!(
                             "schedule: device {dev} instruction {k}: backward of micro-batch {mb} before its forward"
+                        )));
+                    }
+                    if *pass == PieceKind::Bwd {
+                        bwd.insert(*mb, k);
+                    } else {
+                        bwd_b.insert(*mb, k);
+                    }
+                }
+                Instr::Compute {
+                    pass: PieceKind::BwdW,
+                    mb,
+                } => {
+                    if !bwd_b.contains_key(mb) {
+                        return Err(Error::msg(format!(
+                            "schedule: device {dev} instruction {k}: weight gradients of micro-batch {mb} before its input gradients (bwd_b)"
                         )));
                     }
                     bwd.insert(*mb, k);
@@ -601,10 +646,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
         let Some(st) = p.stages.get(d.stage) else {
             continue;
         };
-        let piece_of = |pass: PieceKind| match pass {
-            PieceKind::Fwd => Some(&st.fwd),
-            PieceKind::Bwd => st.bwd.as_ref(),
-        };
+        let piece_of = |pass: PieceKind| st.piece(pass);
         // Last reading instruction of every (buffer, mb), as the runtime computes it.
         let mut last_use: HashMap<(&str, u32), usize> = HashMap::new();
         for (k, ins) in d.instructions.iter().enumerate() {
@@ -655,7 +697,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
                 }
                 Instr::Compute { pass, mb } => {
                     let Some(pc) = piece_of(*pass) else {
-                        return fail(format!("stage {} has no backward piece", st.id));
+                        return fail(format!("stage {} has no {} piece", st.id, pass.name()));
                     };
                     for x in &pc.inputs {
                         let key = (x.as_str(), *mb);
@@ -888,6 +930,8 @@ mod tests {
             devices: vec![id],
             fwd: piece("f"),
             bwd: None,
+            bwd_b: None,
+            bwd_w: None,
             step: None,
             params: vec![],
             updates: vec![],
@@ -1020,6 +1064,44 @@ mod tests {
             "{e}"
         );
     }
+
+    /// A split backward (`bwd_b` then `bwd_w`): the weight-gradient part before the input-gradient
+    /// part is rejected, a piece the stage lacks is named, and the order B, W verifies.
+    #[test]
+    fn weight_pass_needs_its_input_gradient_pass_and_its_piece() {
+        let c = |pass, mb| Instr::Compute { pass, mb };
+        let split = |a: Vec<Instr>| {
+            let mut p = two_devices(a, vec![]);
+            p.stages[0].bwd_b = Some(piece("b"));
+            p.stages[0].bwd_w = Some(piece("w"));
+            p
+        };
+        let e = verify(&split(vec![
+            compute_fwd(0),
+            c(PieceKind::BwdW, 0),
+            c(PieceKind::BwdB, 0),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("weight gradients of micro-batch 0 before its input gradients"),
+            "{e}"
+        );
+        verify(&split(vec![
+            compute_fwd(0),
+            c(PieceKind::BwdB, 0),
+            c(PieceKind::BwdW, 0),
+        ]))
+        .unwrap();
+        let e = verify(&two_devices(
+            vec![compute_fwd(0), c(PieceKind::BwdB, 0), c(PieceKind::BwdW, 0)],
+            vec![],
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("stage 0 has no bwd_b piece"), "{e}");
+    }
+
     fn with_fwd_inputs(mut p: Program, stage: usize, inputs: &[&str]) -> Program {
         p.stages[stage].fwd.inputs = inputs.iter().map(|x| x.to_string()).collect();
         p

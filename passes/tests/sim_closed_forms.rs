@@ -283,12 +283,15 @@ fn pipedream_round_robin_throughput() {
     let stage = |devices: Vec<usize>, f: f64, b: f64| SimStage {
         fwd_s: vec![f; devices.len()],
         bwd_s: vec![b; devices.len()],
+        wgt_s: vec![0.0; devices.len()],
         step_s: vec![0.0; devices.len()],
         devices,
         parameter_bytes: 0.0,
         tied_bytes: 0.0,
         static_bytes: 0.0,
         saved_bytes: 1.0,
+        weight_saved_bytes: 1.0,
+        carried_bytes: 0.0,
         load_bytes: 0.0,
     };
     // T_0 = 3 on one device; T_1 = 6 per whole micro-batch on each of 2 replicas.
@@ -412,11 +415,14 @@ fn pinned_devices_share_only_their_core() {
                 devices: vec![i],
                 fwd_s: vec![w],
                 bwd_s: vec![0.0],
+                wgt_s: vec![0.0],
                 step_s: vec![0.0],
                 parameter_bytes: 0.0,
                 tied_bytes: 0.0,
                 static_bytes: 0.0,
                 saved_bytes: 1.0,
+                weight_saved_bytes: 1.0,
+                carried_bytes: 0.0,
                 load_bytes: 0.0,
             })
             .collect();
@@ -601,6 +607,63 @@ fn per_stage_micro_batches_follow_appendix_a1() {
                     _ => {}
                 }
             }
+        }
+    }
+}
+
+/// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, §3.1) on S equal stages with
+/// the backward split into `B` (input gradients) and `W` (weight gradients), M ≥ S micro-batches
+/// and free communication: for `W ≤ F` the iteration takes the paper's `M(F+B+W) + (S−1)(F+B−W)`
+/// where 1F1B takes `(M+S−1)(F+B+W)` (for `F = B = W`, a third of 1F1B's bubble); for `W > F`
+/// the last stage's deferred `W`s outlast the forwards they stand in for, `(S−1)(W−F)` more, so
+/// in general `M(F+B+W) + (S−1)(max(F,W)+B−W)`. Every stage keeps at most S micro-batches in
+/// flight, 1F1B's first-stage count (its peak memory).
+#[test]
+fn zb_h1_bubble_and_in_flight() {
+    for &(s, m) in &[(2, 2), (4, 4), (4, 8), (3, 7), (8, 32), (5, 5)] {
+        for &(f, b, w) in &[
+            (1.0, 1.0, 1.0),
+            (1.0, 0.6, 0.4),
+            (2.0, 1.0, 0.5),
+            (0.5, 1.0, 0.8),
+        ] {
+            let mut sg = StageGraph::uniform_chain(s, f, b + w, 0.0);
+            // Parameters (a byte: their accumulations take picoseconds) so that stages split.
+            for st in &mut sg.stages {
+                st.wgt_s = vec![w];
+                st.parameter_bytes = 1.0;
+            }
+            let c = flat(s, 1e9);
+            let zb = simulate(
+                &sg,
+                &schedule::generate(&sg, ScheduleKind::ZbH1, m),
+                &c,
+                AllReduceAlgo::Ring,
+            )
+            .expect("sim");
+            let want = m as f64 * (f + b + w) + (s - 1) as f64 * (f.max(w) + b - w);
+            assert!(
+                close(zb.iteration_time_s, want),
+                "ZB-H1 S={s} M={m} F={f} B={b} W={w}: {} != {want}",
+                zb.iteration_time_s
+            );
+            let one = simulate(
+                &sg,
+                &schedule::generate(&sg, ScheduleKind::OneFOneB, m),
+                &c,
+                AllReduceAlgo::Ring,
+            )
+            .expect("sim");
+            assert!(close(
+                one.iteration_time_s,
+                (m + s - 1) as f64 * (f + b + w)
+            ));
+            assert!(
+                zb.stage_in_flight.iter().all(|&k| k <= s),
+                "S={s} M={m}: {:?}",
+                zb.stage_in_flight
+            );
+            assert_eq!(zb.stage_in_flight[0], s.min(m));
         }
     }
 }

@@ -55,8 +55,9 @@ pub struct CompileArgs {
     #[arg(long = "micro-batch")]
     pub micro_batch: Option<u64>,
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
-    /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up)
-    /// (default: the planner's own).
+    /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up),
+    /// gpp-per-stage, zb-h1 (zero bubble: each backward split into input-gradient and
+    /// weight-gradient pieces, the latter run later) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.

@@ -66,7 +66,9 @@ pub struct PlanArgs {
     pub micro_batch: Option<u64>,
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
     /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up; with
-    /// `--planner gpp` the DP sizes the in-flight memory for it) (default: the planner's own).
+    /// `--planner gpp` the DP sizes the in-flight memory for it), gpp-per-stage, zb-h1 (zero
+    /// bubble: each backward split into input-gradient and weight-gradient passes, the latter
+    /// filling the pipeline's idle time) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file

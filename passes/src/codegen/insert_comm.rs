@@ -25,7 +25,9 @@
 //! deterministic order, so the same plan always gives byte-identical schedules.
 
 use super::layout::{concrete_dims, cot_name, layout, Layout};
-use crate::sim::schedule::{fb_order_grouped, round_robin_micro_batches};
+use crate::sim::schedule::{
+    fb_order_grouped, round_robin_micro_batches, weight_lag, with_weight_passes, Pass,
+};
 use crate::sim::{heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
 use pipec_compiler::program::{
@@ -514,10 +516,34 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             } else {
                 fb_order_grouped(k, group, nmb)
             };
-            for (fwd, m) in events {
+            // A split backward runs its weight-gradient part later (zero bubble).
+            let split = st.bwd_b.is_some() && st.bwd_w.is_some();
+            let passes = with_weight_passes(&events, split, weight_lag(&depth, s));
+            for (pass, m) in passes {
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
                 };
+                let fwd = pass == Pass::Fwd;
+                if let (Pass::Wgt, Some(w)) = (pass, &st.bwd_w) {
+                    let mb = m as u32;
+                    list.push(Instr::Compute {
+                        pass: PieceKind::BwdW,
+                        mb,
+                    });
+                    if !param_grad_names.is_empty() {
+                        list.push(Instr::Accumulate {
+                            mb,
+                            tensors: param_grad_names.clone(),
+                        });
+                    }
+                    let mut names = live.remove(&mb).unwrap_or_default();
+                    names.retain(|x| !w.outputs.contains(x));
+                    list.push(Instr::Free {
+                        mb,
+                        tensors: dedup(names),
+                    });
+                    continue;
+                }
                 let mb = m as u32;
                 let own = ohi - olo;
                 if fwd {
@@ -708,12 +734,13 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     }
                     incoming.sort_by_key(|x| x.0);
                     list.extend(incoming.into_iter().flat_map(|x| x.1));
-                    list.push(Instr::Compute {
-                        pass: PieceKind::Bwd,
-                        mb,
-                    });
+                    let (pass, ran) = match &st.bwd_b {
+                        Some(b) if split => (PieceKind::BwdB, b),
+                        _ => (PieceKind::Bwd, bwd),
+                    };
+                    list.push(Instr::Compute { pass, mb });
                     keep.extend(
-                        bwd.outputs
+                        ran.outputs
                             .iter()
                             .filter(|o| !param_grad_names.contains(o))
                             .cloned(),
@@ -754,6 +781,20 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     }
                     outgoing.sort_by_key(|x| x.0);
                     list.extend(outgoing.into_iter().map(|x| x.1));
+                    if let (true, Some(w)) = (split, &st.bwd_w) {
+                        // What the weight-gradient part reads stays; the rest goes now.
+                        let keep = live.entry(mb).or_default();
+                        let (stay, gone): (Vec<String>, Vec<String>) =
+                            keep.drain(..).partition(|x| w.inputs.contains(x));
+                        *keep = stay;
+                        if !gone.is_empty() {
+                            list.push(Instr::Free {
+                                mb,
+                                tensors: dedup(gone),
+                            });
+                        }
+                        continue;
+                    }
                     if !param_grad_names.is_empty() {
                         list.push(Instr::Accumulate {
                             mb,

@@ -31,7 +31,10 @@
 //!      early backward; GraphPipe's kFkB `k` backwards and `k` forwards in turn; per-stage sizes:
 //!      [`crate::sim::schedule::per_stage_warmups`]), receives just before the compute that
 //!      reads them, sends right after the compute that makes them, gradient accumulation after
-//!      each backward, then the all-reduces (in one global order) and the step.
+//!      each backward, then the all-reduces (in one global order) and the step. Under a schedule
+//!      that splits the backward (`zb-h1`), a stage that sends input gradients gets the pieces
+//!      `bwd_b` and `bwd_w` ([`pieces::split_backward`]) and its weight passes trail its
+//!      backwards ([`crate::sim::schedule::with_weight_passes`]); the accumulation follows `W`.
 //!   5. *Scaling*: the loss of a slice is pre-scaled by `1/(M·r)` (mean losses) or `1/M` (sum),
 //!      so every gradient of a step is the plain sum over micro-batches, replicas and holders,
 //!      equal to single-device training with gradient accumulation (DAPPLE's equivalence).
@@ -402,6 +405,34 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             }
             None => None,
         };
+        // The backward split in two when the schedule runs its parts apart (zero bubble):
+        // input gradients (`bwd_b`) and parameter gradients (`bwd_w`).
+        let (bwd_b, bwd_w) = match &p.bwd {
+            // As the simulator: only a stage that sends input gradients upstream splits
+            // (`StageGraph::splits_backward`).
+            Some(bm)
+                if opts.schedule.splits_backward()
+                    && !p.param_grads.is_empty()
+                    && !p.input_grads.is_empty() =>
+            {
+                let names: Vec<String> = p.param_grads.iter().map(|x| x.1.clone()).collect();
+                let sp = pieces::split_backward(bm, &names, &format!("s{s}.bwd"))
+                    .map_err(|e| Error::msg(format!("stage {s}: {e}")))?;
+                if sp.w.graph.order.is_empty() {
+                    (None, None)
+                } else {
+                    let (fb, fw) = (
+                        format!("stages/s{s}.bwd_b.onnx"),
+                        format!("stages/s{s}.bwd_w.onnx"),
+                    );
+                    let (pb, pw) = (piece(&fb, &sp.b), piece(&fw, &sp.w));
+                    modules.push((fb, sp.b));
+                    modules.push((fw, sp.w));
+                    (Some(pb), Some(pw))
+                }
+            }
+            _ => (None, None),
+        };
         let (step, updates, state_init, step_counter) = if step_params.is_empty() {
             (None, vec![], vec![], None)
         } else {
@@ -423,6 +454,8 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             devices: stage_devices[s].clone(),
             fwd,
             bwd,
+            bwd_b,
+            bwd_w,
             step,
             params: held.into_iter().collect(),
             updates,

@@ -24,6 +24,11 @@ pub enum ScheduleKind {
     /// GraphPipe's per-stage micro-batch sizes and `k_sFk_sB` schedules
     /// ([`crate::sim::PerStage`] on the stage graph; without it, the same as `gpp`).
     GppPerStage,
+    /// Zero-bubble ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, §3.1): 1F1B's
+    /// forwards and backwards with each backward split into `B` (input gradients) and `W`
+    /// (weight gradients), a stage's `W` lagging its `B` by as many micro-batches as the stage
+    /// lies behind the deepest one ([`crate::sim::schedule::weight_lag`]).
+    ZbH1,
 }
 
 /// The label ([`ScheduleKind::label`]).
@@ -35,7 +40,7 @@ impl std::fmt::Display for ScheduleKind {
 
 impl ScheduleKind {
     /// All kinds, in `--schedule` order.
-    pub const ALL: [ScheduleKind; 9] = [
+    pub const ALL: [ScheduleKind; 10] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::DappleA,
@@ -45,6 +50,7 @@ impl ScheduleKind {
         ScheduleKind::GPipeRecompute,
         ScheduleKind::OneFOneBRecompute,
         ScheduleKind::OneFOneBRr,
+        ScheduleKind::ZbH1,
     ];
 
     /// The `--schedule` name.
@@ -61,6 +67,7 @@ impl ScheduleKind {
             ScheduleKind::OneFOneBRr => "1f1b-rr",
             ScheduleKind::Kfkb(_) => "kfkb",
             ScheduleKind::GppPerStage => "gpp-per-stage",
+            ScheduleKind::ZbH1 => "zb-h1",
         }
     }
 
@@ -98,6 +105,12 @@ impl ScheduleKind {
         )
     }
 
+    /// Whether a stage's backward runs as two tasks, `B` (input gradients) then, later, `W`
+    /// (weight gradients).
+    pub fn splits_backward(self) -> bool {
+        self == ScheduleKind::ZbH1
+    }
+
     /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
     /// even slice of every micro-batch.
     pub fn round_robin(self) -> bool {
@@ -128,7 +141,8 @@ impl ScheduleKind {
             | ScheduleKind::Gpp
             | ScheduleKind::OneFOneBRecompute
             | ScheduleKind::OneFOneBRr
-            | ScheduleKind::GppPerStage => depth,
+            | ScheduleKind::GppPerStage
+            | ScheduleKind::ZbH1 => depth,
             ScheduleKind::DappleB => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
             ScheduleKind::Kfkb(1) => depth,

@@ -83,6 +83,13 @@ pub enum TaskKind {
         mb: usize,
         device: usize,
     },
+    /// The weight-gradient part of a split backward (Qi et al.'s `W`; the `Backward` before it
+    /// is then the input-gradient part `B`).
+    WeightGrad {
+        stage: usize,
+        mb: usize,
+        device: usize,
+    },
     Step {
         stage: usize,
         device: usize,
@@ -291,6 +298,7 @@ impl Builder {
                         k,
                         TaskKind::Forward { .. }
                             | TaskKind::Backward { .. }
+                            | TaskKind::WeightGrad { .. }
                             | TaskKind::Step { .. }
                             | TaskKind::Memory { .. }
                     )
@@ -317,6 +325,7 @@ impl Builder {
             let d = match &kinds[id] {
                 TaskKind::Forward { device, .. }
                 | TaskKind::Backward { device, .. }
+                | TaskKind::WeightGrad { device, .. }
                 | TaskKind::Step { device, .. }
                 | TaskKind::Memory { device } => *device,
                 _ => 0,
@@ -758,6 +767,7 @@ pub fn simulate(
                 0.0
             }
         };
+        let split_here = sg.splits_backward(s, sched.kind);
         let mut backwards_seen = 0usize;
         let mut prev_stream: Option<u32> = None;
         let mut last_compute: Option<u32> = None;
@@ -772,13 +782,26 @@ pub fn simulate(
                     },
                     st.fwd_s[r],
                 )),
+                // With the backward split, `Backward` is its input-gradient part.
                 Instr::Backward { mb, .. } => Some((
                     TaskKind::Backward {
                         stage: s,
                         mb: *mb,
                         device: d,
                     },
-                    st.bwd_s[r],
+                    if split_here {
+                        (st.bwd_s[r] - st.wgt_s[r]).max(0.0)
+                    } else {
+                        st.bwd_s[r]
+                    },
+                )),
+                Instr::WeightGrad { mb, .. } => Some((
+                    TaskKind::WeightGrad {
+                        stage: s,
+                        mb: *mb,
+                        device: d,
+                    },
+                    st.wgt_s[r],
                 )),
                 Instr::OptimizerStep { .. } => Some((
                     TaskKind::Step {
@@ -814,7 +837,14 @@ pub fn simulate(
                 }
                 prev_stream = Some(id);
                 last_compute = Some(id);
-                if matches!(ins, Instr::Backward { .. }) {
+                // The micro-batch's gradients are complete after its backward, or after its
+                // weight-gradient part when split.
+                let grads_done = match ins {
+                    Instr::Backward { .. } => !split_here,
+                    Instr::WeightGrad { .. } => true,
+                    _ => false,
+                };
+                if grads_done {
                     if backwards_seen > 0 && accumulate_s > 0.0 {
                         // After the backward on the stream; the gradient sends that follow
                         // wait only for the backward (codegen sends, then accumulates).
@@ -934,6 +964,25 @@ pub fn simulate(
                     mem_events[*device].push((end[i], -load));
                 }
                 flight_events[*device].push((start[i], 1));
+            }
+            TaskKind::Backward { stage, device, .. } if sg.splits_backward(*stage, sched.kind) => {
+                // The input-gradient part: the micro-batch stays in flight until its
+                // weight-gradient part, holding what that reads (saved activations and the
+                // values this part computes for it) instead of all its saved activations.
+                devices[*device].busy_s += dt;
+                let st = &sg.stages[*stage];
+                mem_events[*device].push((start[i], st.carried_bytes));
+                mem_events[*device].push((end[i], st.weight_saved_bytes - st.saved_bytes));
+            }
+            TaskKind::WeightGrad { stage, device, .. } => {
+                devices[*device].busy_s += dt;
+                let st = &sg.stages[*stage];
+                mem_events[*device].push((end[i], -st.weight_saved_bytes - st.carried_bytes));
+                let b = sg.stages[*stage].parameter_bytes;
+                mem_events[*device].push((start[i], b));
+                mem_events[*device].push((end[i], -b));
+                flight_events[*device].push((end[i], -1));
+                grads_from[*device] = grads_from[*device].min(end[i]);
             }
             TaskKind::Backward { stage, device, .. } => {
                 devices[*device].busy_s += dt;

@@ -256,15 +256,19 @@ pub fn replay(
             cluster.len()
         )));
     }
-    // Load every piece once: (stage, 0 fwd / 1 bwd / 2 step).
+    // Load every piece once: (stage, 0 fwd / 1 bwd / 2 step / 3 bwd_b / 4 bwd_w).
     let mut pieces: HashMap<(usize, u8), PieceModel> = HashMap::new();
     for st in &p.stages {
         pieces.insert((st.id, 0), PieceModel::load(outdir, &st.fwd)?);
-        if let Some(b) = &st.bwd {
-            pieces.insert((st.id, 1), PieceModel::load(outdir, b)?);
-        }
-        if let Some(s) = &st.step {
-            pieces.insert((st.id, 2), PieceModel::load(outdir, s)?);
+        for (k, piece) in [
+            (1u8, &st.bwd),
+            (2, &st.step),
+            (3, &st.bwd_b),
+            (4, &st.bwd_w),
+        ] {
+            if let Some(b) = piece {
+                pieces.insert((st.id, k), PieceModel::load(outdir, b)?);
+            }
         }
     }
     // Parameter bytes per stage, from the forward piece's (else the step or backward piece's)
@@ -345,11 +349,7 @@ pub fn replay(
         tasks.pending.clear();
         // Gradient buffers that hold a sum since the last optimizer step.
         let mut accumulated: FxHashSet<&str> = FxHashSet::default();
-        let last_use = pipec_compiler::program::last_uses(
-            &dp.instructions,
-            &stage.fwd.inputs,
-            stage.bwd.as_ref().map(|p| p.inputs.as_slice()),
-        );
+        let last_use = pipec_compiler::program::last_uses(&dp.instructions, stage);
         for (k_ins, ins) in dp.instructions.iter().enumerate() {
             match ins {
                 Instr::Load { mb, input, samples } => {
@@ -369,6 +369,8 @@ pub fn replay(
                     let k = match pass {
                         PieceKind::Fwd => 0u8,
                         PieceKind::Bwd => 1,
+                        PieceKind::BwdB => 3,
+                        PieceKind::BwdW => 4,
                     };
                     let pm = pieces.get_mut(&(stage.id, k)).ok_or_else(|| {
                         Error::msg(format!(
@@ -377,11 +379,7 @@ pub fn replay(
                             stage.id
                         ))
                     })?;
-                    let piece = if k == 0 {
-                        &stage.fwd
-                    } else {
-                        stage.bwd.as_ref().unwrap_or(&stage.fwd)
-                    };
+                    let piece = stage.piece(*pass).unwrap_or(&stage.fwd);
                     let default = p.micro_batch / (stage.devices.len().max(1) as u64);
                     let samples = piece
                         .inputs
@@ -414,22 +412,19 @@ pub fn replay(
                             take(&mut bufs[d], &mut live[d], i, *mb);
                         }
                     }
-                    let mbu = *mb as usize;
-                    let (tk, name, cat) = if k == 0 {
-                        let tk = TaskKind::Forward {
-                            stage: stage.id,
-                            mb: mbu,
-                            device: d,
-                        };
-                        (tk, format!("F{mb}"), "forward")
-                    } else {
-                        let tk = TaskKind::Backward {
-                            stage: stage.id,
-                            mb: mbu,
-                            device: d,
-                        };
-                        (tk, format!("B{mb}"), "backward")
+                    let (stage, mb, device) = (stage.id, *mb as usize, d);
+                    let (tk, tag, cat) = match pass {
+                        PieceKind::Fwd => (TaskKind::Forward { stage, mb, device }, 'F', "forward"),
+                        PieceKind::Bwd | PieceKind::BwdB => {
+                            (TaskKind::Backward { stage, mb, device }, 'B', "backward")
+                        }
+                        PieceKind::BwdW => (
+                            TaskKind::WeightGrad { stage, mb, device },
+                            'W',
+                            "weight-grad",
+                        ),
                     };
+                    let name = format!("{tag}{mb}");
                     tasks.on_stream(d, StreamTask::New(tk, t, Some((name, cat))));
                 }
                 Instr::Send {
@@ -484,7 +479,7 @@ pub fn replay(
                     let id = tasks.message(cluster, *tag, *peer, d, bytes);
                     tasks.pending.push((id, format!("wait {tensor}[{mb}]")));
                     let whole = pipec_compiler::program::joined_name(tensor);
-                    let rows = [0u8, 1].iter().find_map(|k| {
+                    let rows = [0u8, 1, 3, 4].iter().find_map(|k| {
                         let port = pieces.get(&(stage.id, *k))?.inputs.get(whole)?;
                         port.samples_of(shape)
                     });
@@ -632,6 +627,7 @@ pub fn replay(
         match k {
             TaskKind::Forward { device, .. }
             | TaskKind::Backward { device, .. }
+            | TaskKind::WeightGrad { device, .. }
             | TaskKind::Step { device, .. } => devs[*device].busy_s += e - s,
             TaskKind::AllReduce { devices, .. } => {
                 for &g in devices {

@@ -18,6 +18,7 @@
 //! | `gpipe-recompute` | `M`, backward re-runs the forward | GPipe §2.3 re-materialisation |
 //! | `1f1b-recompute` | `min(depth(s), M)`, backward re-runs the forward | DAPPLE "+ RC" (Table 6) |
 //! | `1f1b-rr` | `min(⌈W(s)/r_s⌉, M_k)` of the replica's own micro-batches | PipeDream 1F1B-RR (§3.3, NOAM) |
+//! | `zb-h1` | `min(depth(s), M)`, backward split into `B` and `W`, `W` lagging by `max depth − depth(s)` | Qi et al. 2023 §3.1 ZB-H1 |
 //!
 //! **Re-computation** (GPipe's re-materialisation, DAPPLE's "RC"): the `*-recompute` kinds emit the
 //! same instruction order as their base kind, and a `Backward` stands for "re-run the forward of
@@ -47,6 +48,16 @@
 //! `K` groups `K` forwards (and backwards) back to back — fewer switches between directions — at
 //! the price of more micro-batches in flight.
 //!
+//! **Zero bubble** (`zb-h1`, Qi et al., "Zero Bubble Pipeline Parallelism", 2023, §3.1): each
+//! backward of a stage that sends input gradients upstream is two tasks, `B` (the input
+//! gradients, sent at once) and `W` (the weight gradients, [`Instr::WeightGrad`]); the forwards
+//! and `B`s keep 1F1B's order and `W` trails by [`weight_lag`] backwards, the rest closing the
+//! step ([`with_weight_passes`], the rule DeepSpeed's and torch's ZB-H1 use on chains, here on the
+//! stage DAG). With `S` equal stages, `M ≥ S` and free communication an iteration takes
+//! `M(F+B+W) + (S−1)(max(F,W)+B−W)` (the paper's `(S−1)(F+B−W)` bubble for `W ≤ F`) where 1F1B
+//! takes `(M+S−1)(F+B+W)`, and no stage holds more than `S` micro-batches, 1F1B's first-stage
+//! count (`passes/tests/sim_closed_forms.rs`).
+//!
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
 
@@ -69,8 +80,12 @@ pub enum Dir {
 pub enum Instr {
     /// Forward pass of micro-batch `mb` (this replica's slice) of `stage`.
     Forward { stage: usize, mb: usize },
-    /// Backward pass of micro-batch `mb`; accumulates the weight gradients.
+    /// Backward pass of micro-batch `mb`; accumulates the weight gradients. Under a schedule
+    /// that splits the backward ([`ScheduleKind::splits_backward`]) only its input-gradient part.
     Backward { stage: usize, mb: usize },
+    /// The weight-gradient part of micro-batch `mb`'s split backward; accumulates the weight
+    /// gradients.
+    WeightGrad { stage: usize, mb: usize },
     /// Send `bytes` of micro-batch `mb` to device `peer` (of stage `to`), for its micro-batch
     /// `peer_mb` (the same index unless the stages' micro-batch sizes differ): a split/concat
     /// piece when replica counts or micro-batch sizes differ.
@@ -146,6 +161,49 @@ pub fn fb_order_grouped(warmup: usize, group: usize, m: usize) -> Vec<(bool, usi
     out
 }
 
+/// One pass of a stage's order ([`with_weight_passes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    Fwd,
+    /// The backward, or its input-gradient part when a weight pass follows.
+    Bwd,
+    /// The weight-gradient part of a split backward.
+    Wgt,
+}
+
+/// ZB-H1's lag of stage `s`'s weight passes behind its backwards: how many micro-batches its
+/// warm-up is shorter than the deepest stage's (`max depth − depth(s)`; on a chain of `S`
+/// stages, stage `i`'s `i`). With it a stage holds at most `K_s + lag = max depth` micro-batches
+/// of activations, the first stage's 1F1B count (Qi et al. §3.1: ZB-H1 keeps 1F1B's peak
+/// memory), and the stages that idle longest at the end of 1F1B fill that time with `W`.
+pub fn weight_lag(depth: &[usize], s: usize) -> usize {
+    let deepest = depth.iter().copied().max().unwrap_or(0);
+    deepest.saturating_sub(depth.get(s).copied().unwrap_or(deepest))
+}
+
+/// A stage's forward/backward `order` (backwards in micro-batch order, as [`fb_order_grouped`]
+/// makes them) with weight passes: after the `j`-th backward, the weight pass of micro-batch
+/// `j − lag` (none while `j < lag`), the rest at the end. `split = false`: the order as it is.
+pub fn with_weight_passes(order: &[(bool, usize)], split: bool, lag: usize) -> Vec<(Pass, usize)> {
+    let mut out = Vec::with_capacity(order.len() * 3 / 2);
+    let mut waiting = std::collections::VecDeque::new();
+    for &(fwd, mb) in order {
+        if fwd {
+            out.push((Pass::Fwd, mb));
+            continue;
+        }
+        out.push((Pass::Bwd, mb));
+        if split {
+            waiting.push_back(mb);
+            if waiting.len() > lag {
+                out.extend(waiting.pop_front().map(|w| (Pass::Wgt, w)));
+            }
+        }
+    }
+    out.extend(waiting.into_iter().map(|w| (Pass::Wgt, w)));
+    out
+}
+
 /// Generate the instruction lists of every device for `m` micro-batches.
 pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     if kind.round_robin() {
@@ -182,12 +240,16 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
         for (j, &d) in st.devices.iter().enumerate() {
             let prog = &mut programs[d];
             // The stage's order over all micro-batches; a round-robin replica keeps its own.
-            for (fwd, mb) in fb_order_grouped(k, kind.group(), m) {
+            let order = fb_order_grouped(k, kind.group(), m);
+            let lag = weight_lag(&depth, s);
+            for (pass, mb) in with_weight_passes(&order, sg.splits_backward(s, kind), lag) {
                 if rr && mb % r != j {
                     continue;
                 }
                 let me = if rr { 0 } else { j };
-                if fwd {
+                if pass == Pass::Wgt {
+                    prog.push(Instr::WeightGrad { stage: s, mb });
+                } else if pass == Pass::Fwd {
                     for &e in &sg.in_edges[s] {
                         let ed = &sg.edges[e];
                         for (i, jj, b) in routes(parts(ed.src), parts(s), ed.bytes, ed.whole_bytes)

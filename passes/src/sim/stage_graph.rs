@@ -18,6 +18,10 @@ pub struct SimStage {
     pub fwd_s: Vec<f64>,
     /// Backward seconds per replica.
     pub bwd_s: Vec<f64>,
+    /// Of `bwd_s`, the weight-gradient seconds per replica (Qi et al.'s `W`): what a schedule
+    /// that splits the backward ([`ScheduleKind::splits_backward`]) runs apart, after
+    /// the input-gradient part `B = bwd_s − wgt_s`.
+    pub wgt_s: Vec<f64>,
     /// Optimizer step seconds per replica.
     pub step_s: Vec<f64>,
     /// Parameter bytes the stage holds (its copies of tied parameters included).
@@ -29,6 +33,11 @@ pub struct SimStage {
     pub static_bytes: f64,
     /// Activation bytes saved by one micro-batch slice until its backward.
     pub saved_bytes: f64,
+    /// What the weight-gradient part of a split backward ([`StageGraph::splits_backward`])
+    /// reads, per micro-batch slice: saved activations (of `saved_bytes`), held past the
+    /// input-gradient part, and the values that part computes for it.
+    pub weight_saved_bytes: f64,
+    pub carried_bytes: f64,
     /// Data-input bytes one micro-batch slice loads for the forward alone (no backward of the
     /// stage reads them): held while the forward runs (`DataInput`).
     pub load_bytes: f64,
@@ -172,6 +181,20 @@ impl StageGraph {
         }
     }
 
+    /// Whether `kind` runs stage `s`'s backward as two tasks, the input-gradient part `B` and
+    /// the weight-gradient part `W` ([`ScheduleKind::splits_backward`]): only where the
+    /// stage holds parameters, has weight-gradient work and sends input gradients upstream
+    /// (with none to send, `B` is empty and the backward runs whole), as codegen splits a
+    /// backward piece only when it has both parameter and input gradients.
+    pub fn splits_backward(&self, s: usize, kind: ScheduleKind) -> bool {
+        kind.splits_backward()
+            && self.stages[s].parameter_bytes > 0.0
+            && self.stages[s].wgt_s.iter().any(|&w| w > 0.0)
+            && self.in_edges[s]
+                .iter()
+                .any(|&e| self.edges[e].grad_tensors > 0)
+    }
+
     /// Whether stage `s`'s replicas take whole micro-batches in turn ([`StageGraph::round_robin`]).
     pub fn is_round_robin(&self, s: usize) -> bool {
         self.round_robin.get(s).copied().unwrap_or(false)
@@ -185,11 +208,14 @@ impl StageGraph {
                 devices: vec![i],
                 fwd_s: vec![f],
                 bwd_s: vec![b],
+                wgt_s: vec![0.0],
                 step_s: vec![0.0],
                 parameter_bytes: 0.0,
                 tied_bytes: 0.0,
                 static_bytes: 0.0,
                 saved_bytes: 1.0,
+                weight_saved_bytes: 1.0,
+                carried_bytes: 0.0,
                 load_bytes: 0.0,
             })
             .collect();
@@ -242,7 +268,7 @@ impl StageGraph {
         opt: Optimizer,
         kind: ScheduleKind,
     ) -> StageGraph {
-        Self::build(
+        let sg = Self::build(
             g,
             cluster,
             specs,
@@ -250,7 +276,46 @@ impl StageGraph {
             opt,
             !kind.round_robin(),
             None,
-        )
+        );
+        if kind.splits_backward() {
+            sg.with_weight_parts(g, cluster, specs, micro_batch)
+        } else {
+            sg
+        }
+    }
+
+    /// Each stage's weight-gradient seconds and what its split backward holds
+    /// ([`CostGraph::weight_part`]), for the schedules that split the backward (zero bubble;
+    /// the other constructors leave them 0: nothing splits).
+    pub fn with_weight_parts(
+        mut self,
+        g: &CostGraph,
+        cluster: &Cluster,
+        specs: &[StageSpec],
+        micro_batch: f64,
+    ) -> StageGraph {
+        let trained = g.trained_nodes();
+        for (s, sp) in specs.iter().enumerate() {
+            let mask = g.mask(&sp.nodes);
+            let r = if self.is_round_robin(s) {
+                1
+            } else {
+                sp.devices.len().max(1)
+            };
+            let slice = micro_batch / r as f64;
+            let mut by_kind: HashMap<usize, crate::cost::WeightPart> = HashMap::new();
+            let st = &mut self.stages[s];
+            for (j, &d) in sp.devices.iter().enumerate() {
+                let k = cluster.devices[d].kind;
+                let w = *by_kind
+                    .entry(k)
+                    .or_insert_with(|| g.weight_part(&mask, &trained, slice, &cluster.kinds[k]));
+                st.wgt_s[j] = w.wgt_s.min(st.bwd_s[j]);
+                st.weight_saved_bytes = w.weight_saved_bytes.min(st.saved_bytes);
+                st.carried_bytes = w.carried_bytes;
+            }
+        }
+        self
     }
 
     /// The stage graph the simulator runs `kind` on: itself, or
@@ -460,11 +525,14 @@ impl StageGraph {
                 devices: sp.devices.clone(),
                 fwd_s: fwd,
                 bwd_s: bwd,
+                wgt_s: vec![0.0; sp.devices.len()],
                 step_s: step,
                 parameter_bytes: params,
                 tied_bytes: tied_in[s],
                 static_bytes,
                 saved_bytes: saved,
+                weight_saved_bytes: saved,
+                carried_bytes: 0.0,
                 load_bytes: load,
             });
         }
@@ -477,15 +545,7 @@ impl StageGraph {
         // Nodes whose output depends on a parameter: only those get cotangents back. A node
         // reads a parameter when it holds its bytes or is one of a tied parameter's readers
         // (whose bytes count at the first reader only, e.g. GPT-2's LM-head `Transpose(wte)`).
-        let mut trained = vec![false; g.len()];
-        for t in &g.tied {
-            for &r in &t.readers {
-                trained[r] = true;
-            }
-        }
-        for &u in g.topo_order() {
-            trained[u] |= g.nodes[u].parameter_bytes > 0.0 || g.preds(u).any(|p| trained[p]);
-        }
+        let trained = g.trained_nodes();
         // Per (stage, stage): activation bytes and values, cotangent bytes and values, and the
         // parts of both in values with no batch axis.
         #[derive(Default)]

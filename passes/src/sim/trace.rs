@@ -54,6 +54,15 @@ pub fn chrome_trace(res: &SimResult) -> Value {
                 t.end,
                 json!({"stage": stage, "mb": mb}),
             )),
+            TaskKind::WeightGrad { stage, mb, device } => events.push(ev(
+                format!("W{mb}"),
+                "weight-grad",
+                *device,
+                COMPUTE,
+                t.start,
+                t.end,
+                json!({"stage": stage, "mb": mb}),
+            )),
             TaskKind::Step { stage, device } => events.push(ev(
                 "step".into(),
                 "optimizer",

@@ -365,6 +365,8 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
             devices,
             fwd,
             bwd: Some(bwd),
+            bwd_b: None,
+            bwd_w: None,
             step: Some(step),
             params: vec![p.to_string()],
             updates: up,

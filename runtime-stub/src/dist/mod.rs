@@ -89,6 +89,9 @@ pub type Result<T, E = DistError> = std::result::Result<T, E>;
 pub struct StageModules {
     pub fwd: Module,
     pub bwd: Option<Module>,
+    /// The split backward's input- and weight-gradient parts, when the program has them.
+    pub bwd_b: Option<Module>,
+    pub bwd_w: Option<Module>,
     pub step: Option<Module>,
 }
 
@@ -119,8 +122,10 @@ impl LoadedProgram {
         let w = |m: &Module| crate::exec::to_f64(m).map_err(|e| input_err(e.to_string()));
         for st in &mut self.stages {
             st.fwd = w(&st.fwd)?;
-            if let Some(b) = &st.bwd {
-                st.bwd = Some(w(b)?);
+            for piece in [&mut st.bwd, &mut st.bwd_b, &mut st.bwd_w] {
+                if let Some(b) = piece.as_ref() {
+                    *piece = Some(w(b)?);
+                }
             }
             if let Some(b) = &st.step {
                 st.step = Some(w(b)?);
@@ -223,6 +228,8 @@ pub fn load_program(outdir: &Path, program: Program, opts: LoadOptions) -> Resul
     for st in &program.stages {
         files.push(&st.fwd.file);
         files.extend(st.bwd.iter().map(|p| p.file.as_str()));
+        files.extend(st.bwd_b.iter().map(|p| p.file.as_str()));
+        files.extend(st.bwd_w.iter().map(|p| p.file.as_str()));
         files.extend(st.step.iter().map(|p| p.file.as_str()));
     }
     if let Some(r) = &program.reference {
@@ -261,6 +268,16 @@ pub fn load_program(outdir: &Path, program: Program, opts: LoadOptions) -> Resul
             fwd: import_piece(outdir, &st.fwd)?,
             bwd: st
                 .bwd
+                .as_ref()
+                .map(|p| import_piece(outdir, p))
+                .transpose()?,
+            bwd_b: st
+                .bwd_b
+                .as_ref()
+                .map(|p| import_piece(outdir, p))
+                .transpose()?,
+            bwd_w: st
+                .bwd_w
                 .as_ref()
                 .map(|p| import_piece(outdir, p))
                 .transpose()?,

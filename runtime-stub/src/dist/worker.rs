@@ -74,7 +74,9 @@ struct Worker<'a> {
     program: &'a Program,
     stage: &'a StageProgram,
     fwd: PreparedPiece,
-    bwd: Option<PreparedPiece>,
+    /// The backward pieces the device's instructions run: whole, input-gradient part,
+    /// weight-gradient part ([`PieceKind::Bwd`], [`PieceKind::BwdB`], [`PieceKind::BwdW`]).
+    bwd: [Option<PreparedPiece>; 3],
     step: Option<PreparedPiece>,
     /// Parameters, gradients and optimizer state, as the executor holds them (on the GPU with
     /// `--device cuda`).
@@ -122,13 +124,27 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
     let fail = |at: String, msg: String| DistError::Device { device: d, at, msg };
     let fwd = prepare(ctx, &mods.fwd, &stage.fwd.file)
         .map_err(|m| fail(format!("preparing stage {} forward", stage.id), m))?;
-    let bwd = match (&mods.bwd, &stage.bwd) {
-        (Some(m), Some(p)) => Some(
-            prepare(ctx, m, &p.file)
-                .map_err(|m| fail(format!("preparing stage {} backward", stage.id), m))?,
-        ),
-        _ => None,
+    // Only the backward pieces this device runs are prepared.
+    let runs = |pass: PieceKind| {
+        dp.instructions
+            .iter()
+            .any(|i| matches!(i, Instr::Compute { pass: p, .. } if *p == pass))
     };
+    let mut bwd: [Option<PreparedPiece>; 3] = [None, None, None];
+    for (slot, pass, m) in [
+        (0, PieceKind::Bwd, &mods.bwd),
+        (1, PieceKind::BwdB, &mods.bwd_b),
+        (2, PieceKind::BwdW, &mods.bwd_w),
+    ] {
+        if let (Some(m), Some(p), true) = (m, stage.piece(pass), runs(pass)) {
+            bwd[slot] = Some(prepare(ctx, m, &p.file).map_err(|m| {
+                fail(
+                    format!("preparing stage {} piece {}", stage.id, pass.name()),
+                    m,
+                )
+            })?);
+        }
+    }
     let step = match (&mods.step, &stage.step) {
         (Some(m), Some(p)) => Some(
             prepare(ctx, m, &p.file)
@@ -168,11 +184,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         ctx,
         program,
         stage,
-        last_use: pipec_compiler::program::last_uses(
-            &dp.instructions,
-            &fwd.inputs,
-            bwd.as_ref().map(|p| p.inputs.as_slice()),
-        ),
+        last_use: pipec_compiler::program::last_uses(&dp.instructions, stage),
         fwd,
         bwd,
         step,
@@ -568,12 +580,21 @@ impl Worker<'_> {
         pass: PieceKind,
         mb: u32,
     ) -> std::result::Result<(), CommError> {
-        let piece = match pass {
-            PieceKind::Fwd => &mut self.fwd,
-            PieceKind::Bwd => self
-                .bwd
-                .as_mut()
-                .ok_or_else(|| other(format!("stage {} has no backward piece", self.stage.id)))?,
+        let slot = match pass {
+            PieceKind::Fwd => None,
+            PieceKind::Bwd => Some(0),
+            PieceKind::BwdB => Some(1),
+            PieceKind::BwdW => Some(2),
+        };
+        let piece = match slot {
+            None => &mut self.fwd,
+            Some(i) => self.bwd[i].as_mut().ok_or_else(|| {
+                other(format!(
+                    "stage {} has no {} piece",
+                    self.stage.id,
+                    pass.name()
+                ))
+            })?,
         };
         // Move the inputs out of the buffers (no copies); put back what is used later. (An
         // error ends the device's run, so nothing is put back then.)

@@ -931,17 +931,30 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         }
     }
     let mut held = vec![[0.0; 4]; g.len()];
+    let mut held_shared = Vec::new();
     for ((carried, v), readers) in weight_reader {
-        let Some(&n) = readers.last() else { continue };
         let (prop, fixed) = batch_split(
             bytes_of(tgr.ty(v), env1),
             symbolic.then(|| bytes_of(tgr.ty(v), &env2)),
         );
-        let k = if carried { 2 } else { 0 };
-        held[n][k] += prop;
-        held[n][k + 1] += fixed;
+        match readers.len() {
+            0 => {}
+            1 => {
+                let n = readers.into_iter().next().unwrap_or(0);
+                let k = if carried { 2 } else { 0 };
+                held[n][k] += prop;
+                held[n][k + 1] += fixed;
+            }
+            _ => held_shared.push(super::HeldValue {
+                carried,
+                bytes: prop,
+                fixed_bytes: fixed,
+                readers: readers.into_iter().collect(),
+            }),
+        }
     }
     g.weight_held = held;
+    g.weight_held_shared = held_shared;
     let mut saved = vec![(0.0, 0.0); g.len()];
     let mut shared = Vec::new();
     for (v, readers) in reader {

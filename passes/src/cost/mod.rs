@@ -198,6 +198,18 @@ pub struct GroupCost {
     pub out_bytes: f64,
 }
 
+/// A value the weight-gradient kernels of several nodes read ([`CostGraph::weight_held_shared`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeldValue {
+    /// Made by input-gradient kernels (else a forward value).
+    pub carried: bool,
+    /// Bytes at the reference batch, and bytes that do not grow with it.
+    pub bytes: f64,
+    pub fixed_bytes: f64,
+    /// The nodes whose weight-gradient kernels read it, ascending.
+    pub readers: Vec<NodeId>,
+}
+
 /// A split backward's weight-gradient part ([`CostGraph::weight_part`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WeightPart {
@@ -298,9 +310,13 @@ pub struct CostGraph {
     /// part of a split backward (zero bubble), the values the node's weight-gradient kernels
     /// read: `[saved, saved_fixed, carried, carried_fixed]`, the forward values among them
     /// (a matmul's `X`, part of the saved activations) and those its input-gradient kernels
-    /// computed (its `dY`), each as bytes at the reference batch and fixed bytes. Empty for
-    /// graphs from profiles (then a split holds the saved activations and carries nothing).
+    /// computed (its `dY`), each as bytes at the reference batch and fixed bytes; values the
+    /// weight-gradient kernels of several nodes read are in `weight_held_shared` instead. Empty
+    /// for graphs from profiles (then a split holds the saved activations and carries nothing).
     pub weight_held: Vec<[f64; 4]>,
+    /// Values the weight-gradient kernels of several nodes read (a bias add's and its matmul's
+    /// `dY`): held once by every stage where any of them runs `W`.
+    pub weight_held_shared: Vec<HeldValue>,
     /// The loss's forward ops (`pipec.phase = loss`, run by the forward piece of the stage that
     /// computes the model's first output) as kernels, timed with the forward of `loss_node`;
     /// empty for graphs from profiles.
@@ -505,6 +521,7 @@ impl CostGraph {
             tied: Vec::new(),
             shared_saved: Vec::new(),
             weight_held: Vec::new(),
+            weight_held_shared: Vec::new(),
             loss_forward: Vec::new(),
             loss_node: None,
             data_inputs: Vec::new(),
@@ -781,6 +798,16 @@ impl CostGraph {
                     w.carried_bytes += cp * s + cf;
                 }
                 None => w.weight_saved_bytes += saved,
+            }
+        }
+        for v in &self.weight_held_shared {
+            if v.readers.iter().any(|&r| member[r] && reached[r]) {
+                let b = v.bytes * s + v.fixed_bytes;
+                if v.carried {
+                    w.carried_bytes += b;
+                } else {
+                    w.weight_saved_bytes += b;
+                }
             }
         }
         for t in self.tied.iter().filter(|t| !t.accumulate.is_empty()) {

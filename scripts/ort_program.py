@@ -60,7 +60,7 @@ def run_pipeline(outdir, prog, weights, data, steps):
         st = stages[d["stage"]]
         g = {p: weights[p].copy() for p in st["params"]}
         glob.append(g)
-        for key in ("fwd", "bwd", "step"):
+        for key in ("fwd", "bwd", "bwd_b", "bwd_w", "step"):
             if st.get(key) and (d["stage"], key) not in sess:
                 sess[(d["stage"], key)] = session(os.path.join(outdir, st[key]["file"]))
     state_made = [False] * n
@@ -86,7 +86,7 @@ def run_pipeline(outdir, prog, weights, data, steps):
                             x = take_rows(x, ins["samples"][0], ins["samples"][1], d["batch_axis"])
                         mb[(ins["input"], ins["mb"])] = x
                     elif op == "compute":
-                        key = "fwd" if ins["pass"] == "fwd" else "bwd"
+                        key = ins["pass"]  # fwd, bwd, or a split backward's bwd_b / bwd_w
                         m = ins["mb"]
                         look = lambda name: mb[(name, m)] if (name, m) in mb else g[name]
                         outs = run_piece(sess[(prog["devices"][dv]["stage"], key)], look)

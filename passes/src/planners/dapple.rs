@@ -81,8 +81,10 @@
 //! else the largest giving `M ≥ 8`; the search also runs at `M = 1, 2, 4, ..., 64`
 //! ([`micro_batch_candidates`]: counted work pays fixed weight traffic per micro-batch, and every
 //! micro-batch pays a gradient accumulation). Schedule: DAPPLE early backward with warm-up policy A
-//! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), whichever the simulator finds faster
-//! with the peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
+//! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), or policy A's order with each backward
+//! split into input- and weight-gradient passes (zero-bubble ZB-H1, a pipec addition:
+//! [`crate::sim::schedule::with_weight_passes`]), whichever the simulator finds faster with the
+//! peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
 //!
 //! Devices: at most 128 (placements are bit masks). Stage times are costed on device 0's kind
 //! (DAPPLE targets homogeneous clusters).
@@ -1672,7 +1674,11 @@ impl Planner for Dapple {
         }
         let kinds: Vec<ScheduleKind> = match opts.schedule {
             Some(k) => vec![k],
-            None => vec![ScheduleKind::DappleA, ScheduleKind::DappleB],
+            None => vec![
+                ScheduleKind::DappleA,
+                ScheduleKind::DappleB,
+                ScheduleKind::ZbH1,
+            ],
         };
         let mut best: Option<Plan> = None;
         for (mb, stages, l) in pool {

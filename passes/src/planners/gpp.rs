@@ -536,7 +536,8 @@ impl Planner for Gpp {
     /// `gpp-seq`: the search on all devices. `gpp`: the search on all devices, then on fewer
     /// (see [`Gpp::fewer_devices`]), then the sequential planners' plans (see
     /// [`SEQUENTIAL_SEEDS`]); the fastest simulated plan wins, so GPP never loses to a
-    /// sequential pipeline on the shared cost model (SPP is a special case of GPP, §2).
+    /// sequential pipeline on the shared cost model (SPP is a special case of GPP, §2). Unless
+    /// `--schedule` says otherwise, the winner's stages are also simulated under `zb-h1`.
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         if cluster.len() > MAX_DEVICES {
@@ -569,6 +570,26 @@ impl Planner for Gpp {
             time_limited |= seeds(g, cluster, opts, t0, &self.seed_plans, &mut best, dapple);
             (best, time_limited)
         });
+        let mut best = best;
+        // Zero bubble on the winning stages (a pipec addition, issue #21): the same stages with
+        // each backward split into input- and weight-gradient passes (`zb-h1`), kept where the
+        // simulator finds it faster within the devices' memory.
+        if let (None, Ok(p)) = (opts.schedule, &best) {
+            if !p.schedule.splits_backward() {
+                let zb = Plan::assemble(
+                    self.name(),
+                    g,
+                    cluster,
+                    opts,
+                    p.specs(g)?,
+                    p.micro_batch,
+                    ScheduleKind::ZbH1,
+                    p.objective_s,
+                    0.0,
+                );
+                keep_faster(&mut best, zb);
+            }
+        }
         let mut plan = best?;
         plan.planner = self.name().to_string();
         plan.search_time_s = t0.elapsed().as_secs_f64();

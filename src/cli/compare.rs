@@ -75,8 +75,16 @@ fn table(rows: &[Row]) -> String {
         .and_then(|r| r.result.as_ref().ok())
         .map(|p| p.iteration_time_s);
     let mut s = format!(
-        "{:<10} {:>6} {:>5} {:<24} {:>12} {:>9} {:>10} {:>10}\n",
-        "planner", "stages", "depth", "replicas", "iter (s)", "vs dp", "peak GB", "search ms"
+        "{:<10} {:>6} {:>5} {:<24} {:>12} {:>9} {:>10} {:>10}  {}\n",
+        "planner",
+        "stages",
+        "depth",
+        "replicas",
+        "iter (s)",
+        "vs dp",
+        "peak GB",
+        "search ms",
+        "schedule"
     );
     for r in rows {
         match &r.result {
@@ -94,7 +102,7 @@ fn table(rows: &[Row]) -> String {
                     _ => "-".into(),
                 };
                 s.push_str(&format!(
-                    "{:<10} {:>6} {:>5} {:<24} {:>12.6} {:>9} {:>10.2} {:>10.3}{}\n",
+                    "{:<10} {:>6} {:>5} {:<24} {:>12.6} {:>9} {:>10.2} {:>10.3}  {}{}\n",
                     r.name,
                     p.stages.len(),
                     p.pipeline_depth,
@@ -103,6 +111,7 @@ fn table(rows: &[Row]) -> String {
                     speedup,
                     p.peak_memory_bytes as f64 / 1e9,
                     p.search_time_s * 1e3,
+                    p.schedule.label(),
                     if p.out_of_memory {
                         "  (out of memory)"
                     } else {

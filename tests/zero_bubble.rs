@@ -132,3 +132,45 @@ fn zb_h1_dag_and_replicated_stages_train_exactly() {
     zb_case("inception_mini", "gpp", "4", "16", "4");
     zb_case("dlrm_tiny", "dapple", "8", "32", "8");
 }
+
+/// Without `--schedule`, DAPPLE simulates policy A, policy B and ZB-H1 and keeps the fastest:
+/// on dlrm_tiny over 16 CPU devices that is ZB-H1, faster than both policies on the same
+/// search, and `compare` shows it.
+#[test]
+fn dapple_chooses_zb_h1_where_it_is_faster() {
+    let m = common::model("dlrm_tiny.onnx");
+    let m = m.to_str().expect("utf-8");
+    let on_16_cpus = |cmd: &'static str, extra: &[&'static str]| -> String {
+        let mut args = vec![
+            cmd,
+            m,
+            "--cluster",
+            "cpu",
+            "--devices",
+            "16",
+            "--batch",
+            "32",
+        ];
+        args.extend_from_slice(extra);
+        pipec_ok(&args)
+    };
+    let plan = |extra: &[&'static str]| -> serde_json::Value {
+        let mut args = vec!["--planner", "dapple", "--json"];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&on_16_cpus("plan", &args)).expect("json")
+    };
+    let own = plan(&[]);
+    assert_eq!(own["schedule"], "zb-h1", "{own}");
+    let t = own["iteration_time_s"].as_f64().expect("time");
+    for k in ["dapple-a", "dapple-b"] {
+        let other = plan(&["--schedule", k]);
+        let tk = other["iteration_time_s"].as_f64().expect("time");
+        assert!(t < tk, "zb-h1 {t} vs {k} {tk}");
+    }
+    let table = on_16_cpus("compare", &[]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("dapple "))
+        .expect("dapple row");
+    assert!(row.trim_end().ends_with("zb-h1"), "{table}");
+}

@@ -379,6 +379,7 @@ fn forward_work(
             },
         precision: op_precision(d, ty),
         weight: false,
+        weight_to: None,
     }
 }
 
@@ -458,6 +459,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
                 fixed_bytes: 0.0,
                 precision: op_precision(d, &ty),
                 weight: false,
+                weight_to: None,
             };
             (OpCost::default(), none)
         };
@@ -763,6 +765,9 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
     // parameter's sum, or as a value with no batch axis through another node's weight-gradient
     // ops), never the input gradient of another node, the loss or a gradient of a data input:
     // one sweep against the order.
+    // Per weight-gradient op whose result goes on to another node's (a batch-free value), that
+    // node, inherited by the node's own weight-gradient ops that feed it.
+    let mut weight_to: HashMap<Op, usize> = HashMap::new();
     let weight_ops: HashSet<Op> = {
         let uses = tgr.uses();
         let param_grads: HashSet<Value> = tg
@@ -779,6 +784,7 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             };
             let n = *n;
             let mut reaches_grad = false;
+            let mut to: Option<usize> = None;
             let only_grads = tgr.ops[op].outputs.iter().all(|&v| {
                 if outputs.contains(&v) {
                     if !param_grads.contains(&v) {
@@ -794,12 +800,22 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
                     let ok = tied_sum.contains_key(&c)
                         || (matches!(role_of.get(&c), Some(Role::Bwd(m)) if *m == n || batch_free)
                             && w.contains(&c));
+                    // (A tied parameter's sum is all-reduced, not sent: no export.)
+                    if ok && !tied_sum.contains_key(&c) {
+                        match role_of.get(&c) {
+                            Some(Role::Bwd(m)) if *m != n => to = Some(*m),
+                            _ => to = to.or(weight_to.get(&c).copied()),
+                        }
+                    }
                     reaches_grad |= ok;
                     ok
                 })
             });
             if only_grads && reaches_grad {
                 w.insert(op);
+                if let Some(m) = to {
+                    weight_to.insert(op, m);
+                }
             }
         }
         w
@@ -896,6 +912,7 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             fixed_bytes,
             precision: op_precision(d, &ty),
             weight: weight_ops.contains(&op),
+            weight_to: weight_to.get(&op).copied(),
         };
         if let (Some(from), Role::Bwd(_), None) = (sums.get(&op), role, tied_sum.get(&op)) {
             let from = from

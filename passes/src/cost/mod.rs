@@ -109,6 +109,11 @@ pub struct Kernel {
     /// cotangent another node's backward reads (Qi et al.'s `W`, the rest being `B`; see
     /// [`CostGraph::weight_time`]).
     pub weight: bool,
+    /// For a weight-gradient kernel whose result goes on to another node's weight-gradient
+    /// kernels (the cotangent of a transposed weight, read by a per-step matmul, flowing to the
+    /// `Transpose`), that node: where the two sit in different stages, the value crosses as an
+    /// input gradient, so the sending stage computes the kernel in `B`.
+    pub weight_to: Option<NodeId>,
 }
 
 impl Kernel {
@@ -364,6 +369,7 @@ impl CotangentSum {
             fixed_bytes: self.kernel.fixed_bytes * rw,
             precision: self.kernel.precision,
             weight: self.kernel.weight,
+            weight_to: self.kernel.weight_to,
         }
     }
 }
@@ -773,6 +779,7 @@ impl CostGraph {
             }
         }
         let mut w = WeightPart::default();
+        let mut leaves: Vec<Option<bool>> = vec![None; self.len()];
         for n in (0..self.len()).filter(|&n| member[n]) {
             let saved = self.nodes[n].saved_bytes * s + self.nodes[n].saved_fixed_bytes;
             if !reached[n] {
@@ -791,7 +798,23 @@ impl CostGraph {
                 }
                 continue;
             }
-            w.wgt_s += self.weight_time(n, batch, kind);
+            // Its weight kernels, but those whose result leaves the set, directly or along the
+            // chain of nodes it flows through (a per-step matmul's contribution to a transposed,
+            // sliced weight made in an earlier stage): that is an input gradient of the set,
+            // which `B` computes and sends.
+            w.wgt_s += match &self.nodes[n].work {
+                Work::Counted { bwd_kernels, .. } if !bwd_kernels.is_empty() => bwd_kernels
+                    .iter()
+                    .filter(|k| {
+                        k.weight
+                            && k.weight_to.is_none_or(|m| {
+                                member[m] && !self.exports_out(m, member, &mut leaves)
+                            })
+                    })
+                    .map(|k| k.time(s, kind))
+                    .sum(),
+                _ => self.weight_time(n, batch, kind),
+            };
             match self.weight_held.get(n) {
                 Some(&[sp, sf, cp, cf]) => {
                     w.weight_saved_bytes += sp * s + sf;
@@ -816,6 +839,26 @@ impl CostGraph {
             }
         }
         w
+    }
+
+    /// Whether a weight-gradient result reaching node `m` leaves the node set `member` on its way
+    /// to the parameter gradient (along [`Kernel::weight_to`]; memoised in `memo`).
+    fn exports_out(&self, m: NodeId, member: &[bool], memo: &mut Vec<Option<bool>>) -> bool {
+        if let Some(x) = memo[m] {
+            return x;
+        }
+        memo[m] = Some(false);
+        let targets: Vec<NodeId> = match &self.nodes[m].work {
+            Work::Counted { bwd_kernels, .. } => {
+                bwd_kernels.iter().filter_map(|k| k.weight_to).collect()
+            }
+            Work::Measured { .. } => Vec::new(),
+        };
+        let out = targets
+            .into_iter()
+            .any(|t| !member[t] || self.exports_out(t, member, memo));
+        memo[m] = Some(out);
+        out
     }
 
     /// Prefix sums over the topological order at `batch` samples on `kind` (see [`Chain`]).
@@ -914,6 +957,7 @@ mod tests {
                 fixed_bytes: 0.0,
                 precision: Precision::F32,
                 weight: false,
+                weight_to: None,
             },
         };
         let two = cs.part(2);

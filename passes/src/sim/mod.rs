@@ -731,6 +731,10 @@ pub fn simulate(
         program_devices: sched.programs.len(),
         ..Default::default()
     };
+    // Which stages run their backward as two tasks ([`StageGraph::splits_backward`]), once.
+    let split: Vec<bool> = (0..sg.stages.len())
+        .map(|s| sg.splits_backward(s, sched.kind))
+        .collect();
     let mut collectives: FxHashMap<usize, u32> = FxHashMap::default();
     let mut sends_seen: FxHashSet<TransferKey> = FxHashSet::default();
     for (d, prog) in sched.programs.iter().enumerate() {
@@ -767,7 +771,7 @@ pub fn simulate(
                 0.0
             }
         };
-        let split_here = sg.splits_backward(s, sched.kind);
+        let split_here = split[s];
         let mut backwards_seen = 0usize;
         let mut prev_stream: Option<u32> = None;
         let mut last_compute: Option<u32> = None;
@@ -965,7 +969,7 @@ pub fn simulate(
                 }
                 flight_events[*device].push((start[i], 1));
             }
-            TaskKind::Backward { stage, device, .. } if sg.splits_backward(*stage, sched.kind) => {
+            TaskKind::Backward { stage, device, .. } if split[*stage] => {
                 // The input-gradient part: the micro-batch stays in flight until its
                 // weight-gradient part, holding what that reads (saved activations and the
                 // values this part computes for it) instead of all its saved activations.
@@ -974,20 +978,19 @@ pub fn simulate(
                 mem_events[*device].push((start[i], st.carried_bytes));
                 mem_events[*device].push((end[i], st.weight_saved_bytes - st.saved_bytes));
             }
-            TaskKind::WeightGrad { stage, device, .. } => {
+            // The micro-batch's gradients are complete: it frees what it held (its saved
+            // activations, or what the weight-gradient part read).
+            TaskKind::Backward { stage, device, .. }
+            | TaskKind::WeightGrad { stage, device, .. } => {
                 devices[*device].busy_s += dt;
                 let st = &sg.stages[*stage];
-                mem_events[*device].push((end[i], -st.weight_saved_bytes - st.carried_bytes));
-                let b = sg.stages[*stage].parameter_bytes;
-                mem_events[*device].push((start[i], b));
-                mem_events[*device].push((end[i], -b));
-                flight_events[*device].push((end[i], -1));
-                grads_from[*device] = grads_from[*device].min(end[i]);
-            }
-            TaskKind::Backward { stage, device, .. } => {
-                devices[*device].busy_s += dt;
-                mem_events[*device].push((end[i], -sg.stages[*stage].saved_bytes));
-                let b = sg.stages[*stage].parameter_bytes;
+                let freed = if split[*stage] {
+                    -st.weight_saved_bytes - st.carried_bytes
+                } else {
+                    -st.saved_bytes
+                };
+                mem_events[*device].push((end[i], freed));
+                let b = st.parameter_bytes;
                 mem_events[*device].push((start[i], b));
                 mem_events[*device].push((end[i], -b));
                 flight_events[*device].push((end[i], -1));

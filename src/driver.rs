@@ -1,11 +1,22 @@
-//! The compile pipeline as the library runs it: `pipec compile` is [`plan`] then [`emit`], and
-//! build pipelines call [`compile`] (both steps) and write the [`Artifact`] where they like.
+//! The compile pipeline as the library runs it: `pipec compile` and build pipelines call
+//! [`compile`] (or [`run_pipeline`], to print IR or time the steps) and write the [`Artifact`]
+//! where they like.
+//!
+//! The pipeline is a list of steps on the pass manager ([`pipeline`]), each a
+//! [`Pass`]`<`[`CompileState`]`>` whose contract (summary, statistics, the products it requires
+//! and provides) is data, with the IR verifier run on every module a step makes and IR printing
+//! (`--dump-ir`, `--print-ir-after*`) as the manager's instrumentation:
 //!
 //! ```text
-//! model ──frontend::load_module_dims──► Module (shape-inferred, verified, lowered)
-//!       ──planning_graph──► CostGraph ──(--profile: measured seconds)──► planner ──► Plan
-//!       ──codegen::compile (per-stage autodiff, loss, optimizer; communication; schedule
-//!         verified)──► Artifact { plan, cluster, program, pieces, weights } ──write──► OUTDIR
+//! import          model ──frontend::load_module_dims──► Module (shape-inferred, lowered)
+//! plan            ──planning_graph──► CostGraph ──(--profile)──► planner ──► Plan
+//!                 (BaPipe's intra-layer splits: the rewritten module, snapshot split-layer)
+//! partition       Plan::verify; codegen::partition: stages' ops, cross values, forward modules
+//! stage-pieces    codegen::stage_pieces: per-stage autodiff, loss, B/W split, optimizer step
+//! reference       codegen::reference: data inputs, the one-device training step
+//! insert-comm     codegen::communicate: every device's instructions in schedule order
+//! verify-program  codegen::verify_program: the schedule verifier
+//!                 ──► Artifact { plan, cluster, program, pieces, weights } ──write──► OUTDIR
 //! ```
 //!
 //! Example (a build script that compiles a model for 4 CPU devices):
@@ -25,7 +36,8 @@ use crate::artifact::Artifact;
 use crate::frontend::load_module_dims;
 use anyhow::{anyhow, bail, Context, Result};
 use pipec_compiler::ir::Module;
-use pipec_passes::codegen::{self, Compiled};
+use pipec_compiler::passmgr::{IrUnit, Pass, PassInfo, PassManager, PassRecord, PrintIr, Stats};
+use pipec_passes::codegen;
 use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::cluster::{device_kind_by_name, device_kind_names, Cluster};
 use pipec_passes::cost::measured::{self, MeasuredProfile};
@@ -101,7 +113,484 @@ impl CompileOptions {
     }
 }
 
-/// The result of [`plan`]: the plan and what [`emit`] compiles it from.
+/// A compiled model: the artifact, and the IR after every step when asked for.
+pub struct Compilation {
+    pub artifact: Artifact,
+    /// `(label, module)` in pipeline order (`import`, `split-layer`, `partition`, each stage's
+    /// training module, every piece), when [`CompileOptions::keep_ir`].
+    pub ir: Vec<(String, Module)>,
+}
+
+/// Plan and compile `model`: the [`pipeline`] on the pass manager, the IR verifier after every
+/// step. `progress` receives a line per step.
+pub fn compile(
+    model: &Path,
+    opts: &CompileOptions,
+    progress: &dyn Fn(&str),
+) -> Result<Compilation> {
+    let mut ir = Vec::new();
+    let print = if opts.keep_ir {
+        PrintIr::AfterAll
+    } else {
+        PrintIr::Never
+    };
+    let (st, _) = run_pipeline(model, opts, progress, print, &mut |_, label, m| {
+        ir.push((label.to_string(), m.clone()))
+    })?;
+    Ok(Compilation {
+        artifact: st.into_artifact()?,
+        ir,
+    })
+}
+
+/// Run the [`pipeline`] on `model` with the given IR printing (`print(step, label, module)`, as
+/// [`PassManager::run`]); the finished state gives the artifact ([`CompileState::into_artifact`]).
+/// A step's own error comes back as it was raised; the manager's (a verifier failure, a missing
+/// requirement) names the step.
+pub fn run_pipeline<'a>(
+    model: &Path,
+    opts: &'a CompileOptions,
+    progress: &'a dyn Fn(&str),
+    print_ir: PrintIr,
+    print: &mut dyn FnMut(&str, &str, &Module),
+) -> Result<(CompileState<'a>, Vec<PassRecord>)> {
+    let mut st = CompileState::new(model, opts, progress);
+    let mut pm = PassManager::new(pipeline());
+    pm.print_ir = print_ir;
+    let records = pm.run(&mut st, print).map_err(step_error)?;
+    Ok((st, records))
+}
+
+/// The steps of `pipec compile`, in order (see the module doc):
+/// `import → plan → partition → stage-pieces → reference → insert-comm → verify-program`.
+pub fn pipeline<'a>() -> Vec<Box<dyn Pass<CompileState<'a>>>> {
+    vec![
+        Box::new(steps::Import),
+        Box::new(steps::PlanStep),
+        Box::new(steps::Partition),
+        Box::new(steps::StagePieces),
+        Box::new(steps::Reference),
+        Box::new(steps::InsertComm),
+        Box::new(steps::VerifyProgram),
+    ]
+}
+
+/// A step's own error, unwrapped from the pass manager's `pass 'NAME'` (the messages the
+/// commands print stay those of the functions the steps call).
+fn step_error(e: pipec_compiler::Error) -> anyhow::Error {
+    match e {
+        pipec_compiler::Error::Pass { source, .. }
+            if matches!(*source, pipec_compiler::Error::External(_)) =>
+        {
+            match *source {
+                pipec_compiler::Error::External(b) => anyhow::Error::from_boxed(b),
+                other => other.into(),
+            }
+        }
+        other => other.into(),
+    }
+}
+
+/// A step's error as the pass manager carries it.
+fn external(e: anyhow::Error) -> pipec_compiler::Error {
+    pipec_compiler::Error::External(e.into())
+}
+
+/// Where an IR snapshot of a compilation lives in its [`CompileState`].
+#[derive(Clone, Copy, Debug)]
+enum IrRef {
+    /// The module as the front end left it.
+    Imported,
+    /// BaPipe's module with intra-layer splits.
+    Rewritten,
+    /// The module annotated with each op's stage.
+    Partition,
+    /// Stage `s`'s training module.
+    Training(usize),
+    /// A stage piece, by position in [`codegen::StagePieces::modules`].
+    Piece(usize),
+    /// A reference piece, by position in [`codegen::Reference::modules`].
+    ReferencePiece(usize),
+}
+
+/// A compilation in progress: what the steps of [`pipeline`] read and make, and the IR they
+/// made, in order (the `--dump-ir` snapshots, verified after each step).
+pub struct CompileState<'a> {
+    model: PathBuf,
+    opts: &'a CompileOptions,
+    progress: &'a dyn Fn(&str),
+    imported: Option<Module>,
+    planned: Option<Planned>,
+    codegen_opts: Option<codegen::CompileOptions>,
+    partition: Option<codegen::Partition>,
+    annotated: Option<Module>,
+    pieces: Option<codegen::StagePieces>,
+    reference: Option<codegen::Reference>,
+    program: Option<pipec_compiler::program::Program>,
+    ir: Vec<(String, IrRef)>,
+}
+
+impl<'a> CompileState<'a> {
+    /// A compilation of `model` that no step has run on yet.
+    pub fn new(model: &Path, opts: &'a CompileOptions, progress: &'a dyn Fn(&str)) -> Self {
+        CompileState {
+            model: model.to_path_buf(),
+            opts,
+            progress,
+            imported: None,
+            planned: None,
+            codegen_opts: None,
+            partition: None,
+            annotated: None,
+            pieces: None,
+            reference: None,
+            program: None,
+            ir: Vec::new(),
+        }
+    }
+
+    /// The plan, once the `plan` step ran.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.planned.as_ref().map(|p| &p.plan)
+    }
+
+    /// The model's path as messages show it.
+    pub fn name(&self) -> String {
+        self.model.display().to_string()
+    }
+
+    /// The artifact of a finished pipeline.
+    pub fn into_artifact(self) -> Result<Artifact> {
+        let (Some(planned), Some(program), Some(pieces), Some(reference)) =
+            (self.planned, self.program, self.pieces, self.reference)
+        else {
+            bail!("the compile pipeline did not finish");
+        };
+        let compiled = codegen::finish(planned.module(), program, pieces, reference)?;
+        let Planned { plan, cluster, .. } = planned;
+        // The plan's devices are the cluster's first `plan.devices` (GPP may use fewer than
+        // given), and its simulation ran on that cluster: the one recorded.
+        let cluster = cluster.take(plan.devices)?;
+        Ok(Artifact {
+            plan,
+            cluster,
+            compiled,
+        })
+    }
+
+    fn module_at(&self, r: IrRef) -> Option<&Module> {
+        match r {
+            IrRef::Imported => self
+                .planned
+                .as_ref()
+                .map(|p| &p.imported)
+                .or(self.imported.as_ref()),
+            IrRef::Rewritten => self.planned.as_ref()?.rewritten.as_ref(),
+            IrRef::Partition => self.annotated.as_ref(),
+            IrRef::Training(s) => self.pieces.as_ref()?.training_modules().nth(s),
+            IrRef::Piece(i) => self.pieces.as_ref()?.modules().get(i).map(|x| &x.1),
+            IrRef::ReferencePiece(i) => self.reference.as_ref()?.modules().get(i).map(|x| &x.1),
+        }
+    }
+}
+
+impl IrUnit for CompileState<'_> {
+    fn attr_kind(&self) -> &'static str {
+        "compile product"
+    }
+
+    fn holds(&self, attr: &str) -> bool {
+        match attr {
+            steps::MODULE => self.imported.is_some() || self.planned.is_some(),
+            steps::PLAN => self.planned.is_some(),
+            steps::STAGES => self.partition.is_some(),
+            steps::PIECES => self.pieces.is_some(),
+            steps::REFERENCE => self.reference.is_some(),
+            steps::PROGRAM => self.program.is_some(),
+            _ => false,
+        }
+    }
+
+    fn ir_mark(&self) -> usize {
+        self.ir.len()
+    }
+
+    fn ir_since(&self, mark: usize) -> Vec<(&str, &Module)> {
+        self.ir[mark.min(self.ir.len())..]
+            .iter()
+            .filter_map(|(label, r)| Some((label.as_str(), self.module_at(*r)?)))
+            .collect()
+    }
+}
+
+/// The snapshot label of a piece file (`stages/s0.fwd.onnx` -> `stages-s0-fwd`).
+fn piece_label(file: &str) -> String {
+    file.trim_end_matches(".onnx").replace(['/', '.'], "-")
+}
+
+/// The steps of [`pipeline`], each with its contract as data.
+pub mod steps {
+    use super::*;
+
+    /// Products of the steps, for their `requires` / `provides`.
+    pub const MODULE: &str = "module";
+    pub const PLAN: &str = "plan";
+    pub const STAGES: &str = "stages";
+    pub const PIECES: &str = "pieces";
+    pub const REFERENCE: &str = "reference";
+    pub const PROGRAM: &str = "program";
+
+    fn info(
+        name: &'static str,
+        summary: &'static str,
+        statistics: &'static [&'static str],
+        requires: &'static [(&'static str, &'static str)],
+        provides: &'static [&'static str],
+    ) -> PassInfo {
+        PassInfo {
+            name,
+            summary,
+            options: &[],
+            statistics,
+            requires,
+            provides,
+            invalidates: &[],
+        }
+    }
+
+    macro_rules! contract {
+        ($name:expr, $summary:expr, $stats:expr, $req:expr, $prov:expr) => {{
+            static INFO: std::sync::OnceLock<PassInfo> = std::sync::OnceLock::new();
+            INFO.get_or_init(|| info($name, $summary, $stats, $req, $prov))
+        }};
+    }
+
+    /// `import`: the front end ([`crate::frontend::load_module_dims`]).
+    pub struct Import;
+    impl<'a> Pass<CompileState<'a>> for Import {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "import",
+                "read the model (ONNX or textual IR), infer shapes, upgrade the opset, bind --dim sizes, lower control flow and RNNs",
+                &["ops"],
+                &[],
+                &[MODULE]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
+            let m = load_module_dims(&st.model, &st.opts.dims).map_err(external)?;
+            stats.add("ops", m.graph.order.len() as u64);
+            st.imported = Some(m);
+            st.ir.push(("import".to_string(), IrRef::Imported));
+            Ok(())
+        }
+    }
+
+    /// `plan`: the cost graph, `--profile`'s measured costs, the planner ([`plan_imported`]).
+    pub struct PlanStep;
+    impl<'a> Pass<CompileState<'a>> for PlanStep {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "plan",
+                "cost the module and run the planner: stages, replicas, devices, micro-batch, schedule (BaPipe's intra-layer splits rewrite the module: snapshot split-layer)",
+                &["stages", "devices"],
+                &[(MODULE, "import")],
+                &[PLAN]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
+            let m = st
+                .imported
+                .take()
+                .ok_or_else(|| pipec_compiler::Error::msg("no module"))?;
+            let name = st.name();
+            let planned =
+                plan_imported(m, name, &st.model, st.opts, st.progress).map_err(external)?;
+            stats.add("stages", planned.plan.stages.len() as u64);
+            stats.add("devices", planned.plan.devices as u64);
+            if !planned.plan.intra_splits.is_empty() {
+                st.ir.push(("split-layer".to_string(), IrRef::Rewritten));
+            }
+            st.planned = Some(planned);
+            Ok(())
+        }
+    }
+
+    /// `partition`: the plan verified and cut out of the module ([`codegen::partition`]).
+    pub struct Partition;
+    impl<'a> Pass<CompileState<'a>> for Partition {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "partition",
+                "verify the plan and cut the module into its stages: ops (side computations duplicated), values received and sent, forward modules, the stage DAG",
+                &["stages"],
+                &[(PLAN, "plan")],
+                &[STAGES]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
+            let r = partition_step(st).map_err(external)?;
+            stats.add("stages", r as u64);
+            st.ir.push(("partition".to_string(), IrRef::Partition));
+            Ok(())
+        }
+    }
+
+    /// `stage-pieces`: per-stage autodiff, loss and optimizer ([`codegen::stage_pieces`]).
+    pub struct StagePieces;
+    impl<'a> Pass<CompileState<'a>> for StagePieces {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "stage-pieces",
+                "per stage: the training module (autodiff of its loss or received cotangents), forward/backward pieces (B and W apart under zero bubble), the optimizer step",
+                &["pieces"],
+                &[(STAGES, "partition")],
+                &[PIECES]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
+            let (Some(planned), Some(part), Some(copts)) =
+                (&st.planned, &st.partition, &st.codegen_opts)
+            else {
+                return Err(pipec_compiler::Error::msg("no partition"));
+            };
+            let pieces = codegen::stage_pieces(planned.module(), part, copts)
+                .with_context(|| format!("{}: compile failed", planned.name))
+                .map_err(external)?;
+            stats.add("pieces", pieces.modules().len() as u64);
+            for s in 0..part.len() {
+                st.ir.push((format!("training-s{s}"), IrRef::Training(s)));
+            }
+            for (i, (file, _)) in pieces.modules().iter().enumerate() {
+                st.ir.push((piece_label(file), IrRef::Piece(i)));
+            }
+            st.pieces = Some(pieces);
+            Ok(())
+        }
+    }
+
+    /// `reference`: data inputs and the one-device program ([`codegen::reference`]).
+    pub struct Reference;
+    impl<'a> Pass<CompileState<'a>> for Reference {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "reference",
+                "the data inputs and the unpartitioned training step that run --check compares with",
+                &[],
+                &[(PIECES, "stage-pieces")],
+                &[REFERENCE]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, _: &mut Stats) -> pipec_compiler::Result<()> {
+            let (Some(planned), Some(part), Some(pieces), Some(copts)) =
+                (&st.planned, &st.partition, &st.pieces, &st.codegen_opts)
+            else {
+                return Err(pipec_compiler::Error::msg("no pieces"));
+            };
+            let r = codegen::reference(planned.module(), part, pieces, copts)
+                .with_context(|| format!("{}: compile failed", planned.name))
+                .map_err(external)?;
+            for (i, (file, _)) in r.modules().iter().enumerate() {
+                st.ir.push((piece_label(file), IrRef::ReferencePiece(i)));
+            }
+            st.reference = Some(r);
+            Ok(())
+        }
+    }
+
+    /// `insert-comm`: every device's instruction list ([`codegen::communicate`]).
+    pub struct InsertComm;
+    impl<'a> Pass<CompileState<'a>> for InsertComm {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "insert-comm",
+                "every device's instructions in the schedule's order: receives, compute, sends, split/concat, accumulation, all-reduces, the step",
+                &["instructions"],
+                &[(PIECES, "stage-pieces"), (REFERENCE, "reference")],
+                &[PROGRAM]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
+            let (Some(planned), Some(part), Some(pieces), Some(r), Some(copts)) = (
+                &st.planned,
+                &st.partition,
+                &st.pieces,
+                &st.reference,
+                &st.codegen_opts,
+            ) else {
+                return Err(pipec_compiler::Error::msg("no reference"));
+            };
+            let program = codegen::communicate(planned.module(), part, pieces, r, copts)
+                .with_context(|| format!("{}: compile failed", planned.name))
+                .map_err(external)?;
+            let n: usize = program.devices.iter().map(|d| d.instructions.len()).sum();
+            stats.add("instructions", n as u64);
+            st.program = Some(program);
+            Ok(())
+        }
+    }
+
+    /// `verify-program`: the schedule verifier ([`codegen::verify_program`]).
+    pub struct VerifyProgram;
+    impl<'a> Pass<CompileState<'a>> for VerifyProgram {
+        fn info(&self) -> &'static PassInfo {
+            contract!(
+                "verify-program",
+                "the schedule verifier: every send has its receive in the same order, no device waits forever, every piece exists, W after B",
+                &[],
+                &[(PROGRAM, "insert-comm")],
+                &[]
+            )
+        }
+        fn run(&self, st: &mut CompileState<'a>, _: &mut Stats) -> pipec_compiler::Result<()> {
+            let (Some(planned), Some(program)) = (&st.planned, &st.program) else {
+                return Err(pipec_compiler::Error::msg("no program"));
+            };
+            codegen::verify_program(program)
+                .with_context(|| format!("{}: compile failed", planned.name))
+                .map_err(external)
+        }
+    }
+}
+
+/// The `partition` step: verify the plan, build codegen's options, cut the stages. Returns the
+/// stage count.
+fn partition_step(st: &mut CompileState) -> Result<usize> {
+    let opts = st.opts;
+    let planned = st
+        .planned
+        .as_ref()
+        .ok_or_else(|| anyhow!("partition before plan"))?;
+    let label = plan_label(&opts.planner);
+    let plan = &planned.plan;
+    plan.verify(&planned.graph, &planned.cluster)
+        .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
+    let specs = plan.specs(&planned.graph)?;
+    let copts = codegen::CompileOptions {
+        model_name: Path::new(&planned.name)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        planner: plan.planner.clone(),
+        batch: opts.batch,
+        micro_batch: plan.micro_batch,
+        schedule: plan.schedule,
+        loss: opts.loss.clone(),
+        optimizer: opts.optimizer.clone(),
+        optimizer_spec: opts.optimizer_spec.clone(),
+        per_stage: per_stage_of(plan),
+    };
+    (st.progress)(&format!("compiling {} stages", specs.len()));
+    let part = codegen::partition(planned.module(), &specs, &copts)
+        .with_context(|| format!("{}: compile failed", planned.name))?;
+    st.annotated = Some(part.annotated(planned.module()));
+    let n = part.len();
+    st.partition = Some(part);
+    st.codegen_opts = Some(copts);
+    Ok(n)
+}
+
+/// The result of [`plan`]: the plan and what the compile steps cut from it.
 pub struct Planned {
     /// The model as the front end left it (for `--dump-ir`'s first snapshot).
     pub imported: Module,
@@ -124,28 +613,21 @@ impl Planned {
     }
 }
 
-/// A compiled model: the artifact, and the IR after every step when asked for.
-pub struct Compilation {
-    pub artifact: Artifact,
-    /// `(label, module)` in pipeline order (`import`, `split-layer`, codegen's steps, every
-    /// piece), when [`CompileOptions::keep_ir`].
-    pub ir: Vec<(String, Module)>,
+/// Import `model` (front end, cost graph, `--profile`) and run the planner: the pipeline's first
+/// two steps, for callers that want the plan alone.
+pub fn plan(model: &Path, opts: &CompileOptions, progress: &dyn Fn(&str)) -> Result<Planned> {
+    let m = load_module_dims(model, &opts.dims)?;
+    plan_imported(m, model.display().to_string(), model, opts, progress)
 }
 
-/// Plan and compile `model`: [`plan`] then [`emit`]. `progress` receives a line per step.
-pub fn compile(
+/// Plan the imported module `m` (named `name` in messages) of `model`.
+fn plan_imported(
+    m: Module,
+    name: String,
     model: &Path,
     opts: &CompileOptions,
     progress: &dyn Fn(&str),
-) -> Result<Compilation> {
-    let planned = plan(model, opts, progress)?;
-    emit(planned, opts, progress)
-}
-
-/// Import `model` (front end, cost graph, `--profile`) and run the planner.
-pub fn plan(model: &Path, opts: &CompileOptions, progress: &dyn Fn(&str)) -> Result<Planned> {
-    let m = load_module_dims(model, &opts.dims)?;
-    let name = model.display().to_string();
+) -> Result<Planned> {
     let mut g = planning_graph(&m, &name)?;
     let mut cluster = opts.cluster.clone();
     if let Some(p) = &opts.profile {
@@ -175,68 +657,6 @@ pub fn plan(model: &Path, opts: &CompileOptions, progress: &dyn Fn(&str)) -> Res
         cluster,
         name,
     })
-}
-
-/// Verify the plan and compile it: per-stage pieces (autodiff, loss, optimizer), communication,
-/// the per-device schedule (verified statically), initial weights.
-pub fn emit(
-    planned: Planned,
-    opts: &CompileOptions,
-    progress: &dyn Fn(&str),
-) -> Result<Compilation> {
-    let label = plan_label(&opts.planner);
-    let plan = &planned.plan;
-    plan.verify(&planned.graph, &planned.cluster)
-        .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
-    let specs = plan.specs(&planned.graph)?;
-    let copts = codegen::CompileOptions {
-        model_name: Path::new(&planned.name)
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        planner: plan.planner.clone(),
-        batch: opts.batch,
-        micro_batch: plan.micro_batch,
-        schedule: plan.schedule,
-        loss: opts.loss.clone(),
-        optimizer: opts.optimizer.clone(),
-        optimizer_spec: opts.optimizer_spec.clone(),
-        per_stage: per_stage_of(plan),
-    };
-    progress(&format!("compiling {} stages", specs.len()));
-    let compiled = codegen::compile(planned.module(), &specs, &copts)
-        .with_context(|| format!("{}: compile failed", planned.name))?;
-    let ir = if opts.keep_ir {
-        ir_snapshots(&planned, &compiled)
-    } else {
-        Vec::new()
-    };
-    let Planned { plan, cluster, .. } = planned;
-    // The plan's devices are the cluster's first `plan.devices` (GPP may use fewer than given),
-    // and its simulation ran on that cluster: the one recorded.
-    let cluster = cluster.take(plan.devices)?;
-    Ok(Compilation {
-        artifact: Artifact {
-            plan,
-            cluster,
-            compiled,
-        },
-        ir,
-    })
-}
-
-/// `--dump-ir`'s snapshots, in pipeline order.
-fn ir_snapshots(planned: &Planned, compiled: &Compiled) -> Vec<(String, Module)> {
-    let mut out = vec![("import".to_string(), planned.imported.clone())];
-    if !planned.plan.intra_splits.is_empty() {
-        out.push(("split-layer".to_string(), planned.module().clone()));
-    }
-    out.extend(compiled.dumps.iter().cloned());
-    for (file, md) in &compiled.modules {
-        let label = file.trim_end_matches(".onnx").replace(['/', '.'], "-");
-        out.push((label, md.clone()));
-    }
-    out
 }
 
 /// The memory model's optimizer class of an optimizer (state tensors per parameter).

@@ -932,3 +932,108 @@ fn batch_independent_values_hold_no_more_than_the_plan_counts() {
         assert!(s.contains("check ok"), "{spec}: {s}");
     }
 }
+
+/// `--dump-ir`, `--print-ir-after STEP` and `--timing` come from the pass manager that runs the
+/// compile steps: the dump holds every step's IR in order (each file parses back as textual IR),
+/// the printer names the step and the module, and the timing lists every step with its
+/// statistics. An unknown step is refused by name; a failed compile leaves no dump.
+#[test]
+fn dump_print_and_timing_come_from_the_pass_manager() {
+    let t = tempdir();
+    let (out, dump) = (t.path().join("o"), t.path().join("ir"));
+    let m = model("mlp4.onnx");
+    let args = |extra: &[&'static str]| -> Vec<String> {
+        let mut v: Vec<String> = [
+            "compile",
+            m.to_str().unwrap(),
+            "--cluster",
+            "cpu",
+            "--devices",
+            "2",
+            "--planner",
+            "straight",
+            "--batch",
+            "4",
+            "-o",
+            out.to_str().unwrap(),
+            "--dump-ir",
+            dump.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let a = args(&["--print-ir-after", "partition", "--timing"]);
+    let o = pipec(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = common::stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("// -----// IR Dump After partition (partition) //----- //"),
+        "{err}"
+    );
+    assert!(!err.contains("IR Dump After stage-pieces"), "{err}");
+    for step in [
+        "import",
+        "plan",
+        "partition",
+        "stage-pieces",
+        "reference",
+        "insert-comm",
+        "verify-program",
+    ] {
+        assert!(err.contains(&format!(" ms  {step}  ")), "{step}: {err}");
+    }
+    assert!(err.contains("partition  stages=2"), "{err}");
+    let mut files: Vec<String> = std::fs::read_dir(&dump)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files[0], "00-import.mlir");
+    assert_eq!(files[1], "01-partition.mlir");
+    assert_eq!(files[2], "02-training-s0.mlir");
+    assert_eq!(
+        files.last().unwrap(),
+        &format!("{:02}-reference-step.mlir", files.len() - 1)
+    );
+    for f in &files {
+        let p = dump.join(f);
+        pipec_ok(&["opt", p.to_str().unwrap()]);
+    }
+
+    let bad = args(&["--print-ir-after", "autodiff"]);
+    let o = pipec(&bad.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        common::stderr(&o)
+            .contains("--print-ir-after autodiff: no such step (steps: import, plan,"),
+        "{}",
+        common::stderr(&o)
+    );
+
+    // A compile that fails (here in `partition`: the micro-batch does not divide the batch)
+    // writes neither OUTDIR nor the dump.
+    let (out2, dump2) = (t.path().join("o2"), t.path().join("ir2"));
+    let o = pipec(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "2",
+        "--stages",
+        "0..2;2..",
+        "--batch",
+        "4",
+        "--micro-batch",
+        "3",
+        "-o",
+        out2.to_str().unwrap(),
+        "--dump-ir",
+        dump2.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+    assert!(!out2.exists() && !dump2.exists());
+}

@@ -48,3 +48,72 @@ fn library_compile_writes_the_cli_outdir() {
     assert_eq!(plan.stages, out.artifact.plan.stages);
     assert_eq!(od.cluster.expect("cluster.json"), out.artifact.cluster);
 }
+
+/// `pipec compile` is a declared pipeline on the pass manager: its steps in order, each with a
+/// contract the manager checks (a step whose input no earlier step made is refused by name).
+#[test]
+fn compile_runs_its_steps_on_the_pass_manager() {
+    use pipec_compiler::passmgr::{PassManager, PrintIr};
+    let names: Vec<&str> = driver::pipeline().iter().map(|p| p.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "import",
+            "plan",
+            "partition",
+            "stage-pieces",
+            "reference",
+            "insert-comm",
+            "verify-program"
+        ]
+    );
+    let m = model("mlp4.onnx");
+    let cluster = driver::resolve_cluster("cpu", None, Some(2)).unwrap();
+    let opts = CompileOptions::new("straight", cluster, 4);
+
+    // Without `plan`, `partition` is refused before it runs.
+    let mut steps = driver::pipeline();
+    steps.remove(1);
+    let pm = PassManager::new(steps);
+    let mut st = driver::CompileState::new(&m, &opts, &|_| {});
+    let e = pm.run(&mut st, &mut |_, _, _| {}).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "pass 'partition': needs the compile product 'plan' (run plan first)"
+    );
+
+    // The whole pipeline: every step's IR handed to the printer, labelled, in order; per-step
+    // statistics as declared.
+    let mut labels: Vec<(String, String)> = Vec::new();
+    let (st, records) =
+        driver::run_pipeline(&m, &opts, &|_| {}, PrintIr::AfterAll, &mut |s, l, _| {
+            labels.push((s.to_string(), l.to_string()))
+        })
+        .unwrap();
+    let steps: Vec<&str> = records.iter().map(|r| r.name).collect();
+    assert_eq!(steps, names);
+    assert_eq!(labels[0], ("import".into(), "import".into()));
+    assert_eq!(labels[1], ("partition".into(), "partition".into()));
+    assert!(
+        labels.contains(&("stage-pieces".into(), "training-s1".into())),
+        "{labels:?}"
+    );
+    assert!(
+        labels.contains(&("stage-pieces".into(), "stages-s0-fwd".into())),
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.last().unwrap(),
+        &("reference".to_string(), "reference-step".to_string())
+    );
+    assert_eq!(records[2].stats.get("stages"), 2);
+    let art = st.into_artifact().unwrap();
+    let instrs: usize = art
+        .compiled
+        .program
+        .devices
+        .iter()
+        .map(|d| d.instructions.len())
+        .sum();
+    assert_eq!(records[5].stats.get("instructions"), instrs as u64);
+}

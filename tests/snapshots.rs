@@ -28,7 +28,7 @@ fn ir_after_import_and_each_pass() {
         let mut pm = PassManager::new(passes);
         pm.print_ir = PrintIr::AfterAll;
         let mut dumps = Vec::new();
-        pm.run(&mut m, &mut |pass, m| {
+        pm.run(&mut m, &mut |pass, _, m| {
             dumps.push((pass.to_string(), pipec_compiler::text::print(m)))
         })
         .unwrap();
@@ -47,7 +47,7 @@ fn training_ir_after_autodiff() {
         let mut m = pipec_compiler::onnx::import::load(&path).unwrap();
         pipec_compiler::shape::infer_shapes(&mut m).unwrap();
         let pm = PassManager::new(vec![pipec_passes::lookup("autodiff").unwrap()]);
-        pm.run(&mut m, &mut |_, _| {}).unwrap();
+        pm.run(&mut m, &mut |_, _, _| {}).unwrap();
         snapshot(
             &format!("{name}.10-autodiff"),
             &pipec_compiler::text::print(&m),
@@ -74,7 +74,7 @@ fn ir_after_gpp_passes() {
         .map(|p| pipec_passes::lookup(p).unwrap())
         .collect();
         let pm = PassManager::new(passes);
-        pm.run(&mut m, &mut |_, _| {}).unwrap();
+        pm.run(&mut m, &mut |_, _, _| {}).unwrap();
         snapshot(
             &format!("{name}.gpp-schedule-gpp"),
             &pipec_compiler::text::print(&m),
@@ -110,7 +110,7 @@ fn gpp_passes_with_schedule_options() {
         .map(|p| pipec_passes::lookup_spec(p).unwrap())
         .collect();
         PassManager::new(passes)
-            .run(&mut m, &mut |_, _| {})
+            .run(&mut m, &mut |_, _, _| {})
             .unwrap();
         let mut text: Vec<String> = m
             .attrs

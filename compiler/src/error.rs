@@ -53,6 +53,10 @@ pub enum Error {
     /// The verifier rejected the IR.
     #[error("verifier: {0}")]
     Verify(String),
+    /// An error of a step defined outside this crate (the driver's compile steps), carried
+    /// through the pass manager unchanged.
+    #[error(transparent)]
+    External(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// A pass failed; wraps the inner error with the pass name.
     #[error("pass '{pass}': {source}")]
     Pass {

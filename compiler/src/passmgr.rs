@@ -148,10 +148,41 @@ impl OptionKind {
     }
 }
 
-/// An IR -> IR pass. Each implementation lives in its own file in `passes/` with a `//!` doc
-/// stating what it requires, what it guarantees and what it invalidates; [`Pass::info`] states
-/// the checkable part of that as data.
-pub trait Pass: Send + Sync {
+/// What a pipeline transforms: one module (`pipec opt`'s passes), or a whole compilation in
+/// progress (`pipec compile`'s steps, which make many modules: stage pieces, the reference). The
+/// manager asks it whether a declared requirement holds and which IR a pass just made or changed,
+/// to verify and print that IR after the pass.
+pub trait IrUnit {
+    /// Whether the unit holds `attr` ([`PassInfo::requires`]): a module attribute, or a
+    /// compilation's product.
+    fn holds(&self, attr: &str) -> bool;
+    /// What [`IrUnit::holds`] asks about, for messages (`module attribute`).
+    fn attr_kind(&self) -> &'static str {
+        "module attribute"
+    }
+    /// A position in the unit's IR history, taken before a pass runs.
+    fn ir_mark(&self) -> usize;
+    /// The IR made or changed since `mark`, in order, with a label for printers (`""`: the pass's
+    /// name). A module is changed in place by every pass: it is always the answer.
+    fn ir_since(&self, mark: usize) -> Vec<(&str, &Module)>;
+}
+
+impl IrUnit for Module {
+    fn holds(&self, attr: &str) -> bool {
+        self.attrs.contains_key(attr)
+    }
+    fn ir_mark(&self) -> usize {
+        0
+    }
+    fn ir_since(&self, _mark: usize) -> Vec<(&str, &Module)> {
+        vec![("", self)]
+    }
+}
+
+/// A pass: IR -> IR on a module (the default), or one step of a compilation. Each module pass
+/// lives in its own file in `passes/` with a `//!` doc stating what it requires, what it
+/// guarantees and what it invalidates; [`Pass::info`] states the checkable part of that as data.
+pub trait Pass<U: ?Sized = Module>: Send + Sync {
     /// The contract.
     fn info(&self) -> &'static PassInfo;
     /// The CLI name (`shape-infer`).
@@ -162,11 +193,11 @@ pub trait Pass: Send + Sync {
     fn summary(&self) -> &'static str {
         self.info().summary
     }
-    /// Run on the module. An error stops the pipeline.
-    fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()>;
+    /// Run on the unit. An error stops the pipeline.
+    fn run(&self, unit: &mut U, stats: &mut Stats) -> Result<()>;
 }
 
-impl std::fmt::Debug for dyn Pass {
+impl<U: ?Sized> std::fmt::Debug for dyn Pass<U> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
@@ -201,17 +232,17 @@ pub struct PassRecord {
 }
 
 /// A pipeline of passes with its instrumentation.
-pub struct PassManager {
-    passes: Vec<Box<dyn Pass>>,
+pub struct PassManager<U: ?Sized = Module> {
+    passes: Vec<Box<dyn Pass<U>>>,
     /// Run the verifier after every pass (on by default).
     pub verify_each: bool,
     /// When to print.
     pub print_ir: PrintIr,
 }
 
-impl PassManager {
+impl<U: IrUnit + ?Sized> PassManager<U> {
     /// A pipeline of the given passes, verifying after each.
-    pub fn new(passes: Vec<Box<dyn Pass>>) -> Self {
+    pub fn new(passes: Vec<Box<dyn Pass<U>>>) -> Self {
         PassManager {
             passes,
             verify_each: true,
@@ -224,13 +255,20 @@ impl PassManager {
         self.passes.iter().map(|p| p.name()).collect()
     }
 
-    /// Run every pass in order. After each pass the verifier runs (if enabled), then `print` is
-    /// called with the pass name and the IR when the print option asks for it. The first error
-    /// stops the pipeline and is returned wrapped with the pass name.
+    /// Declared contracts of the passes, in order.
+    pub fn infos(&self) -> Vec<&'static PassInfo> {
+        self.passes.iter().map(|p| p.info()).collect()
+    }
+
+    /// Run every pass in order. After each pass the verifier runs (if enabled) on the IR the
+    /// pass made or changed ([`IrUnit::ir_since`]), then, when the print option asks for the
+    /// pass, `print` is called with the pass name, each of those modules' labels (a module pass:
+    /// its name again) and the module. The first error stops the pipeline and is returned wrapped
+    /// with the pass name.
     pub fn run(
         &self,
-        module: &mut Module,
-        print: &mut dyn FnMut(&str, &Module),
+        module: &mut U,
+        print: &mut dyn FnMut(&str, &str, &Module),
     ) -> Result<Vec<PassRecord>> {
         let mut records = Vec::with_capacity(self.passes.len());
         // Module attributes a pass of this pipeline invalidated, with that pass's name.
@@ -239,6 +277,7 @@ impl PassManager {
             let info = pass.info();
             check_requires(info, module, &stale).map_err(|e| pass_error(pass.name(), e))?;
             let mut stats = Stats::default();
+            let mark = module.ir_mark();
             let t0 = std::time::Instant::now();
             pass.run(module, &mut stats)
                 .map_err(|e| pass_error(pass.name(), e))?;
@@ -255,11 +294,18 @@ impl PassManager {
                 stale.remove(a);
             }
             let wall = t0.elapsed();
+            let made = module.ir_since(mark);
             if self.verify_each {
-                crate::verify::verify(module).map_err(|e| Error::Pass {
-                    pass: pass.name().to_string(),
-                    source: Box::new(Error::Verify(format!("IR is invalid after this pass: {e}"))),
-                })?;
+                for (label, m) in &made {
+                    crate::verify::verify(m).map_err(|e| Error::Pass {
+                        pass: pass.name().to_string(),
+                        source: Box::new(Error::Verify(if label.is_empty() {
+                            format!("IR is invalid after this pass: {e}")
+                        } else {
+                            format!("IR is invalid after this pass ({label}): {e}")
+                        })),
+                    })?;
+                }
             }
             let want = match &self.print_ir {
                 PrintIr::Never => false,
@@ -267,7 +313,10 @@ impl PassManager {
                 PrintIr::After(names) => names.iter().any(|n| n == pass.name()),
             };
             if want {
-                print(pass.name(), module);
+                for (label, m) in made {
+                    let label = if label.is_empty() { pass.name() } else { label };
+                    print(pass.name(), label, m);
+                }
             }
             records.push(PassRecord {
                 name: pass.name(),
@@ -280,21 +329,23 @@ impl PassManager {
 }
 
 /// `info.requires` against the module and what earlier passes invalidated.
-fn check_requires(
+fn check_requires<U: IrUnit + ?Sized>(
     info: &PassInfo,
-    module: &Module,
+    module: &U,
     stale: &BTreeMap<&'static str, &'static str>,
 ) -> Result<()> {
     for &(attr, by) in info.requires {
         if let Some(culprit) = stale.get(attr) {
             return Err(Error::msg(format!(
-                "needs the module attribute '{attr}' from {by}, but {culprit} ran after it and \
-                 invalidated it (run {by} again after {culprit})"
+                "needs the {} '{attr}' from {by}, but {culprit} ran after it and \
+                 invalidated it (run {by} again after {culprit})",
+                module.attr_kind()
             )));
         }
-        if !module.attrs.contains_key(attr) {
+        if !module.holds(attr) {
             return Err(Error::msg(format!(
-                "needs the module attribute '{attr}' (run {by} first)"
+                "needs the {} '{attr}' (run {by} first)",
+                module.attr_kind()
             )));
         }
     }

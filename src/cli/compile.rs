@@ -12,9 +12,13 @@ use super::plan::{planner_name, render, resolve_cluster, with_dapple_reference};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pipec::driver::{self, per_stage_of, CompileOptions};
+use pipec_compiler::ir::Module;
+use pipec_compiler::passmgr::PrintIr;
+use pipec_compiler::text;
 use pipec_passes::loss::LossKind;
 use pipec_passes::optimizer::OptimizerKind;
 use pipec_passes::planners;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -77,9 +81,20 @@ pub struct CompileArgs {
     /// Device kind for an inline `N@BW` cluster (default V100-16GB).
     #[arg(long = "device-kind")]
     pub device_kind: Option<String>,
-    /// Write the IR after every step as DIR/NN-name.mlir.
+    /// Write the IR after every step as DIR/NN-name.mlir (the imported module, BaPipe's
+    /// rewritten one, the partition, each stage's training module, every piece).
     #[arg(long = "dump-ir", value_name = "DIR")]
     pub dump_ir: Option<PathBuf>,
+    /// Print the IR each step makes to stderr, after every step (steps: import, plan, partition,
+    /// stage-pieces, reference, insert-comm, verify-program).
+    #[arg(long)]
+    pub print_ir_after_all: bool,
+    /// Print the IR the named step makes to stderr (repeatable).
+    #[arg(long, value_name = "STEP")]
+    pub print_ir_after: Vec<String>,
+    /// Print each step's wall time and statistics to stderr.
+    #[arg(long)]
+    pub timing: bool,
     /// Output directory (written atomically).
     #[arg(short = 'o', long = "output", value_name = "OUTDIR")]
     pub output: PathBuf,
@@ -94,8 +109,8 @@ pub struct CompileArgs {
     pub profile: Option<PathBuf>,
 }
 
-/// Run `pipec compile`: check the flags, then [`driver::plan`] and [`driver::emit`], write
-/// OUTDIR (and `--dump-ir`), print a summary.
+/// Run `pipec compile`: check the flags, run [`driver::pipeline`] on the pass manager (its IR
+/// printing writes `--dump-ir`), write OUTDIR, print a summary.
 pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let loss: LossKind = a.loss.parse().map_err(|e| anyhow!("--loss: {e}"))?;
     let limit = super::plan::time_limit(a.time_limit)?;
@@ -129,23 +144,57 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     opts.profile = a.profile.clone();
     opts.keep_ir = a.dump_ir.is_some();
     let progress = |msg: &str| spin.set_message(msg.to_string());
-    let planned = driver::plan(&a.model, &opts, &progress)?;
-    super::plan::warn_time_limited(&planned.plan, a.time_limit);
-    let name = planned.name.clone();
-    let out = driver::emit(planned, &opts, &progress)?;
+    let steps: Vec<&str> = driver::pipeline().iter().map(|p| p.name()).collect();
+    for name in &a.print_ir_after {
+        if !steps.contains(&name.as_str()) {
+            bail!(
+                "--print-ir-after {name}: no such step (steps: {})",
+                steps.join(", ")
+            );
+        }
+    }
+    // `--dump-ir` and `--print-ir-after*` are the pass manager's IR printing: every module a
+    // step made, after the step.
+    let print_ir = if a.dump_ir.is_some() || a.print_ir_after_all {
+        PrintIr::AfterAll
+    } else if !a.print_ir_after.is_empty() {
+        PrintIr::After(a.print_ir_after.clone())
+    } else {
+        PrintIr::Never
+    };
+    // `--dump-ir` files are written once the compile succeeded (a failed compile leaves none).
+    let mut dumps: Vec<(String, String)> = Vec::new();
+    let mut print = |step: &str, label: &str, m: &Module| {
+        if a.dump_ir.is_some() {
+            dumps.push((label.to_string(), text::print(m)));
+        }
+        if a.print_ir_after_all || a.print_ir_after.iter().any(|n| n == step) {
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(err, "// -----// IR Dump After {step} ({label}) //----- //");
+            let _ = err.write_all(text::print(m).as_bytes());
+        }
+    };
+    let t0 = std::time::Instant::now();
+    let (st, records) = driver::run_pipeline(&a.model, &opts, &progress, print_ir, &mut print)?;
     if let Some(dir) = &a.dump_ir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("{}: cannot create", dir.display()))?;
-        for (n, (label, md)) in out.ir.iter().enumerate() {
+        for (n, (label, text)) in dumps.iter().enumerate() {
             let p = dir.join(format!("{n:02}-{label}.mlir"));
-            std::fs::write(&p, pipec_compiler::text::print(md))
-                .with_context(|| format!("{}: cannot write", p.display()))?;
+            std::fs::write(&p, text).with_context(|| format!("{}: cannot write", p.display()))?;
         }
     }
+    if let Some(plan) = st.plan() {
+        super::plan::warn_time_limited(plan, a.time_limit);
+    }
+    let name = st.name();
+    let art = st.into_artifact()?;
     spin.set_message(format!("writing {}", a.output.display()));
-    let art = &out.artifact;
     art.write(&a.output)?;
     drop(spin);
+    if a.timing {
+        super::opt::print_timing(&records, None, t0.elapsed());
+    }
     if a.verbose {
         eprint!("{}", render(&art.plan));
     }

@@ -103,34 +103,14 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
         emit_resources: a.emit_resources,
         ..PrintOptions::default()
     };
-    let mut printer = |name: &str, m: &pipec_compiler::ir::Module| {
+    let mut printer = |name: &str, _: &str, m: &pipec_compiler::ir::Module| {
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "// -----// IR Dump After {name} //----- //");
         let _ = err.write_all(text::print_with(m, &opts).as_bytes());
     };
     let records = pm.run(&mut module, &mut printer)?;
     if a.timing {
-        eprintln!("===- pass timing -===");
-        eprintln!(
-            "{:>10.3} ms  import + verify",
-            load_time.as_secs_f64() * 1e3
-        );
-        for r in &records {
-            let stats = r
-                .stats
-                .0
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ");
-            eprintln!(
-                "{:>10.3} ms  {}  {}",
-                r.wall.as_secs_f64() * 1e3,
-                r.name,
-                stats
-            );
-        }
-        eprintln!("{:>10.3} ms  total", t0.elapsed().as_secs_f64() * 1e3);
+        print_timing(&records, Some(load_time), t0.elapsed());
     }
     let out = text::print_with(&module, &opts);
     match a.output {
@@ -138,4 +118,32 @@ pub fn run(a: OptArgs) -> Result<ExitCode> {
         None => std::io::stdout().lock().write_all(out.as_bytes())?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--timing`: each pass's wall time and statistics on stderr (after the import's, when given).
+pub fn print_timing(
+    records: &[pipec_compiler::passmgr::PassRecord],
+    import: Option<std::time::Duration>,
+    total: std::time::Duration,
+) {
+    eprintln!("===- pass timing -===");
+    if let Some(t) = import {
+        eprintln!("{:>10.3} ms  import + verify", t.as_secs_f64() * 1e3);
+    }
+    for r in records {
+        let stats = r
+            .stats
+            .0
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        eprintln!(
+            "{:>10.3} ms  {}  {}",
+            r.wall.as_secs_f64() * 1e3,
+            r.name,
+            stats
+        );
+    }
+    eprintln!("{:>10.3} ms  total", total.as_secs_f64() * 1e3);
 }

@@ -82,8 +82,6 @@ pub struct Compiled {
     pub modules: Vec<(String, Module)>,
     /// Initial value of every float initializer, by name (`weights.npz`).
     pub weights: Vec<(String, TensorData)>,
-    /// Intermediate IR for `--dump-ir`: `(name, module)` in pass order.
-    pub dumps: Vec<(String, Module)>,
 }
 
 /// The batch symbol: axis 0 of the first data input.
@@ -112,8 +110,75 @@ struct StageBuild {
     outputs: Vec<(Value, Vec<usize>)>,
 }
 
-/// Compile `m` under the plan's stages (see the module doc).
+/// Compile `m` under the plan's stages (see the module doc): [`partition`], [`stage_pieces`],
+/// [`reference`], [`communicate`], [`finish`] in turn (the steps `pipec compile` runs on the
+/// pass manager, with the IR verifier after each).
 pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result<Compiled> {
+    let part = partition(m, specs, opts)?;
+    let pieces = stage_pieces(m, &part, opts)?;
+    let training = pieces.training_modules().enumerate();
+    verify_modules(training.map(|(s, md)| (format!("the training module of stage {s}"), md)))?;
+    let files = pieces.modules().iter();
+    verify_modules(files.map(|(f, md)| (format!("piece {f}"), md)))?;
+    let refp = reference(m, &part, &pieces, opts)?;
+    let files = refp.modules().iter();
+    verify_modules(files.map(|(f, md)| (format!("piece {f}"), md)))?;
+    let program = communicate(m, &part, &pieces, &refp, opts)?;
+    verify_program(&program)?;
+    finish(m, program, pieces, refp)
+}
+
+/// The plan's stages cut out of the module (step `partition`, guarantee 1 of the module doc).
+pub struct Partition {
+    batch_sym: String,
+    micro_batches: u64,
+    /// Devices of each stage, numbered densely.
+    stage_devices: Vec<Vec<usize>>,
+    replication: Vec<Replication>,
+    stage_of: HashMap<Op, usize>,
+    /// The first output (the loss reads it) and its stage.
+    y0: Value,
+    y0_stage: usize,
+    builds: Vec<StageBuild>,
+    /// Each stage's forward module.
+    fwd_modules: Vec<Module>,
+    /// The stage DAG: each stage's predecessors, and a topological order.
+    preds: Vec<BTreeSet<usize>>,
+    topo: Vec<usize>,
+}
+
+impl Partition {
+    /// Each stage's forward module, in stage order.
+    pub fn forward_modules(&self) -> &[Module] {
+        &self.fwd_modules
+    }
+
+    /// `m` with every op annotated `pipec.stage = S` (`--dump-ir`'s `partition` snapshot).
+    pub fn annotated(&self, m: &Module) -> Module {
+        let mut annotated = m.clone();
+        for (op, s) in &self.stage_of {
+            annotated.graph.ops[*op].attrs.insert(
+                "pipec.stage".into(),
+                pipec_compiler::ir::Attr::Int(*s as i64),
+            );
+        }
+        annotated
+    }
+
+    /// Stage count.
+    pub fn len(&self) -> usize {
+        self.builds.len()
+    }
+
+    /// Whether the plan has no stage.
+    pub fn is_empty(&self) -> bool {
+        self.builds.is_empty()
+    }
+}
+
+/// Step `partition`: which ops each stage computes (with its duplicated side computations), the
+/// values it receives and sends, its forward module and the stage DAG.
+pub fn partition(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result<Partition> {
     let g = &m.graph;
     let batch_sym = batch_symbol(m)?;
     let (b, mb) = (opts.batch, opts.micro_batch);
@@ -284,6 +349,69 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         }
     }
     let topo = topo_order(&preds)?;
+    Ok(Partition {
+        batch_sym,
+        micro_batches: nmb,
+        stage_devices,
+        replication,
+        stage_of,
+        y0,
+        y0_stage,
+        builds,
+        fwd_modules,
+        preds,
+        topo,
+    })
+}
+
+/// Every stage's pieces and program entry (step `stage-pieces`, guarantees 2 and 5 of the
+/// module doc).
+pub struct StagePieces {
+    built: Vec<pieces::Pieces>,
+    /// For a cross value v sent by s: consumer stages that send back a cotangent.
+    cot_from: HashMap<(usize, Value), Vec<usize>>,
+    /// Float initializers' types, by name.
+    param_ty: HashMap<String, TensorType>,
+    /// `(path relative to OUTDIR, module)` of every piece, in stage order.
+    modules: Vec<(String, Module)>,
+    stages: Vec<StageProgram>,
+    /// Devices holding each trained parameter.
+    holders: BTreeMap<String, Vec<usize>>,
+}
+
+impl StagePieces {
+    /// Each stage's training module (forward, loss, backward), in stage order.
+    pub fn training_modules(&self) -> impl Iterator<Item = &Module> {
+        self.built.iter().map(|p| &p.training)
+    }
+
+    /// `(path relative to OUTDIR, module)` of every piece.
+    pub fn modules(&self) -> &[(String, Module)] {
+        &self.modules
+    }
+}
+
+/// Step `stage-pieces`: per stage (consumers first), autodiff of its objective (the loss on the
+/// first output's stage, the received cotangents elsewhere), the backward split in B and W
+/// under a zero-bubble schedule, and the optimizer step of the parameters it holds.
+pub fn stage_pieces(m: &Module, part: &Partition, opts: &CompileOptions) -> Result<StagePieces> {
+    let g = &m.graph;
+    let b = opts.batch;
+    let mb = opts.micro_batch;
+    let Partition {
+        stage_devices,
+        replication,
+        stage_of,
+        y0,
+        y0_stage,
+        builds,
+        fwd_modules,
+        topo,
+        ..
+    } = part;
+    let (y0, y0_stage) = (*y0, *y0_stage);
+    let ns = builds.len();
+    let size = |s: usize| opts.per_stage.as_ref().map_or(mb, |p| p.micro_batch[s]);
     // A received value gets a cotangent only if it depends on a trainable parameter: the
     // gradient of, say, a slice of a data input has no one to go to (its producer stage may
     // have no backward at all).
@@ -464,6 +592,44 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             loss,
         });
     }
+    Ok(StagePieces {
+        built,
+        cot_from,
+        param_ty,
+        modules,
+        stages,
+        holders,
+    })
+}
+
+/// The model's data inputs and the unpartitioned program (step `reference`).
+pub struct Reference {
+    data_inputs: Vec<DataInput>,
+    program: ReferenceProgram,
+    /// `reference/train.onnx` and `reference/step.onnx`.
+    modules: Vec<(String, Module)>,
+}
+
+impl Reference {
+    /// `(path relative to OUTDIR, module)` of the reference's pieces.
+    pub fn modules(&self) -> &[(String, Module)] {
+        &self.modules
+    }
+}
+
+/// Step `reference`: the data inputs the program loads, and the reference program `run --check`
+/// compares with (the whole model's training step on one device, the same loss scaling).
+pub fn reference(
+    m: &Module,
+    part: &Partition,
+    sp: &StagePieces,
+    opts: &CompileOptions,
+) -> Result<Reference> {
+    let g = &m.graph;
+    let b = opts.batch;
+    let (batch_sym, nmb, y0) = (&part.batch_sym, part.micro_batches, part.y0);
+    let param_ty = &sp.param_ty;
+    let mut modules: Vec<(String, Module)> = Vec::new();
     // Data inputs.
     let mut data_inputs = Vec::new();
     let gather_tables = gather_index_bounds(m);
@@ -472,11 +638,11 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
             continue;
         }
         let ty = g.ty(v);
-        let lay = layout(ty, &batch_sym);
+        let lay = layout(ty, batch_sym);
         data_inputs.push(DataInput {
             name: g.name(v).to_string(),
             dtype: ty.dtype.to_string(),
-            shape: concrete_dims(ty, &batch_sym, b),
+            shape: concrete_dims(ty, batch_sym, b),
             batch_axis: lay.batch_axis(),
             high: (!ty.dtype.is_float()).then(|| gather_tables.get(&v).copied().unwrap_or(2)),
         });
@@ -484,7 +650,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
     if let LossKind::CrossEntropy(label) = &opts.loss {
         if !data_inputs.iter().any(|d| &d.name == label) {
             let yt = g.ty(y0);
-            let mut dims = concrete_dims(yt, &batch_sym, b);
+            let mut dims = concrete_dims(yt, batch_sym, b);
             let classes = dims.pop().unwrap_or(2);
             data_inputs.push(DataInput {
                 name: label.clone(),
@@ -545,26 +711,48 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         modules.push((sf, sp.module));
         rprog
     };
+    Ok(Reference {
+        data_inputs,
+        program: reference,
+        modules,
+    })
+}
+
+/// Step `insert-comm` (guarantees 3 and 4 of the module doc): every device's instruction list —
+/// receives, compute, sends, split/concat, accumulation, all-reduces and the step in the
+/// schedule's order — and the program that holds them.
+pub fn communicate(
+    m: &Module,
+    part: &Partition,
+    sp: &StagePieces,
+    refp: &Reference,
+    opts: &CompileOptions,
+) -> Result<Program> {
+    let (b, mb) = (opts.batch, opts.micro_batch);
+    let nmb = part.micro_batches;
+    let ns = part.len();
+    let preds = &part.preds;
     let ctx = insert_comm::Context {
         m,
-        batch_sym: &batch_sym,
+        batch_sym: &part.batch_sym,
         micro_batch: mb,
         micro_batches: nmb,
         schedule: opts.schedule,
-        stage_devices: &stage_devices,
-        preds: &preds,
-        stage_outputs: builds
+        stage_devices: &part.stage_devices,
+        preds,
+        stage_outputs: part
+            .builds
             .iter()
             .map(|b| b.outputs.iter().map(|(v, cs)| (*v, cs.clone())).collect())
             .collect(),
-        stage_inputs: builds.iter().map(|b| b.inputs.clone()).collect(),
-        cot_from: &cot_from,
-        stages: &stages,
-        data_inputs: &data_inputs,
-        replication: &replication,
-        holders: &holders,
-        input_grads: built.iter().map(|p| p.input_grads.clone()).collect(),
-        param_grads: built.iter().map(|p| p.param_grads.clone()).collect(),
+        stage_inputs: part.builds.iter().map(|b| b.inputs.clone()).collect(),
+        cot_from: &sp.cot_from,
+        stages: &sp.stages,
+        data_inputs: &refp.data_inputs,
+        replication: &part.replication,
+        holders: &sp.holders,
+        input_grads: sp.built.iter().map(|p| p.input_grads.clone()).collect(),
+        param_grads: sp.built.iter().map(|p| p.param_grads.clone()).collect(),
         per_stage: opts.per_stage.as_ref().map(|ps| {
             // The simulator's warm-ups (Appendix A.1's in-flight samples) on the stage DAG.
             let mut succ = vec![Vec::new(); ns];
@@ -581,7 +769,7 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         }),
     };
     let devices = insert_comm::device_programs(&ctx)?;
-    let program = Program {
+    Ok(Program {
         version: PROGRAM_VERSION,
         model: opts.model_name.clone(),
         planner: opts.planner.clone(),
@@ -591,50 +779,47 @@ pub fn compile(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result
         micro_batches: nmb,
         loss: opts.loss.to_string(),
         optimizer: opts.optimizer_spec.clone(),
-        data_inputs,
+        data_inputs: refp.data_inputs.clone(),
         weights: "weights.npz".into(),
-        stages,
+        stages: sp.stages.clone(),
         devices,
-        reference: Some(reference),
-    };
-    program::verify(&program)
-        .map_err(|e| Error::msg(format!("codegen produced a bad schedule: {e}")))?;
-    // The IR verifier on every piece and every stage's training module (structure, dominance,
-    // types), as the pass manager runs it after every pass.
-    for (file, md) in &modules {
+        reference: Some(refp.program.clone()),
+    })
+}
+
+/// Step `verify-program`: the schedule verifier ([`program::verify`]: every send has its
+/// receive, no device waits forever, pieces exist, W after B, ...).
+pub fn verify_program(program: &Program) -> Result<()> {
+    program::verify(program)
+        .map_err(|e| Error::msg(format!("codegen produced a bad schedule: {e}")))
+}
+
+/// The IR verifier on modules a step made (structure, dominance, types), as the pass manager
+/// runs it after every step.
+pub fn verify_modules<'a>(modules: impl IntoIterator<Item = (String, &'a Module)>) -> Result<()> {
+    for (what, md) in modules {
         pipec_compiler::verify::verify(md)
-            .map_err(|e| Error::msg(format!("codegen: piece {file} does not verify: {e}")))?;
+            .map_err(|e| Error::msg(format!("codegen: {what} does not verify: {e}")))?;
     }
-    for (s, p) in built.iter().enumerate() {
-        pipec_compiler::verify::verify(&p.training).map_err(|e| {
-            Error::msg(format!(
-                "codegen: the training module of stage {s} does not verify: {e}"
-            ))
-        })?;
-    }
+    Ok(())
+}
+
+/// The compiled program with its pieces (stage pieces, then the reference's) and the initial
+/// weights.
+pub fn finish(m: &Module, program: Program, sp: StagePieces, refp: Reference) -> Result<Compiled> {
+    let g = &m.graph;
     let weights: Vec<(String, TensorData)> = g
         .initializers
         .iter()
         .filter(|(_, t)| t.dtype.is_float())
         .map(|(v, t)| (g.name(*v).to_string(), t.clone()))
         .collect();
-    let mut dumps = Vec::new();
-    let mut annotated = m.clone();
-    for (op, s) in &stage_of {
-        annotated.graph.ops[*op].attrs.insert(
-            "pipec.stage".into(),
-            pipec_compiler::ir::Attr::Int(*s as i64),
-        );
-    }
-    dumps.push(("partition".to_string(), annotated));
-    for (s, p) in built.iter().enumerate() {
-        dumps.push((format!("training-s{s}"), p.training.clone()));
-    }
+    let mut modules = sp.modules;
+    modules.extend(refp.modules);
     Ok(Compiled {
         program,
         modules,
         weights,
-        dumps,
     })
 }
 

@@ -25,7 +25,7 @@
 //! use pipec::driver::{self, CompileOptions};
 //! let cluster = driver::resolve_cluster("cpu", None, Some(4))?;
 //! let mut opts = CompileOptions::new("gpp", cluster, 8);
-//! opts.micro_batch = Some(2);
+//! opts.set_micro_batch(Some(2))?;
 //! opts.set_optimizer("adam:lr=0.001")?;
 //! let out = driver::compile(std::path::Path::new("model.onnx"), &opts, &|_| {})?;
 //! out.artifact.write(std::path::Path::new("model.out"))?;
@@ -41,12 +41,13 @@ use pipec_passes::codegen;
 use pipec_passes::cost::analytic::{self, AnalyticOptions};
 use pipec_passes::cost::cluster::{device_kind_by_name, device_kind_names, Cluster};
 use pipec_passes::cost::measured::{self, MeasuredProfile};
+use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
 use pipec_passes::cost::{CostGraph, Optimizer as MemOptimizer};
 use pipec_passes::loss::LossKind;
 use pipec_passes::optimizer::OptimizerKind;
-use pipec_passes::plan::{Plan, PlanOptions};
-use pipec_passes::planners::{self, bapipe};
-use pipec_passes::sim::{PerStage, ScheduleKind};
+use pipec_passes::plan::{MicroBatch, Plan, PlanOptions};
+use pipec_passes::planners::{self, bapipe, Planner};
+use pipec_passes::sim::{self, PerStage, ScheduleKind, StageGraph};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,8 +62,9 @@ pub struct CompileOptions {
     pub cluster: Cluster,
     /// Global mini-batch (samples per step).
     pub batch: u64,
-    /// Micro-batch size; `None`: the planner's choice.
-    pub micro_batch: Option<u64>,
+    /// Micro-batch size, checked against `batch` ([`CompileOptions::set_micro_batch`]); `None`:
+    /// the planner's choice.
+    pub micro_batch: Option<MicroBatch>,
     /// Schedule; `None`: the planner's own.
     pub schedule: Option<ScheduleKind>,
     pub loss: LossKind,
@@ -102,6 +104,13 @@ impl CompileOptions {
             profile: None,
             keep_ir: false,
         }
+    }
+
+    /// Ask for micro-batches of `size` samples (`None`: the planner's choice), checked against
+    /// the batch here, once.
+    pub fn set_micro_batch(&mut self, size: Option<u64>) -> Result<()> {
+        self.micro_batch = size.map(|mb| MicroBatch::new(self.batch, mb)).transpose()?;
+        Ok(())
     }
 
     /// Parse an optimizer spec (`sgd:lr=0.01[,momentum=0.9][,weight_decay=0]` or
@@ -572,8 +581,7 @@ fn partition_step(st: &mut CompileState) -> Result<usize> {
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
         planner: plan.planner.clone(),
-        batch: opts.batch,
-        micro_batch: plan.micro_batch,
+        micro_batch: MicroBatch::new(opts.batch, plan.micro_batch)?,
         schedule: plan.schedule,
         loss: opts.loss.clone(),
         optimizer: opts.optimizer.clone(),
@@ -634,7 +642,7 @@ fn plan_imported(
         apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }
     let mut popts = PlanOptions::new(opts.batch);
-    popts.micro_batch = opts.micro_batch;
+    popts.set_checked_micro_batch(opts.micro_batch)?;
     popts.schedule = opts.schedule;
     popts.optimizer = memory_optimizer(&opts.optimizer);
     // BaPipe's intra-layer splits rewrite the module (not with a measured profile: its
@@ -657,6 +665,114 @@ fn plan_imported(
         cluster,
         name,
     })
+}
+
+/// Load MODEL as a cost graph for `pipec plan` / `compare`: a PipeDream `graph.txt` profile
+/// (measured at `profile_batch`, default `pbs-N` in the name, else 1) or an ONNX model / textual
+/// IR costed with the analytic model (the batch symbol at 1 sample when symbolic). Returns it
+/// with its reference batch.
+pub fn load_cost_graph(
+    model: &Path,
+    profile_batch: Option<u64>,
+    _cluster: &Cluster,
+    dims: &BTreeMap<String, i64>,
+) -> Result<(CostGraph, u64)> {
+    if !model.exists() {
+        bail!("{}: no such file", model.display());
+    }
+    if is_profile_path(model) {
+        let pb = match profile_batch {
+            Some(0) => bail!("--profile-batch 0: must be >= 1"),
+            Some(n) => n,
+            None => profile_batch_from_name(model).unwrap_or(1),
+        };
+        let p = load_profile(model, pb as f64)?;
+        return Ok((p.graph, pb));
+    }
+    let m = load_module_dims(model, dims)?;
+    let g = planning_graph(&m, &model.display().to_string())?;
+    let batch = g.reference_batch.round().max(1.0) as u64;
+    Ok((g, batch))
+}
+
+/// A PipeDream `graph.txt` profile (by extension), not a model.
+pub fn is_profile_path(model: &Path) -> bool {
+    model.extension().is_some_and(|e| e == "txt")
+}
+
+/// `pipec plan --trace`: the plan's schedule simulated on its cluster, as a Chrome trace (JSON).
+pub fn plan_trace(
+    plan: &Plan,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+) -> Result<String> {
+    let specs = plan.specs(g)?;
+    let kind = plan.schedule;
+    let sg = StageGraph::from_specs_for(
+        g,
+        cluster,
+        &specs,
+        plan.micro_batch as f64,
+        opts.optimizer,
+        kind,
+    );
+    let sched = sim::schedule::generate(&sg, kind, plan.micro_batches as usize);
+    let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+    Ok(serde_json::to_string(&sim::trace::chrome_trace(&res))?)
+}
+
+/// `pipec compare`: every planner on `g` ([`planners::PLANNER_NAMES`], in that order), each plan
+/// verified, or the planner's error as text. `module` (the ONNX model costed analytically) lets
+/// BaPipe emit its intra-layer splits, as `pipec plan` does. `gpp` runs last and takes the other
+/// planners' plans as its candidates (those made on `g` itself and not cut short by
+/// `time_limit`), instead of planning them again. `each` is called with a planner's name before
+/// it runs.
+pub fn compare(
+    module: Option<&Module>,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    time_limit: Option<Duration>,
+    each: &dyn Fn(&str),
+) -> Vec<(&'static str, std::result::Result<Plan, String>)> {
+    let mut opts = opts.clone();
+    let mut rows = Vec::new();
+    let mut order: Vec<&'static str> = planners::PLANNER_NAMES.to_vec();
+    order.sort_by_key(|n| *n == "gpp");
+    let mut made: Vec<(String, Plan)> = Vec::new();
+    for name in order {
+        each(name);
+        opts.deadline = deadline(time_limit);
+        let planned = if name == "gpp" {
+            let gpp = planners::gpp::Gpp {
+                seed_plans: std::mem::take(&mut made),
+                ..Default::default()
+            };
+            gpp.plan(g, cluster, &opts)
+                .map(|p| (p, g.clone(), None))
+                .map_err(anyhow::Error::from)
+        } else {
+            plan_model(name, module, g.clone(), cluster, &opts)
+        };
+        let result = planned
+            .and_then(|(p, g2, rewritten)| {
+                p.verify(&g2, cluster)?;
+                if rewritten.is_none() && opts.deadline.is_none() {
+                    made.push((name.to_string(), p.clone()));
+                }
+                Ok(p)
+            })
+            .map_err(|e| format!("{e:#}"));
+        rows.push((name, result));
+    }
+    rows.sort_by_key(|r| {
+        planners::PLANNER_NAMES
+            .iter()
+            .position(|n| *n == r.0)
+            .unwrap_or(usize::MAX)
+    });
+    rows
 }
 
 /// The memory model's optimizer class of an optimizer (state tensors per parameter).

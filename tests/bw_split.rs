@@ -83,7 +83,7 @@ fn b_then_w_computes_the_backward() {
     ] {
         let cluster = driver::resolve_cluster("cpu", None, Some(2)).unwrap();
         let mut opts = CompileOptions::new(&format!("{STAGES_PREFIX}{stages}"), cluster, 4);
-        opts.micro_batch = Some(2);
+        opts.set_micro_batch(Some(2)).unwrap();
         let out = driver::compile(&common::model(model), &opts, &|_| {}).unwrap();
         let compiled = &out.artifact.compiled;
         for dev in &compiled.program.devices {

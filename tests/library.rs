@@ -18,7 +18,7 @@ fn library_compile_writes_the_cli_outdir() {
 
     let cluster = driver::resolve_cluster("cpu", None, Some(4)).unwrap();
     let mut opts = CompileOptions::new("gpp", cluster, 8);
-    opts.micro_batch = Some(2);
+    opts.set_micro_batch(Some(2)).unwrap();
     opts.set_optimizer("adam:lr=0.001").unwrap();
     opts.keep_ir = true;
     let steps = std::sync::Mutex::new(Vec::new());

@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut opts = PlanOptions::new(a[4].parse()?);
     if let Some(mb) = a.get(5) {
-        opts.micro_batch = Some(mb.parse()?);
+        opts.set_micro_batch(Some(mb.parse()?))?;
     }
     if let Some(m) = &module {
         let show = |label: &str, p: &pipec_passes::plan::Plan| {

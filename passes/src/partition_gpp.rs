@@ -82,7 +82,7 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
         let g = ir::cost_graph(module)?;
         let cfg = ir::IrConfig::from_module(module, &g)?;
         let mut opts = crate::plan::PlanOptions::new(cfg.batch);
-        opts.micro_batch = cfg.micro_batch;
+        opts.set_micro_batch(cfg.micro_batch)?;
         opts.schedule = cfg.schedule;
         // Algorithm 1 on all the devices (the pass is the paper's partitioner; the `gpp`
         // planner's extra candidates, fewer devices and sequential planners' plans, are not).

@@ -163,6 +163,39 @@ pub fn check_micro_batch(batch: u64, mb: u64) -> Result<u64> {
     Ok(m)
 }
 
+/// A micro-batch size checked against its mini-batch once, where it enters (a flag, a library
+/// caller, a planner's choice reaching codegen): at least one sample, dividing the batch, at most
+/// [`MAX_MICRO_BATCHES`] micro-batches. Code that holds one does not check again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicroBatch {
+    batch: u64,
+    size: u64,
+}
+
+impl MicroBatch {
+    /// `size` samples per micro-batch of the mini-batch `batch` ([`check_micro_batch`]'s rules
+    /// and messages).
+    pub fn new(batch: u64, size: u64) -> Result<MicroBatch> {
+        check_micro_batch(batch, size)?;
+        Ok(MicroBatch { batch, size })
+    }
+
+    /// Samples per micro-batch.
+    pub fn size(self) -> u64 {
+        self.size
+    }
+
+    /// The mini-batch it divides (samples per iteration).
+    pub fn batch(self) -> u64 {
+        self.batch
+    }
+
+    /// Micro-batches per iteration (`M`).
+    pub fn count(self) -> u64 {
+        self.batch / self.size
+    }
+}
+
 pub use crate::stage::StageSpec;
 
 /// Options every planner gets (from the CLI flags).
@@ -170,8 +203,9 @@ pub use crate::stage::StageSpec;
 pub struct PlanOptions {
     /// Global mini-batch (samples per iteration).
     pub batch: u64,
-    /// Micro-batch size; `None` lets the planner choose.
-    pub micro_batch: Option<u64>,
+    /// Micro-batch size, checked against `batch` ([`PlanOptions::set_micro_batch`]); `None`
+    /// lets the planner choose.
+    micro_batch: Option<MicroBatch>,
     /// Schedule; `None` is the planner's own.
     pub schedule: Option<ScheduleKind>,
     pub optimizer: Optimizer,
@@ -194,25 +228,53 @@ impl PlanOptions {
         }
     }
 
+    /// Ask for micro-batches of `size` samples (`None`: the planner's choice), checked against
+    /// [`PlanOptions::batch`] here, once (set the batch first).
+    pub fn set_micro_batch(&mut self, size: Option<u64>) -> Result<()> {
+        self.micro_batch = size.map(|mb| MicroBatch::new(self.batch, mb)).transpose()?;
+        Ok(())
+    }
+
+    /// Ask for a micro-batch already checked ([`MicroBatch::new`]) against this batch.
+    pub fn set_checked_micro_batch(&mut self, mb: Option<MicroBatch>) -> Result<()> {
+        if let Some(m) = mb.filter(|m| m.batch() != self.batch) {
+            return Err(Error::option(
+                PlanOption::MicroBatch,
+                m.size(),
+                format!(
+                    "was checked against a batch of {}, not this batch ({})",
+                    m.batch(),
+                    self.batch
+                ),
+            ));
+        }
+        self.micro_batch = mb;
+        Ok(())
+    }
+
+    /// The requested micro-batch size, if any.
+    pub fn micro_batch(&self) -> Option<u64> {
+        self.micro_batch.map(MicroBatch::size)
+    }
+
     /// Whether the `--time-limit` deadline has passed.
     pub fn out_of_time(&self) -> bool {
         self.deadline
             .is_some_and(|d| std::time::Instant::now() >= d)
     }
 
-    /// The micro-batch to use: the requested one (checked by [`check_micro_batch`]), else the largest
-    /// divisor of the batch that gives at least `min(batch, want_micro_batches)` micro-batches.
-    pub fn micro_batch_or(&self, want_micro_batches: u64) -> Result<u64> {
+    /// The micro-batch to use: the requested one (checked when set), else the largest divisor of
+    /// the batch that gives at least `min(batch, want_micro_batches)` micro-batches.
+    pub fn micro_batch_or(&self, want_micro_batches: u64) -> u64 {
         let b = self.batch.max(1);
         if let Some(mb) = self.micro_batch {
-            check_micro_batch(b, mb)?;
-            return Ok(mb);
+            return mb.size();
         }
         let want = want_micro_batches.clamp(1, b);
-        Ok((1..=b)
+        (1..=b)
             .rev()
             .find(|mb| b.is_multiple_of(*mb) && b / mb >= want)
-            .unwrap_or(1))
+            .unwrap_or(1)
     }
 }
 

@@ -213,7 +213,7 @@ impl pipec_compiler::passmgr::Pass for ScheduleGpp {
         }
         let kind = cfg.schedule.unwrap_or(ScheduleKind::Gpp);
         let mut opts = PlanOptions::new(cfg.batch);
-        opts.micro_batch = Some(mb);
+        opts.set_micro_batch(Some(mb))?;
         opts.schedule = Some(kind);
         let plan = Plan::assemble(
             "gpp",

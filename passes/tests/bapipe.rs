@@ -207,7 +207,7 @@ fn emitted_intra_layer_split_balances_mlp4() {
     )
     .unwrap();
     let mut opts = PlanOptions::new(8);
-    opts.micro_batch = Some(2);
+    opts.set_micro_batch(Some(2)).unwrap();
     let whole = by_name("bapipe").unwrap().plan(&g, &cl, &opts).unwrap();
     assert!(whole.intra_splits.is_empty());
     let mp = bapipe::plan_module(&m, &g, &cl, &opts).unwrap();

@@ -27,8 +27,7 @@ fn options(micro_batch: u64) -> CompileOptions {
     CompileOptions {
         model_name: "m".into(),
         planner: "straight".into(),
-        batch: 8,
-        micro_batch,
+        micro_batch: pipec_passes::plan::MicroBatch::new(8, micro_batch).unwrap(),
         schedule: ScheduleKind::OneFOneB,
         loss: LossKind::MeanSquare,
         optimizer: "sgd:lr=0.1".parse().unwrap(),

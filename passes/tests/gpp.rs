@@ -449,9 +449,9 @@ fn bad_input_errors() {
         ),
         "{e:?}"
     );
+    // A micro-batch is checked where it is asked for, once.
     let mut opts = PlanOptions::new(100);
-    opts.micro_batch = Some(7);
-    let e = Gpp::default().plan(&g, &summit(4), &opts).unwrap_err();
+    let e = opts.set_micro_batch(Some(7)).unwrap_err();
     assert_eq!(
         e.to_string(),
         "micro_batch 7: must be >= 1 and divide the batch (100)"
@@ -726,7 +726,7 @@ fn kfkb_plans_fit_their_in_flight_memory() {
     };
     let check_kfkb = |c: &Cluster, mem: f64| {
         let mut opts = PlanOptions::new(batch);
-        opts.micro_batch = Some(MB);
+        opts.set_micro_batch(Some(MB)).unwrap();
         opts.schedule = Some(ScheduleKind::Kfkb(k));
         let pk = match Gpp::default().plan(&g, c, &opts) {
             Ok(p) => p,
@@ -756,7 +756,7 @@ fn kfkb_plans_fit_their_in_flight_memory() {
         Some(sk)
     };
     let mut opts = PlanOptions::new(batch);
-    opts.micro_batch = Some(MB);
+    opts.set_micro_batch(Some(MB)).unwrap();
     let small = Cluster::from_inline(&format!("{d}@25e9"), cpu_core(4 << 30)).unwrap();
     let p1 = Gpp::default().plan(&g, &small, &opts).expect("1f1b plan");
     let s1 = p1.specs(&g).unwrap();
@@ -1051,7 +1051,7 @@ fn bound_is_below_the_plan(
         .expect("cluster");
         let mut opts = PlanOptions::new(64);
         check(&g, &c, &opts, &format!("case {case} ({d}@{bw})"));
-        opts.micro_batch = Some(8);
+        opts.set_micro_batch(Some(8)).unwrap();
         check(
             &g,
             &c,

@@ -393,7 +393,7 @@ fn simulated_memory_matches_the_model() {
     let c = pd_b(4);
     let mut opts = PlanOptions::new(64);
     opts.optimizer = Optimizer::Adam;
-    opts.micro_batch = Some(8);
+    opts.set_micro_batch(Some(8)).unwrap();
     let plan = by_name("straight")
         .expect("s")
         .plan(&g, &c, &opts)

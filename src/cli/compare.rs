@@ -4,14 +4,12 @@
 //! time). A planner that fails prints its error in its row; the command still succeeds. `--json`
 //! prints a list of `plan --json` objects (failed planners are left out).
 
-use super::plan::{
-    apply_measured_profile, is_profile_path, load_cost_graph, plan_model, resolve_cluster,
-};
+use super::plan::{apply_measured_profile, is_profile_path, load_cost_graph, resolve_cluster};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use pipec_passes::cost::Optimizer;
 use pipec_passes::plan::{Plan, PlanOptions};
-use pipec_passes::planners::{self, Planner};
+use pipec_passes::planners;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -156,50 +154,23 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let mut rows = Vec::new();
     let bar = super::progress::bar(
         planners::PLANNER_NAMES.len() as u64,
         format!("compare on {} devices", cluster.len()),
         "planners",
     );
-    // `gpp` last: the plans of the sequential planners it takes as candidates are the rows
-    // already made (on the same cost graph), not planned a second time. Rows keep their order.
-    let mut order: Vec<&str> = planners::PLANNER_NAMES.to_vec();
-    order.sort_by_key(|n| *n == "gpp");
-    let mut made: Vec<(String, Plan)> = Vec::new();
-    for name in order {
+    let started = std::cell::Cell::new(false);
+    let each = |name: &str| {
+        if started.replace(true) {
+            bar.inc(1);
+        }
         bar.set_message(format!("compare on {} devices: {name}", cluster.len()));
-        opts.deadline = super::plan::deadline(limit);
-        let planned = if name == "gpp" {
-            let gpp = planners::gpp::Gpp {
-                seed_plans: std::mem::take(&mut made),
-                ..Default::default()
-            };
-            gpp.plan(&g, &cluster, &opts)
-                .map(|p| (p, g.clone(), None))
-                .map_err(anyhow::Error::from)
-        } else {
-            plan_model(name, module.as_ref(), g.clone(), &cluster, &opts)
-        };
-        let result = planned
-            .and_then(|(p, g2, rewritten)| {
-                p.verify(&g2, &cluster)?;
-                if rewritten.is_none() && opts.deadline.is_none() {
-                    made.push((name.to_string(), p.clone()));
-                }
-                Ok(p)
-            })
-            .map_err(|e| format!("{e:#}"));
-        rows.push(Row { name, result });
-        bar.inc(1);
-    }
+    };
+    let rows: Vec<Row> = pipec::driver::compare(module.as_ref(), &g, &cluster, &opts, limit, &each)
+        .into_iter()
+        .map(|(name, result)| Row { name, result })
+        .collect();
     drop(bar);
-    rows.sort_by_key(|r| {
-        planners::PLANNER_NAMES
-            .iter()
-            .position(|n| *n == r.name)
-            .unwrap_or(usize::MAX)
-    });
     if a.json {
         let plans: Vec<&Plan> = rows.iter().filter_map(|r| r.result.as_ref().ok()).collect();
         println!("{}", serde_json::to_string_pretty(&plans)?);

@@ -17,6 +17,7 @@ use pipec_compiler::passmgr::PrintIr;
 use pipec_compiler::text;
 use pipec_passes::loss::LossKind;
 use pipec_passes::optimizer::OptimizerKind;
+use pipec_passes::plan::MicroBatch;
 use pipec_passes::planners;
 use std::io::Write;
 use std::path::PathBuf;
@@ -121,9 +122,10 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if a.batch == 0 {
         bail!("--batch 0: must be >= 1");
     }
-    if let Some(mb) = a.micro_batch {
-        pipec_passes::plan::check_micro_batch(a.batch, mb)?;
-    }
+    let micro_batch = a
+        .micro_batch
+        .map(|mb| MicroBatch::new(a.batch, mb))
+        .transpose()?;
     let planner_name = with_dapple_reference(
         planner_name(a.planner.as_deref(), a.stages.as_deref())?,
         a.dapple_reference.as_deref(),
@@ -134,7 +136,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let spin = super::progress::spinner(format!("importing {}", a.model.display()));
     let dims = super::parse_dims(&a.dims)?;
     let mut opts = CompileOptions::new(&planner_name, cluster, a.batch);
-    opts.micro_batch = a.micro_batch;
+    opts.micro_batch = micro_batch;
     opts.schedule = schedule;
     opts.loss = loss;
     opts.optimizer = optimizer;

@@ -7,18 +7,17 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use pipec_passes::cost::cluster::{Cluster, PRESETS};
-use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
-use pipec_passes::cost::{AllReduceAlgo, CostGraph, Optimizer};
+use pipec_passes::cost::cluster::PRESETS;
+use pipec_passes::cost::{AllReduceAlgo, Optimizer};
 use pipec_passes::plan::{Plan, PlanOptions};
 use pipec_passes::planners;
-use pipec_passes::sim::{self, ScheduleKind, StageGraph};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use pipec_passes::sim::ScheduleKind;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub use pipec::driver::{
-    apply_measured_profile, deadline, plan_label, plan_model, planning_graph, resolve_cluster,
+    apply_measured_profile, deadline, is_profile_path, load_cost_graph, plan_label, plan_model,
+    resolve_cluster,
 };
 
 /// Plan a model on a cluster without emitting code, and simulate the plan.
@@ -121,33 +120,6 @@ pub struct PlanArgs {
     pub repeat: usize,
 }
 
-/// Load MODEL as a cost graph; returns it with its reference (profile) batch.
-pub fn load_cost_graph(
-    model: &Path,
-    profile_batch: Option<u64>,
-    cluster: &Cluster,
-    dims: &BTreeMap<String, i64>,
-) -> Result<(CostGraph, u64)> {
-    if !model.exists() {
-        bail!("{}: no such file", model.display());
-    }
-    if is_profile_path(model) {
-        let pb = match profile_batch {
-            Some(0) => bail!("--profile-batch 0: must be >= 1"),
-            Some(n) => n,
-            None => profile_batch_from_name(model).unwrap_or(1),
-        };
-        let p = load_profile(model, pb as f64)?;
-        return Ok((p.graph, pb));
-    }
-    load_onnx_cost_graph(model, cluster, dims)
-}
-
-/// A PipeDream `graph.txt` profile (by extension), not a model.
-pub(crate) fn is_profile_path(model: &Path) -> bool {
-    model.extension().is_some_and(|e| e == "txt")
-}
-
 /// `--time-limit SECONDS`, checked (before any slow work); the clock starts with [`deadline`].
 pub fn time_limit(limit: Option<f64>) -> Result<Option<std::time::Duration>> {
     let Some(s) = limit else { return Ok(None) };
@@ -175,19 +147,6 @@ pub fn warn_time_limited(plan: &Plan, limit: Option<f64>) {
             plan.planner
         );
     }
-}
-
-/// An ONNX model (or textual IR): import, infer shapes, and cost every op with the analytic
-/// model. The batch symbol (the first input's leading dim) is costed at 1 sample when symbolic.
-fn load_onnx_cost_graph(
-    model: &Path,
-    _cluster: &Cluster,
-    dims: &BTreeMap<String, i64>,
-) -> Result<(CostGraph, u64)> {
-    let m = super::load_module_dims(model, dims)?;
-    let g = planning_graph(&m, &model.display().to_string())?;
-    let batch = g.reference_batch.round().max(1.0) as u64;
-    Ok((g, batch))
 }
 
 /// `--planner P` or `--stages SPEC` as the name [`plan_model`] takes (`stages:SPEC` for the
@@ -342,10 +301,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         None => ref_batch.max(1),
     };
     let mut opts = PlanOptions::new(batch);
-    opts.micro_batch = a.micro_batch;
-    if let Some(mb) = a.micro_batch {
-        pipec_passes::plan::check_micro_batch(batch, mb)?;
-    }
+    opts.set_micro_batch(a.micro_batch)?;
     opts.schedule = schedule;
     opts.optimizer = Optimizer::parse(&a.optimizer)?;
     opts.allreduce = parse_allreduce(&a.allreduce)?;
@@ -407,19 +363,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     plan.verify(&g, &cluster)
         .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     if let Some(path) = &a.trace {
-        let specs = plan.specs(&g)?;
-        let kind = plan.schedule;
-        let sg = StageGraph::from_specs_for(
-            &g,
-            &cluster,
-            &specs,
-            plan.micro_batch as f64,
-            opts.optimizer,
-            kind,
-        );
-        let sched = sim::schedule::generate(&sg, kind, plan.micro_batches as usize);
-        let res = sim::simulate(&sg, &sched, &cluster, opts.allreduce)?;
-        let text = serde_json::to_string(&sim::trace::chrome_trace(&res))?;
+        let text = pipec::driver::plan_trace(&plan, &g, &cluster, &opts)?;
         std::fs::write(path, text).with_context(|| format!("{}: cannot write", path.display()))?;
     }
     if a.json {

@@ -64,8 +64,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 pub struct CompileOptions {
     pub model_name: String,
     pub planner: String,
-    pub batch: u64,
-    pub micro_batch: u64,
+    /// The plan's micro-batch and the mini-batch it divides.
+    pub micro_batch: crate::plan::MicroBatch,
     pub schedule: ScheduleKind,
     pub loss: LossKind,
     pub optimizer: OptimizerKind,
@@ -181,8 +181,8 @@ impl Partition {
 pub fn partition(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result<Partition> {
     let g = &m.graph;
     let batch_sym = batch_symbol(m)?;
-    let (b, mb) = (opts.batch, opts.micro_batch);
-    let nmb = crate::plan::check_micro_batch(b, mb)?;
+    let mbs = opts.micro_batch;
+    let (b, mb, nmb) = (mbs.batch(), mbs.size(), mbs.count());
     // Dense device numbering.
     let mut used: Vec<usize> = specs.iter().flat_map(|s| s.devices.clone()).collect();
     used.sort_unstable();
@@ -396,8 +396,7 @@ impl StagePieces {
 /// under a zero-bubble schedule, and the optimizer step of the parameters it holds.
 pub fn stage_pieces(m: &Module, part: &Partition, opts: &CompileOptions) -> Result<StagePieces> {
     let g = &m.graph;
-    let b = opts.batch;
-    let mb = opts.micro_batch;
+    let (b, mb) = (opts.micro_batch.batch(), opts.micro_batch.size());
     let Partition {
         stage_devices,
         replication,
@@ -626,7 +625,7 @@ pub fn reference(
     opts: &CompileOptions,
 ) -> Result<Reference> {
     let g = &m.graph;
-    let b = opts.batch;
+    let b = opts.micro_batch.batch();
     let (batch_sym, nmb, y0) = (&part.batch_sym, part.micro_batches, part.y0);
     let param_ty = &sp.param_ty;
     let mut modules: Vec<(String, Module)> = Vec::new();
@@ -728,7 +727,7 @@ pub fn communicate(
     refp: &Reference,
     opts: &CompileOptions,
 ) -> Result<Program> {
-    let (b, mb) = (opts.batch, opts.micro_batch);
+    let (b, mb) = (opts.micro_batch.batch(), opts.micro_batch.size());
     let nmb = part.micro_batches;
     let ns = part.len();
     let preds = &part.preds;

@@ -471,8 +471,8 @@ pub fn chain_time_bound(comp: &[f64], step: &[f64], m: usize) -> f64 {
 /// batch that give `M = 2^k` micro-batches (`k ≤ 20`).
 pub fn micro_batches(opts: &PlanOptions) -> Result<Vec<u64>> {
     let batch = opts.batch.max(1);
-    Ok(match opts.micro_batch {
-        Some(_) => vec![opts.micro_batch_or(1)?],
+    Ok(match opts.micro_batch() {
+        Some(_) => vec![opts.micro_batch_or(1)],
         None => {
             let mut v: Vec<u64> = (0..=20)
                 .map(|e| 1u64 << e)
@@ -717,7 +717,7 @@ fn unfitted_plan(
     opts: &PlanOptions,
     t0: Instant,
 ) -> Result<Plan> {
-    let mb = opts.micro_batch_or(4 * cluster.len() as u64)?;
+    let mb = opts.micro_batch_or(4 * cluster.len() as u64);
     let k = cluster.len().min(g.len()).max(1);
     let ch = Chains::new(g, cluster, k, mb as f64);
     let bal = balance(g, &ch, k);

@@ -1514,15 +1514,15 @@ fn run_search(ctx: &mut Ctx) -> Searched {
 
 /// The default micro-batch (see the module doc).
 pub fn default_micro_batch(g: &CostGraph, opts: &PlanOptions) -> Result<u64> {
-    if opts.micro_batch.is_some() {
-        return opts.micro_batch_or(1);
+    if opts.micro_batch().is_some() {
+        return Ok(opts.micro_batch_or(1));
     }
     let b = opts.batch.max(1);
     let r = g.reference_batch.round() as u64;
     if r >= 1 && r < b && b.is_multiple_of(r) {
         return Ok(r);
     }
-    opts.micro_batch_or(8)
+    Ok(opts.micro_batch_or(8))
 }
 
 /// Micro-batches the planner tries: the requested one; else the default and the divisors giving
@@ -1532,7 +1532,7 @@ pub fn default_micro_batch(g: &CostGraph, opts: &PlanOptions) -> Result<u64> {
 /// fewer micro-batches can win where the bubble is small (data parallelism on a fast network).
 pub fn micro_batch_candidates(g: &CostGraph, opts: &PlanOptions) -> Result<Vec<u64>> {
     let d = default_micro_batch(g, opts)?;
-    if opts.micro_batch.is_some() {
+    if opts.micro_batch().is_some() {
         return Ok(vec![d]);
     }
     let b = opts.batch.max(1);

@@ -963,7 +963,7 @@ impl Planner for DappleHpgo {
                 "HPGO's plan puts two stages on one GPU; pipec cannot represent it",
             ));
         }
-        let mb = match opts.micro_batch {
+        let mb = match opts.micro_batch() {
             Some(mb) => mb,
             None => {
                 let rp = best.rp as u64;

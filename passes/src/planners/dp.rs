@@ -29,7 +29,7 @@ impl Planner for DataParallel {
 
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
-        let mb = opts.micro_batch_or(1)?;
+        let mb = opts.micro_batch_or(1);
         let m = opts.batch.max(1) / mb;
         let devices: Vec<usize> = (0..cluster.len()).collect();
         let slice = mb as f64 / devices.len() as f64;

@@ -158,8 +158,8 @@ impl Gpp {
 
     /// Candidate micro-batch sizes.
     pub fn candidates(opts: &PlanOptions) -> Result<Vec<u64>> {
-        if let Some(mb) = opts.micro_batch {
-            return Ok(vec![opts.micro_batch_or(1)?]
+        if let Some(mb) = opts.micro_batch() {
+            return Ok(vec![opts.micro_batch_or(1)]
                 .into_iter()
                 .filter(|&x| x == mb)
                 .collect());

@@ -532,7 +532,7 @@ impl Planner for PipeDream {
         // turn) a multiple of every stage's replica count, so no replica idles for want of one.
         let turn = specs.iter().map(|s| s.devices.len() as u64).fold(1, lcm);
         let want = 4 * specs.len() as u64;
-        let mb = opts.micro_batch_or(want.div_ceil(turn) * turn)?;
+        let mb = opts.micro_batch_or(want.div_ceil(turn) * turn);
         let search = t0.elapsed().as_secs_f64();
         Plan::assemble(
             self.name(),

@@ -151,7 +151,7 @@ impl Planner for UserStages {
         let specs = parse(&self.spec, g, cluster.len())?;
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
         let batch = opts.batch.max(1);
-        let sizes: Vec<u64> = match opts.micro_batch {
+        let sizes: Vec<u64> = match opts.micro_batch() {
             Some(mb) => vec![mb],
             None => {
                 let fits = |mb: u64| {

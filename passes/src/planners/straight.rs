@@ -316,7 +316,7 @@ pub fn comm_aware_partition(ch: &crate::cost::Chain, k: usize, bw: &[f64]) -> (V
 pub fn iteration_lower_bound(g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<f64> {
     let order = g.topo_order();
     let s = cluster.len().min(order.len()).max(1);
-    let mb = opts.micro_batch_or(4 * s as u64)?;
+    let mb = opts.micro_batch_or(4 * s as u64);
     let m = opts.batch.max(1) / mb;
     let mut kinds: Vec<usize> = cluster.devices[..s.min(cluster.len())]
         .iter()
@@ -415,7 +415,7 @@ fn partition(
         });
         at += len;
     }
-    let mb = opts.micro_batch_or(4 * specs.len() as u64)?;
+    let mb = opts.micro_batch_or(4 * specs.len() as u64);
     let search = t0.elapsed().as_secs_f64();
     Ok((specs, mb, objective, search))
 }

@@ -228,6 +228,36 @@ impl OutDir {
         Ok(plan.intra_splits)
     }
 
+    /// The final parameters for `-o`, by the model's parameter names: a parameter that BaPipe's
+    /// intra-layer split cut in two (`plan.json`'s `intra_splits[].params`: `W.split0` + `W.split1`
+    /// on an axis) is concatenated back into `W`, at the place of its first part.
+    pub fn model_params(
+        outdir: &Path,
+        params: &std::collections::BTreeMap<String, pipec_runtime::Tensor>,
+    ) -> Result<Vec<(String, pipec_runtime::Tensor)>> {
+        let mut entries: Vec<(String, pipec_runtime::Tensor)> =
+            params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let splits = OutDir::intra_splits(outdir)?;
+        for sp in splits.iter().flat_map(|s| &s.params) {
+            let idx: Vec<usize> = sp
+                .parts
+                .iter()
+                .filter_map(|p| entries.iter().position(|(k, _)| k == p))
+                .collect();
+            let [i0, i1] = idx[..] else {
+                continue; // not trained (e.g. a frozen parameter)
+            };
+            let joined = pipec_runtime::dist::data::concat(
+                &[entries[i0].1.clone(), entries[i1].1.clone()],
+                sp.axis,
+            )
+            .map_err(|e| anyhow::anyhow!("-o: cannot rejoin '{}': {e}", sp.name))?;
+            entries[i0] = (sp.name.clone(), joined);
+            entries.remove(i1);
+        }
+        Ok(entries)
+    }
+
     /// The path of `plan.json` (for messages).
     pub fn plan_path(&self) -> PathBuf {
         self.dir.join("plan.json")

@@ -219,36 +219,6 @@ fn print_header(a: &RunArgs, lp: &dist::LoadedProgram) {
     );
 }
 
-/// The final parameters for `-o`, by the model's parameter names: a parameter that BaPipe's
-/// intra-layer split cut in two (`plan.json`'s `intra_splits[].params`: `W.split0` + `W.split1`
-/// on an axis) is concatenated back into `W`, at the place of its first part.
-fn rejoin_split_params(
-    outdir: &std::path::Path,
-    params: &std::collections::BTreeMap<String, pipec_runtime::Tensor>,
-) -> Result<Vec<(String, pipec_runtime::Tensor)>> {
-    let mut entries: Vec<(String, pipec_runtime::Tensor)> =
-        params.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-    let splits = pipec::artifact::OutDir::intra_splits(outdir)?;
-    for sp in splits.iter().flat_map(|s| &s.params) {
-        let idx: Vec<usize> = sp
-            .parts
-            .iter()
-            .filter_map(|p| entries.iter().position(|(k, _)| k == p))
-            .collect();
-        let [i0, i1] = idx[..] else {
-            continue; // not trained (e.g. a frozen parameter)
-        };
-        let joined = pipec_runtime::dist::data::concat(
-            &[entries[i0].1.clone(), entries[i1].1.clone()],
-            sp.axis,
-        )
-        .map_err(|e| anyhow::anyhow!("-o: cannot rejoin '{}': {e}", sp.name))?;
-        entries[i0] = (sp.name.clone(), joined);
-        entries.remove(i1);
-    }
-    Ok(entries)
-}
-
 /// Print the result of a run (losses, timings), write the trace and `-o`, run `--check`.
 fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<ExitCode> {
     let p = &lp.program;
@@ -314,7 +284,7 @@ fn report(a: &RunArgs, lp: &dist::LoadedProgram, r: &dist::RunResult) -> Result<
         println!("trace: {}", path.display());
     }
     if let Some(path) = &a.output {
-        let entries = rejoin_split_params(&a.outdir, &r.params)?;
+        let entries = pipec::artifact::OutDir::model_params(&a.outdir, &r.params)?;
         let tmp = path.with_extension("npz.tmp");
         pipec_runtime::npz::write(&tmp, &entries)?;
         std::fs::rename(&tmp, path).with_context(|| format!("{}: cannot write", path.display()))?;

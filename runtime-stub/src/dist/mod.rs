@@ -166,7 +166,9 @@ impl Default for LoadOptions {
     }
 }
 
-/// Load `OUTDIR` (see [`load_with`]).
+/// Load `OUTDIR` (see [`load_with`]). Test support: the `pipec` library's `OutDir` owns
+/// OUTDIR's format and hands the program to [`load_program`].
+#[cfg(feature = "test-support")]
 pub fn load(outdir: &Path) -> Result<LoadedProgram> {
     load_with(outdir, LoadOptions::default())
 }
@@ -178,7 +180,8 @@ fn input_err(msg: impl Into<String>) -> DistError {
 /// Load `OUTDIR`: parse `schedule.json`, verify it, check that every file it names exists
 /// (before anything is imported, so a missing file is reported by name), read `weights.npz`
 /// and check that it holds every stage parameter, import every stage piece and check that its
-/// graph inputs/outputs are the ones the schedule lists.
+/// graph inputs/outputs are the ones the schedule lists. Test support, as [`load`].
+#[cfg(feature = "test-support")]
 pub fn load_with(outdir: &Path, opts: LoadOptions) -> Result<LoadedProgram> {
     if !outdir.is_dir() {
         return Err(input_err(format!(

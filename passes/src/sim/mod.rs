@@ -276,7 +276,7 @@ impl Builder {
         let mut end = vec![f64::NAN; n];
         let mut ready = vec![0.0f64; n];
         // Each resource's reserved intervals `[start, end)` from the current time on, in order.
-        let mut busy: Vec<VecDeque<(f64, f64)>> = vec![VecDeque::new(); nres];
+        let mut busy: Vec<Reservations> = vec![Reservations::default(); nres];
         // Host cores shared by every device's compute (the oversubscribed `cpu` preset): the compute
         // tasks running at once share the cores as the OS time-slices threads (processor sharing):
         // with k of them on C < k cores each progresses at C/k. Such a task's end is only known when
@@ -367,7 +367,7 @@ impl Builder {
         let mut clock = 0.0f64;
         let launch = |id: usize,
                       at: f64,
-                      busy: &mut Vec<VecDeque<(f64, f64)>>,
+                      busy: &mut Vec<Reservations>,
                       heap: &mut BinaryHeap<Ev>,
                       starting: &mut BinaryHeap<Ev>,
                       start: &mut Vec<f64>,
@@ -382,9 +382,7 @@ impl Builder {
             let e = s + dur[id];
             if e > s {
                 for &r in &res[id] {
-                    let q = &mut busy[r];
-                    let at = q.partition_point(|&(a, _)| a < s);
-                    q.insert(at, (s, e));
+                    busy[r].reserve(s, e);
                 }
             }
             end[id] = e;
@@ -471,25 +469,89 @@ impl Builder {
     }
 }
 
+/// One resource's reservations `[start, end)` from the current time on: each one, in order
+/// (they never overlap), and the same merged where one ends exactly where the next starts (a
+/// saturated channel's back-to-back messages are one run). A task of positive length fits in a
+/// gap between runs exactly when it fits between the reservations (inside a run every point is
+/// reserved), so [`earliest_fit`] walks the runs; a zero-length task may start on the boundary
+/// between two touching reservations and walks them one by one.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Reservations {
+    each: VecDeque<(f64, f64)>,
+    runs: VecDeque<(f64, f64)>,
+}
+
+impl Reservations {
+    /// Forget the reservations that end by `at` (tasks are launched in time order: no later task
+    /// starts before `at`).
+    fn drop_before(&mut self, at: f64) {
+        for q in [&mut self.each, &mut self.runs] {
+            while q.front().is_some_and(|&(_, e)| e <= at) {
+                q.pop_front();
+            }
+        }
+    }
+
+    /// Reserve `[s, e)`, `e > s`, free until now.
+    fn reserve(&mut self, s: f64, e: f64) {
+        let at = self.each.partition_point(|&(a, _)| a < s);
+        self.each.insert(at, (s, e));
+        let q = &mut self.runs;
+        let k = q.partition_point(|&(a, _)| a < s);
+        let joins_prev = k > 0 && q[k - 1].1 == s;
+        let joins_next = q.get(k).is_some_and(|&(a, _)| a == e);
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                q[k - 1].1 = q[k].1;
+                q.remove(k);
+            }
+            (true, false) => q[k - 1].1 = e,
+            (false, true) => q[k].0 = s,
+            (false, false) => q.insert(k, (s, e)),
+        }
+    }
+
+    /// The intervals a task of length `d` must avoid, as [`earliest_fit`] walks them.
+    fn for_length(&self, d: f64) -> &VecDeque<(f64, f64)> {
+        if d > 0.0 {
+            &self.runs
+        } else {
+            &self.each
+        }
+    }
+}
+
 /// The earliest start `≥ at` at which every resource in `rs` is free for `d` seconds: the first
 /// gap common to their reservations that fits (a later-ready task may take an idle gap before a
 /// reservation made earlier, as long as it ends before that reservation starts). Reservations
 /// that end by `at` are dropped: tasks are launched in time order, so no later task can start
 /// before `at`.
-fn earliest_fit(busy: &mut [VecDeque<(f64, f64)>], rs: &[usize], at: f64, d: f64) -> f64 {
+fn earliest_fit(busy: &mut [Reservations], rs: &[usize], at: f64, d: f64) -> f64 {
     for &r in rs {
-        let q = &mut busy[r];
-        while q.front().is_some_and(|&(_, e)| e <= at) {
-            q.pop_front();
-        }
+        busy[r].drop_before(at);
     }
     let mut t = at;
+    // Per resource, the first interval that ends after `t`. `t` only grows, so each cursor only
+    // moves forward: one binary search, then a walk.
+    let mut stack = [0usize; 8];
+    let mut heap = Vec::new();
+    let cur: &mut [usize] = if rs.len() <= stack.len() {
+        &mut stack[..rs.len()]
+    } else {
+        heap.resize(rs.len(), 0);
+        &mut heap
+    };
+    for (c, &r) in cur.iter_mut().zip(rs) {
+        *c = busy[r].for_length(d).partition_point(|&(_, e)| e <= t);
+    }
     'retry: loop {
-        for &r in rs {
-            // The first reservation of `r` that overlaps `[t, t + d)` (`[t, t]` when `d = 0`).
-            let q = &busy[r];
-            let k = q.partition_point(|&(_, e)| e <= t);
-            if let Some(&(a, e)) = q.get(k) {
+        for (c, &r) in cur.iter_mut().zip(rs) {
+            // The first interval of `r` that overlaps `[t, t + d)` (`[t, t]` when `d = 0`).
+            let q = busy[r].for_length(d);
+            while q.get(*c).is_some_and(|&(_, e)| e <= t) {
+                *c += 1;
+            }
+            if let Some(&(a, e)) = q.get(*c) {
                 if a < t + d {
                     t = e;
                     continue 'retry;
@@ -1075,15 +1137,20 @@ pub fn simulate(
 
 #[cfg(test)]
 mod tests {
-    use super::earliest_fit;
+    use super::{earliest_fit, Reservations};
     use std::collections::VecDeque;
+
+    fn reserved(list: &[(f64, f64)]) -> Reservations {
+        let mut r = Reservations::default();
+        for &(s, e) in list {
+            r.reserve(s, e);
+        }
+        r
+    }
 
     #[test]
     fn earliest_fit_takes_the_first_common_gap() {
-        let mut busy: Vec<VecDeque<(f64, f64)>> = vec![
-            VecDeque::from([(2.0, 3.0), (5.0, 6.0)]),
-            VecDeque::from([(0.0, 1.0)]),
-        ];
+        let mut busy = vec![reserved(&[(2.0, 3.0), (5.0, 6.0)]), reserved(&[(0.0, 1.0)])];
         // Alone on resource 0: before its first reservation when it fits, else in a later gap.
         assert_eq!(earliest_fit(&mut busy, &[0], 0.0, 2.0), 0.0);
         assert_eq!(earliest_fit(&mut busy, &[0], 0.0, 2.5), 6.0);
@@ -1095,6 +1162,58 @@ mod tests {
         assert_eq!(earliest_fit(&mut busy, &[0], 2.5, 0.0), 3.0);
         // Reservations that ended by `at` are dropped.
         assert_eq!(earliest_fit(&mut busy, &[0], 4.0, 0.5), 4.0);
-        assert_eq!(busy[0], VecDeque::from([(5.0, 6.0)]));
+        assert_eq!(busy[0].each, VecDeque::from([(5.0, 6.0)]));
+        assert_eq!(busy[0].runs, VecDeque::from([(5.0, 6.0)]));
+    }
+
+    /// Back-to-back reservations (a saturated channel) are one run for tasks of positive length,
+    /// while a zero-length task still starts on a boundary between two of them; reserving into
+    /// the gap between two runs joins them. The same answers as walking the reservations one by
+    /// one, on random reservations.
+    #[test]
+    fn touching_reservations_are_one_run() {
+        let mut busy = vec![reserved(&[(0.0, 1.0), (2.0, 3.0), (1.0, 2.0), (4.0, 5.0)])];
+        assert_eq!(busy[0].runs, VecDeque::from([(0.0, 3.0), (4.0, 5.0)]));
+        assert_eq!(earliest_fit(&mut busy, &[0], 0.5, 0.5), 3.0);
+        assert_eq!(earliest_fit(&mut busy, &[0], 0.5, 1.5), 5.0);
+        assert_eq!(earliest_fit(&mut busy, &[0], 1.0, 0.0), 1.0);
+        assert_eq!(earliest_fit(&mut busy, &[0], 1.5, 0.0), 2.0);
+        busy[0].reserve(3.0, 4.0);
+        assert_eq!(busy[0].runs, VecDeque::from([(0.0, 5.0)]));
+
+        // Against the one-by-one walk: random integer reservations on 3 resources.
+        let mut x = 12345u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..200 {
+            let mut busy = vec![Reservations::default(); 3];
+            let mut plain: Vec<Vec<(f64, f64)>> = vec![Vec::new(); 3];
+            let mut at = 0.0;
+            for _ in 0..40 {
+                let rs: Vec<usize> = (0..3).filter(|_| next(2) == 1).collect();
+                let d = next(4) as f64;
+                at += next(3) as f64;
+                // The reference: the smallest t >= at overlapping no reservation of rs.
+                let mut t = at;
+                while rs.iter().any(|&r| {
+                    plain[r]
+                        .iter()
+                        .any(|&(a, e)| a < t + d && e > t && (d > 0.0 || a < t))
+                }) {
+                    t += 1.0;
+                }
+                assert_eq!(earliest_fit(&mut busy, &rs, at, d), t);
+                if d > 0.0 {
+                    for &r in &rs {
+                        busy[r].reserve(t, t + d);
+                        plain[r].push((t, t + d));
+                    }
+                }
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@ Executors: `--runner ort` (default) uses scripts/ort_program.py (onnxruntime, in
 pipec's runtime); `--runner pipec` uses `pipec run OUTDIR --steps 3 --check`.
 
 Usage: python3 scripts/compile_matrix.py [--pipec target/debug/pipec] [--runner ort|pipec]
-         [--quick | --rest | --gpp-flags] [--out matrix.md]
+         [--quick | --rest | --gpp-flags] [--schedules zb-h1,...] [--out matrix.md]
 Writes a markdown table (one row per case: result, stages/replicas, max_rel_diff, seconds).
 `--accuracy` (pipec runner): a case failing in float32 is re-run with `pipec run --check
 --accuracy` and reported as `rounding` when the pipeline is no farther from float64 training
@@ -57,7 +57,7 @@ def case_list(quick, rest=False):
     ):
         if sched == "gpp" and planner not in ("gpp",):
             continue  # the DAG schedule applies to GraphPipe's stage DAGs
-        if sched != "gpp" and planner == "gpp" and sched != "1f1b":
+        if sched != "gpp" and planner == "gpp" and sched not in ("1f1b", "zb-h1"):
             continue
         if quick and not in_quick(planner, dev, M, opt):
             continue
@@ -117,13 +117,18 @@ def main():
                     help="comma-separated models to run (default: all, in the MODELS order)")
     ap.add_argument("--gpp-flags", action="store_true",
                     help="instead: gpp plans under --schedule kfkb-2 and gpp-per-stage, M in {4, 8}")
+    ap.add_argument("--schedules", default=None,
+                    help="comma-separated schedules instead of gpipe,1f1b,gpp (e.g. zb-h1: every "
+                         "planner's stages under zero bubble)")
     ap.add_argument("--only", default=None, help="a file of `model planner devices M optimizer schedule` lines to run")
     ap.add_argument("--accuracy", action="store_true",
                     help="with --runner pipec: re-run a case failing in f32 with `--check --accuracy`; "
                          "it counts as `rounding` (not FAIL) when the pipeline is no farther from "
                          "float64 training than the float32 reference (ratio <= 1.01)")
     a = ap.parse_args()
-    global PRECISION, ACCURACY
+    global PRECISION, ACCURACY, SCHEDULES
+    if a.schedules:
+        SCHEDULES = a.schedules.split(",")
     PRECISION = a.precision
     ACCURACY = a.accuracy
     rows = []

@@ -200,6 +200,18 @@ fn step_error(e: pipec_compiler::Error) -> anyhow::Error {
     }
 }
 
+/// A product of step `by`, or an error saying that step has not run (the pass manager checks the
+/// declared requirements first, so only a pipeline built by hand meets it).
+fn made<'s, T>(x: &'s Option<T>, by: &str) -> pipec_compiler::Result<&'s T> {
+    x.as_ref()
+        .ok_or_else(|| pipec_compiler::Error::msg(format!("step '{by}' has not run")))
+}
+
+/// A codegen function's error as `pipec compile` reports it (`MODEL: compile failed`).
+fn compile_failed(name: &str, e: pipec_compiler::Error) -> pipec_compiler::Error {
+    external(anyhow::Error::from(e).context(format!("{name}: compile failed")))
+}
+
 /// A step's error as the pass manager carries it.
 fn external(e: anyhow::Error) -> pipec_compiler::Error {
     pipec_compiler::Error::External(e.into())
@@ -266,6 +278,18 @@ impl<'a> CompileState<'a> {
     /// The model's path as messages show it.
     pub fn name(&self) -> String {
         self.model.display().to_string()
+    }
+
+    /// What the codegen steps read: the plan (its module and name), the partition and codegen's
+    /// options, which the `partition` step made.
+    fn codegen_input(
+        &self,
+    ) -> pipec_compiler::Result<(&Planned, &codegen::Partition, &codegen::CompileOptions)> {
+        Ok((
+            made(&self.planned, "plan")?,
+            made(&self.partition, "partition")?,
+            made(&self.codegen_opts, "partition")?,
+        ))
     }
 
     /// The artifact of a finished pipeline.
@@ -458,14 +482,9 @@ pub mod steps {
             )
         }
         fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
-            let (Some(planned), Some(part), Some(copts)) =
-                (&st.planned, &st.partition, &st.codegen_opts)
-            else {
-                return Err(pipec_compiler::Error::msg("no partition"));
-            };
+            let (planned, part, copts) = st.codegen_input()?;
             let pieces = codegen::stage_pieces(planned.module(), part, copts)
-                .with_context(|| format!("{}: compile failed", planned.name))
-                .map_err(external)?;
+                .map_err(|e| compile_failed(&planned.name, e))?;
             stats.add("pieces", pieces.modules().len() as u64);
             for s in 0..part.len() {
                 st.ir.push((format!("training-s{s}"), IrRef::Training(s)));
@@ -491,14 +510,10 @@ pub mod steps {
             )
         }
         fn run(&self, st: &mut CompileState<'a>, _: &mut Stats) -> pipec_compiler::Result<()> {
-            let (Some(planned), Some(part), Some(pieces), Some(copts)) =
-                (&st.planned, &st.partition, &st.pieces, &st.codegen_opts)
-            else {
-                return Err(pipec_compiler::Error::msg("no pieces"));
-            };
+            let (planned, part, copts) = st.codegen_input()?;
+            let pieces = made(&st.pieces, "stage-pieces")?;
             let r = codegen::reference(planned.module(), part, pieces, copts)
-                .with_context(|| format!("{}: compile failed", planned.name))
-                .map_err(external)?;
+                .map_err(|e| compile_failed(&planned.name, e))?;
             for (i, (file, _)) in r.modules().iter().enumerate() {
                 st.ir.push((piece_label(file), IrRef::ReferencePiece(i)));
             }
@@ -520,18 +535,13 @@ pub mod steps {
             )
         }
         fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
-            let (Some(planned), Some(part), Some(pieces), Some(r), Some(copts)) = (
-                &st.planned,
-                &st.partition,
-                &st.pieces,
-                &st.reference,
-                &st.codegen_opts,
-            ) else {
-                return Err(pipec_compiler::Error::msg("no reference"));
-            };
+            let (planned, part, copts) = st.codegen_input()?;
+            let (pieces, r) = (
+                made(&st.pieces, "stage-pieces")?,
+                made(&st.reference, "reference")?,
+            );
             let program = codegen::communicate(planned.module(), part, pieces, r, copts)
-                .with_context(|| format!("{}: compile failed", planned.name))
-                .map_err(external)?;
+                .map_err(|e| compile_failed(&planned.name, e))?;
             let n: usize = program.devices.iter().map(|d| d.instructions.len()).sum();
             stats.add("instructions", n as u64);
             st.program = Some(program);
@@ -552,12 +562,11 @@ pub mod steps {
             )
         }
         fn run(&self, st: &mut CompileState<'a>, _: &mut Stats) -> pipec_compiler::Result<()> {
-            let (Some(planned), Some(program)) = (&st.planned, &st.program) else {
-                return Err(pipec_compiler::Error::msg("no program"));
-            };
-            codegen::verify_program(program)
-                .with_context(|| format!("{}: compile failed", planned.name))
-                .map_err(external)
+            let (planned, program) = (
+                made(&st.planned, "plan")?,
+                made(&st.program, "insert-comm")?,
+            );
+            codegen::verify_program(program).map_err(|e| compile_failed(&planned.name, e))
         }
     }
 }

@@ -1037,3 +1037,47 @@ fn dump_print_and_timing_come_from_the_pass_manager() {
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
     assert!(!out2.exists() && !dump2.exists());
 }
+
+/// An error a compile step raises reaches the user as the step raised it, through the pass
+/// manager: codegen's refusal of a model without a symbolic batch names the input under
+/// `MODEL: compile failed`, and nothing is written.
+#[test]
+fn a_step_error_keeps_its_message() {
+    let t = tempdir();
+    let m = model("mlp4.onnx");
+    let text = pipec_ok(&["opt", m.to_str().unwrap(), "--emit-resources"]);
+    // The batch dim made static: shapes stay consistent, codegen has no batch to cut.
+    let fixed = text
+        .replace("tensor<?x64xf32, [\"batch\"]>", "tensor<8x64xf32>")
+        .replace("tensor<?x128xf32, [\"batch\"]>", "tensor<8x128xf32>")
+        .replace("tensor<?x10xf32, [\"batch\"]>", "tensor<8x10xf32>");
+    assert!(!fixed.contains("\"batch\""), "{fixed}");
+    let src = t.path().join("static.mlir");
+    std::fs::write(&src, fixed).unwrap();
+    let out = t.path().join("o");
+    let o = pipec(&[
+        "compile",
+        src.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "2",
+        "--planner",
+        "straight",
+        "--batch",
+        "8",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let err = common::stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: {}: compile failed\n  caused by: 'input': codegen: the first data input \
+             needs a symbolic batch on axis 0 (re-export the model with a dynamic batch axis)",
+            src.display()
+        )
+    );
+    assert!(!out.exists());
+}

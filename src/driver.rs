@@ -164,6 +164,8 @@ pub fn run_pipeline<'a>(
     print: &mut dyn FnMut(&str, &str, &Module),
 ) -> Result<(CompileState<'a>, Vec<PassRecord>)> {
     let mut st = CompileState::new(model, opts, progress);
+    // The `partition` snapshot (the module annotated with stages) is only for printers.
+    st.snapshots = !matches!(print_ir, PrintIr::Never);
     let mut pm = PassManager::new(pipeline());
     pm.print_ir = print_ir;
     let records = pm.run(&mut st, print).map_err(step_error)?;
@@ -203,8 +205,12 @@ fn step_error(e: pipec_compiler::Error) -> anyhow::Error {
 /// A product of step `by`, or an error saying that step has not run (the pass manager checks the
 /// declared requirements first, so only a pipeline built by hand meets it).
 fn made<'s, T>(x: &'s Option<T>, by: &str) -> pipec_compiler::Result<&'s T> {
-    x.as_ref()
-        .ok_or_else(|| pipec_compiler::Error::msg(format!("step '{by}' has not run")))
+    x.as_ref().ok_or_else(|| not_run(by))
+}
+
+/// The error of a step whose input step `by` has not run.
+fn not_run(by: &str) -> pipec_compiler::Error {
+    pipec_compiler::Error::msg(format!("step '{by}' has not run"))
 }
 
 /// A codegen function's error as `pipec compile` reports it (`MODEL: compile failed`).
@@ -249,6 +255,9 @@ pub struct CompileState<'a> {
     reference: Option<codegen::Reference>,
     program: Option<pipec_compiler::program::Program>,
     ir: Vec<(String, IrRef)>,
+    /// Make the snapshots that exist only to be printed (the `partition` one: the verified
+    /// module with a stage attribute per op, which the verifier does not read).
+    snapshots: bool,
 }
 
 impl<'a> CompileState<'a> {
@@ -267,6 +276,7 @@ impl<'a> CompileState<'a> {
             reference: None,
             program: None,
             ir: Vec::new(),
+            snapshots: true,
         }
     }
 
@@ -432,10 +442,7 @@ pub mod steps {
             )
         }
         fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
-            let m = st
-                .imported
-                .take()
-                .ok_or_else(|| pipec_compiler::Error::msg("no module"))?;
+            let m = st.imported.take().ok_or_else(|| not_run("import"))?;
             let name = st.name();
             let planned =
                 plan_imported(m, name, &st.model, st.opts, st.progress).map_err(external)?;
@@ -464,7 +471,9 @@ pub mod steps {
         fn run(&self, st: &mut CompileState<'a>, stats: &mut Stats) -> pipec_compiler::Result<()> {
             let r = partition_step(st).map_err(external)?;
             stats.add("stages", r as u64);
-            st.ir.push(("partition".to_string(), IrRef::Partition));
+            if st.annotated.is_some() {
+                st.ir.push(("partition".to_string(), IrRef::Partition));
+            }
             Ok(())
         }
     }
@@ -575,10 +584,7 @@ pub mod steps {
 /// stage count.
 fn partition_step(st: &mut CompileState) -> Result<usize> {
     let opts = st.opts;
-    let planned = st
-        .planned
-        .as_ref()
-        .ok_or_else(|| anyhow!("partition before plan"))?;
+    let planned = made(&st.planned, "plan")?;
     let label = plan_label(&opts.planner);
     let plan = &planned.plan;
     plan.verify(&planned.graph, &planned.cluster)
@@ -600,7 +606,9 @@ fn partition_step(st: &mut CompileState) -> Result<usize> {
     (st.progress)(&format!("compiling {} stages", specs.len()));
     let part = codegen::partition(planned.module(), &specs, &copts)
         .with_context(|| format!("{}: compile failed", planned.name))?;
-    st.annotated = Some(part.annotated(planned.module()));
+    if st.snapshots {
+        st.annotated = Some(part.annotated(planned.module()));
+    }
     let n = part.len();
     st.partition = Some(part);
     st.codegen_opts = Some(copts);
@@ -683,7 +691,6 @@ fn plan_imported(
 pub fn load_cost_graph(
     model: &Path,
     profile_batch: Option<u64>,
-    _cluster: &Cluster,
     dims: &BTreeMap<String, i64>,
 ) -> Result<(CostGraph, u64)> {
     if !model.exists() {

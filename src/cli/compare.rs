@@ -135,7 +135,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         .ok_or_else(|| anyhow!("--cluster: missing (a preset, a TOML file or N@BW,...)"))?;
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let dims = super::parse_dims(&a.dims)?;
-    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster, &dims)?;
+    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &dims)?;
     if let Some(p) = &a.profile {
         apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }

@@ -291,7 +291,7 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     let mut cluster = resolve_cluster(spec, a.device_kind.as_deref(), a.devices)?;
     let schedule = parse_schedule(a.schedule.as_deref(), planner_name)?;
     let dims = super::parse_dims(&a.dims)?;
-    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &cluster, &dims)?;
+    let (mut g, ref_batch) = load_cost_graph(model, a.profile_batch, &dims)?;
     if let Some(p) = &a.profile {
         apply_measured_profile(&mut g, &mut cluster, model, p)?;
     }

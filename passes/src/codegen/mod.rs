@@ -148,11 +148,6 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// Each stage's forward module, in stage order.
-    pub fn forward_modules(&self) -> &[Module] {
-        &self.fwd_modules
-    }
-
     /// `m` with every op annotated `pipec.stage = S` (`--dump-ir`'s `partition` snapshot).
     pub fn annotated(&self, m: &Module) -> Module {
         let mut annotated = m.clone();

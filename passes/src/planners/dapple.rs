@@ -100,7 +100,6 @@ use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
 use rustc_hash::FxHashMap as HashMap;
-use std::collections::hash_map::Entry;
 use std::time::Instant;
 
 /// Most prefixes of the topological order the search considers (see the module doc).
@@ -1198,11 +1197,13 @@ fn run_search(ctx: &mut Ctx) -> Searched {
     // devices takes at least 1/r of it, for sublinear node times): once the new stage alone
     // reaches the incumbent, no later cut can do better.
     let mut smin: Vec<Vec<f64>> = vec![Vec::new(); k + 1];
-    // states[c]: cut index c -> class of the used devices -> best state.
-    let mut states: Vec<HashMap<u32, State>> = vec![HashMap::default(); k + 1];
-    // best_l[c][class]: the latency of states[c][class] (infinite if none), read before a
-    // candidate's latency is computed (a dense array: most candidates are not better).
-    let mut best_l: Vec<Vec<f64>> = vec![Vec::new(); k + 1];
+    // states[c]: the best state of each class of used devices at cut index c, in the order the
+    // classes were first reached there (the order does not matter: each cut sorts its states).
+    let mut states: Vec<Vec<State>> = vec![Vec::new(); k + 1];
+    // best_l[c][class]: the latency of the class's state at cut c (infinite if none) and its
+    // index in states[c], read before a candidate's latency is computed (a dense array: most
+    // candidates are not better, and a hash map's growth was a fifth of the search).
+    let mut best_l: Vec<Vec<(f64, u32)>> = vec![Vec::new(); k + 1];
     // Base state: one stage on every device (pure data parallelism).
     {
         let last = ctx.compute_stage(0, n, all);
@@ -1217,16 +1218,15 @@ fn run_search(ctx: &mut Ctx) -> Searched {
             1,
         );
         let key = class_of(0);
-        states[0].insert(
-            key,
-            State {
-                used: 0,
-                stages: Vec::new(),
-                lat: Vec::new(),
-                latency: l,
-                complete_ok: ok,
-            },
-        );
+        debug_assert_eq!(key, 0);
+        best_l[0].push((l, 0));
+        states[0].push(State {
+            used: 0,
+            stages: Vec::new(),
+            lat: Vec::new(),
+            latency: l,
+            complete_ok: ok,
+        });
     }
     let mut top: Vec<State> = Vec::with_capacity(TOP + 1);
     let mut count = 0usize;
@@ -1239,7 +1239,8 @@ fn run_search(ctx: &mut Ctx) -> Searched {
     let mut out_of_time = false;
     let mut visited = 0usize;
     for c in 0..k {
-        let mut here: Vec<State> = states[c].drain().map(|(_, s)| s).collect();
+        let mut here: Vec<State> = std::mem::take(&mut states[c]);
+        best_l[c] = Vec::new();
         // Past the transition budget, extend only the BEAM best states of each cut (by the
         // latency of their plan with the rest as one stage); every state still counts as a
         // complete plan below.
@@ -1417,10 +1418,10 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                             cap_rest: ctx.cap(rest),
                         });
                         let t = out.at(ctx.whole.cut[j]);
-                        let old = best_l[c2]
+                        let (old, at) = best_l[c2]
                             .get(key as usize)
                             .copied()
-                            .unwrap_or(f64::INFINITY);
+                            .unwrap_or((f64::INFINITY, u32::MAX));
                         // Eq. 2 of this plan is at least its Bound (Algorithm 1, with the rest
                         // as the last stage): when that reaches the state's best, it is not
                         // better (a margin covers the two sums' rounding).
@@ -1458,9 +1459,8 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                         if l < old {
                             let slot = &mut best_l[c2];
                             if slot.len() <= key as usize {
-                                slot.resize(key as usize + 1, f64::INFINITY);
+                                slot.resize(key as usize + 1, (f64::INFINITY, u32::MAX));
                             }
-                            slot[key as usize] = l;
                             let last_ok = ctx.fits_cap(
                                 &PlannedStage {
                                     start: j,
@@ -1472,30 +1472,28 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                                 cap_rest,
                             );
                             // A better plan for a known state reuses its buffers.
-                            match states[c2].entry(key) {
-                                Entry::Occupied(mut e) => {
-                                    let s = e.get_mut();
-                                    s.used = used | gm;
-                                    s.stages.clear();
-                                    s.stages.extend_from_slice(&st.stages);
-                                    s.stages.push(new_stage);
-                                    s.lat.clear();
-                                    s.lat.extend_from_slice(&lat[..plen]);
-                                    s.latency = l;
-                                    s.complete_ok = last_ok;
-                                }
-                                Entry::Vacant(e) => {
-                                    let mut stages = Vec::with_capacity(st.stages.len() + 1);
-                                    stages.extend_from_slice(&st.stages);
-                                    stages.push(new_stage);
-                                    e.insert(State {
-                                        used: used | gm,
-                                        stages,
-                                        lat: lat[..plen].to_vec(),
-                                        latency: l,
-                                        complete_ok: last_ok,
-                                    });
-                                }
+                            if let Some(s) = states[c2].get_mut(at as usize) {
+                                slot[key as usize].0 = l;
+                                s.used = used | gm;
+                                s.stages.clear();
+                                s.stages.extend_from_slice(&st.stages);
+                                s.stages.push(new_stage);
+                                s.lat.clear();
+                                s.lat.extend_from_slice(&lat[..plen]);
+                                s.latency = l;
+                                s.complete_ok = last_ok;
+                            } else {
+                                slot[key as usize] = (l, states[c2].len() as u32);
+                                let mut stages = Vec::with_capacity(st.stages.len() + 1);
+                                stages.extend_from_slice(&st.stages);
+                                stages.push(new_stage);
+                                states[c2].push(State {
+                                    used: used | gm,
+                                    stages,
+                                    lat: lat[..plen].to_vec(),
+                                    latency: l,
+                                    complete_ok: last_ok,
+                                });
                             }
                         }
                     }

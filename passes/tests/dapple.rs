@@ -257,3 +257,50 @@ fn early_backward_vs_gpipe_and_recomputation() {
     let ((t0, m0), (t1, m1)) = (t(&sg), t(&rc));
     assert!(t1 > t0 && m1 < m0, "{t0} {m0} / {t1} {m1}");
 }
+
+/// The search's workers change nothing: the plan (and every candidate a search keeps, and its
+/// state count) is the same with 1, 2 or 3 threads, on a search that passes its transition
+/// budget (GNMT on 32 summit GPUs: the beam) and on a whole planner run.
+#[test]
+fn search_workers_do_not_change_the_plan() {
+    let in_pool = |n: usize, f: &(dyn Fn() -> String + Sync)| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build()
+            .expect("thread pool")
+            .install(f)
+    };
+    let gnmt = profile("gnmt.txt", 64.0);
+    let summit = Cluster::preset("summit")
+        .expect("preset")
+        .take(32)
+        .expect("32");
+    let opts = PlanOptions::new(1024);
+    let search = || {
+        let s = dapple::search(&gnmt, &summit, &opts, 64).expect("search");
+        assert!(s.capped, "the case should exercise the beam");
+        format!(
+            "{:?} {:?} {} {:e}",
+            s.stages, s.candidates, s.states, s.latency
+        )
+    };
+    let vgg = profile("vgg-19-pbs-32.txt", 32.0);
+    let dapple_a = Cluster::preset("dapple-a")
+        .expect("preset")
+        .take(16)
+        .expect("16");
+    let plan = || {
+        let mut p = by_name("dapple")
+            .expect("dapple")
+            .plan(&vgg, &dapple_a, &PlanOptions::new(512))
+            .expect("plan");
+        p.search_time_s = 0.0;
+        format!("{p:?}")
+    };
+    for f in [&search as &(dyn Fn() -> String + Sync), &plan] {
+        let one = in_pool(1, f);
+        for n in [2, 3] {
+            assert_eq!(in_pool(n, f), one, "{n} threads differ from one");
+        }
+    }
+}

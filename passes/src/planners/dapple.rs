@@ -51,7 +51,9 @@
 //! in one micro-batch's search, only the [`BEAM`] best states of each later cut are extended
 //! (the others still count as complete plans), and the plan says `search_capped`: on the bundled
 //! models at 8, 16 and 32 GPUs of summit, dgx-h100 and cpu every plan equals the exhaustive
-//! search's, in at most 1.3 s of CPU instead of up to 24 s (BENCHMARKS.md).
+//! search's, in at most 1.3 s of CPU instead of up to 24 s (BENCHMARKS.md). The states of one cut
+//! are extended by up to [`MAX_SEARCH_WORKERS`] threads and their candidate splits applied in the
+//! sequential order, so the plans are those of one thread ([`run_search`]; a test pins it).
 //!
 //! Cut candidates ([`cuts`], a [`Cuts`] family): the states of PipeDream's antichain DAG
 //! ([`crate::cost::antichain`], when it has at most [`MAX_ANTICHAIN_STATES`]) together with the
@@ -100,6 +102,7 @@ use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
 use rustc_hash::FxHashMap as HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Most prefixes of the topological order the search considers (see the module doc).
@@ -401,6 +404,8 @@ pub struct Search {
     pub fits: bool,
     /// The best complete plans by Eq. 2 (at most [`TOP`]), best first: `(stages, L)`.
     pub candidates: Vec<(StagePlan, f64)>,
+    /// The search passed its [`TRANSITION_BUDGET`] and extended only [`BEAM`] states per cut.
+    pub capped: bool,
 }
 
 /// How many of the best complete plans the search keeps (for re-ranking by simulation).
@@ -414,9 +419,9 @@ struct Ctx<'a> {
     cluster: &'a Cluster,
     opts: &'a PlanOptions,
     /// `chains[r]`: prefix sums at the slice `micro_batch / r` (index 0: the whole micro-batch).
-    chains: Vec<std::rc::Rc<CutSums>>,
+    chains: Vec<Arc<CutSums>>,
     /// Whole-micro-batch sums (cut bytes for communication stages).
-    whole: std::rc::Rc<CutSums>,
+    whole: Arc<CutSums>,
     family: &'a Cuts,
     m: usize,
     mem_check: bool,
@@ -424,22 +429,29 @@ struct Ctx<'a> {
     sublinear: bool,
     /// Plans with a larger `L` are not wanted (the search prunes by it).
     bound: f64,
-    caches: &'a mut Caches,
 }
 
 /// What the searches at every micro-batch size share: costs of device sets that do not depend on
-/// the micro-batch (the all-reduce lines of a set, the communication cost between two) and the
-/// prefix sums of each slice.
+/// the micro-batch, one memo per search worker ([`run_search`]), and the prefix sums of each
+/// slice.
 #[derive(Default)]
 struct Caches {
+    /// `workers[w]`: worker `w`'s memo (worker 0 is the calling thread).
+    workers: Vec<Costs>,
+    /// Prefix sums by slice (`f64` bits): the slices `micro_batch / r` of the micro-batch sizes
+    /// tried coincide often (`256 / 4 = 128 / 2`).
+    sums: HashMap<u64, Arc<CutSums>>,
+}
+
+/// One worker's memo of device-set costs: the all-reduce lines of a set, the communication cost
+/// between two (pure functions of the sets: which worker computed a cost never changes it).
+#[derive(Default)]
+struct Costs {
     ar: HashMap<u128, (Affine, Affine)>,
     /// By sending set, then receiving set: the search asks for many receiving sets of one
     /// sending set in a row (a state's placements of its next stage), which then share a small
     /// table (a third of DAPPLE's time went to cache misses in one table of every pair).
-    comm: HashMap<u128, HashMap<u128, std::rc::Rc<CommCost>>>,
-    /// Prefix sums by slice (`f64` bits): the slices `micro_batch / r` of the micro-batch sizes
-    /// tried coincide often (`256 / 4 = 128 / 2`).
-    sums: HashMap<u64, std::rc::Rc<CutSums>>,
+    comm: HashMap<u128, HashMap<u128, Arc<CommCost>>>,
 }
 
 /// `t(bytes) = c + s·bytes` for `bytes > 0`, 0 otherwise.
@@ -482,11 +494,11 @@ impl CommCost {
 
 impl Ctx<'_> {
     /// All-reduce cost of the device set `mask` (ring and hierarchical lines, per `--allreduce`).
-    fn ar(&mut self, mask: u128, bytes: f64) -> f64 {
+    fn ar(&self, costs: &mut Costs, mask: u128, bytes: f64) -> f64 {
         if mask.count_ones() <= 1 || bytes <= 0.0 {
             return 0.0;
         }
-        let lines = self.ar_lines(mask);
+        let lines = self.ar_lines(costs, mask);
         self.ar_at(lines, bytes)
     }
 
@@ -499,12 +511,12 @@ impl Ctx<'_> {
     }
 
     /// The ring and hierarchical all-reduce lines of the device set `mask` (zero for one device).
-    fn ar_lines(&mut self, mask: u128) -> (Affine, Affine) {
+    fn ar_lines(&self, costs: &mut Costs, mask: u128) -> (Affine, Affine) {
         if mask.count_ones() <= 1 {
             return (Affine::default(), Affine::default());
         }
         let cluster = self.cluster;
-        *self.caches.ar.entry(mask).or_insert_with(|| {
+        *costs.ar.entry(mask).or_insert_with(|| {
             let devs = devices_of(mask);
             (
                 Affine::fit(|b| allreduce_time(cluster, &devs, b, AllReduceAlgo::Ring)),
@@ -529,7 +541,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn compute_stage(&mut self, i: usize, j: usize, mask: u128) -> LatStage {
+    fn compute_stage(&self, costs: &mut Costs, i: usize, j: usize, mask: u128) -> LatStage {
         let r = mask.count_ones() as usize;
         let ch = &self.chains[r];
         let (f, b) = (ch.fwd[j] - ch.fwd[i], ch.bwd[j] - ch.bwd[i]);
@@ -537,14 +549,14 @@ impl Ctx<'_> {
         LatStage {
             f,
             b,
-            ar: self.ar(mask, p),
+            ar: self.ar(costs, mask, p),
         }
     }
 
     /// The cost of moving one tensor from stage devices `a` to `b` ([`crate::cost::comm::redistribute_time`]).
-    fn comm_cost(&mut self, a: u128, b: u128) -> std::rc::Rc<CommCost> {
+    fn comm_cost(&self, costs: &mut Costs, a: u128, b: u128) -> Arc<CommCost> {
         let cluster = self.cluster;
-        self.caches
+        costs
             .comm
             .entry(a)
             .or_default()
@@ -576,13 +588,13 @@ impl Ctx<'_> {
                     lines.retain(|l| !(a.c >= l.c && a.s >= l.s));
                     lines.push(a);
                 }
-                std::rc::Rc::new(CommCost(lines))
+                Arc::new(CommCost(lines))
             })
             .clone()
     }
 
-    fn comm_stage(&mut self, at: usize, a: u128, b: u128) -> LatStage {
-        let t = self.comm_cost(a, b).at(self.whole.cut[at]);
+    fn comm_stage(&self, costs: &mut Costs, at: usize, a: u128, b: u128) -> LatStage {
+        let t = self.comm_cost(costs, a, b).at(self.whole.cut[at]);
         LatStage {
             f: t,
             b: t,
@@ -661,6 +673,7 @@ pub fn search_with(
         states: found.states,
         fits: found.fits,
         candidates: found.candidates,
+        capped: found.capped,
         cuts: family.clone(),
     })
 }
@@ -706,7 +719,7 @@ fn search_bounded(
         caches
             .sums
             .entry(slice.to_bits())
-            .or_insert_with(|| std::rc::Rc::new(family.sums(g, slice, kind)))
+            .or_insert_with(|| Arc::new(family.sums(g, slice, kind)))
             .clone()
     };
     let chains: Vec<_> = std::iter::once(sums(mb as f64))
@@ -724,15 +737,18 @@ fn search_bounded(
         mem_check: true,
         sublinear: sublinear(g, kind, mb as f64, ndev),
         bound,
-        caches,
     };
-    let mut found = run_search(&mut ctx);
+    let workers = search_workers();
+    if caches.workers.len() < workers {
+        caches.workers.resize_with(workers, Costs::default);
+    }
+    let mut found = run_search(&ctx, &mut caches.workers);
     let mut fits = true;
     // No feasible plan at all (not merely none under the bound): repeat without the check.
     if found.top.is_empty() && !found.any_pruned {
         ctx.mem_check = false;
         fits = false;
-        found = run_search(&mut ctx);
+        found = run_search(&ctx, &mut caches.workers);
     }
     let Searched {
         top,
@@ -761,9 +777,9 @@ fn search_bounded(
         // Eq. 2 of the full plan (and its pivot).
         let mut lat = st.lat.clone();
         if let Some(prev) = st.stages.last() {
-            lat.push(ctx.comm_stage(last_start, prev.mask, rest));
+            lat.push(ctx.comm_stage(&mut caches.workers[0], last_start, prev.mask, rest));
         }
-        lat.push(ctx.compute_stage(last_start, n, rest));
+        lat.push(ctx.compute_stage(&mut caches.workers[0], last_start, n, rest));
         let (l, q) = latency(&lat, m);
         if x == 0 {
             pivot_of_best = q;
@@ -848,7 +864,7 @@ fn candidate_cuts(ch: &Chain) -> Vec<usize> {
 
 /// The costs of splitting a state's rest into a new stage on `gm` and the rest on `rest`.
 struct Split {
-    out: std::rc::Rc<CommCost>,
+    out_cost: Arc<CommCost>,
     l_rest: (Affine, Affine),
     /// Class of the devices used after the split.
     key: u32,
@@ -1160,7 +1176,19 @@ pub const BEAM: usize = 16;
 /// extending it exceeds the incumbent is not extended. The incumbent is the `TOP`-th best
 /// complete `L` of this search (such a plan cannot enter `top`) or `ctx.bound` (it cannot enter
 /// the planner's pool), whichever is smaller.
-fn run_search(ctx: &mut Ctx) -> Searched {
+///
+/// **Workers.** The states of one cut are extended by up to [`search_workers`] threads, state
+/// `x` by worker `x mod W`, and the results are exactly those of extending them one after another
+/// in order (whatever `W` is): everything a state's extension reads but the target states'
+/// latencies is fixed before the cut (the incumbent of state `x` is the `TOP`-th best after the
+/// states up to `x` were considered as complete plans, which does not depend on extensions), a
+/// worker keeps a candidate only where its own view of the target's latency (the table as of the
+/// cut start, lowered by its own earlier candidates) does not already reject it, and the
+/// candidates are then applied in the sequential order with the sequential tests. A worker's view
+/// is never below the sequential one (a kept candidate lowers it to at most
+/// `max(L, lb·(1 − 1e-12))`, what the sequential test would leave), so no candidate that the
+/// sequential search would apply is dropped. Counts (transitions, states) are the same.
+fn run_search(ctx: &Ctx, workers: &mut [Costs]) -> Searched {
     let ndev = ctx.cluster.len();
     let all: u128 = if ndev == 128 {
         u128::MAX
@@ -1177,22 +1205,6 @@ fn run_search(ctx: &mut Ctx) -> Searched {
         .map(|i| (i + 1..k).filter(|&j| ctx.family.valid(i, j)).collect())
         .collect();
     let mut class_ids: HashMap<Vec<u16>, u32> = HashMap::default();
-    let mut class_of = |used: u128| -> u32 {
-        let next = class_ids.len() as u32;
-        *class_ids.entry(sym.key(used)).or_insert(next)
-    };
-    let mf = ctx.m.max(1) as f64;
-    let rest_bound = ctx.sublinear;
-    // Lower bound on the slowest stage of any split of `[j, N)` over `nrest` devices.
-    let rest_lb = |ctx: &Ctx, j: usize, nrest: usize| -> f64 {
-        if rest_bound && nrest > 0 {
-            ctx.chains[1].compute(j, n) / nrest as f64
-        } else {
-            0.0
-        }
-    };
-    // Prune when the bound reaches the incumbent (with a margin for rounding).
-    let pruned = |bound: f64, incumbent: f64| bound * (1.0 - 1e-9) >= incumbent;
     // smin[i][j]: the least one-device compute of a stage [i, j') with j' ≥ j (a stage on r
     // devices takes at least 1/r of it, for sublinear node times): once the new stage alone
     // reaches the incumbent, no later cut can do better.
@@ -1202,11 +1214,14 @@ fn run_search(ctx: &mut Ctx) -> Searched {
     let mut states: Vec<Vec<State>> = vec![Vec::new(); k + 1];
     // best_l[c][class]: the latency of the class's state at cut c (infinite if none) and its
     // index in states[c], read before a candidate's latency is computed (a dense array: most
-    // candidates are not better, and a hash map's growth was a fifth of the search).
+    // candidates are not better).
     let mut best_l: Vec<Vec<(f64, u32)>> = vec![Vec::new(); k + 1];
+    let (main_costs, _) = workers
+        .split_first_mut()
+        .expect("run_search: at least one worker");
     // Base state: one stage on every device (pure data parallelism).
     {
-        let last = ctx.compute_stage(0, n, all);
+        let last = ctx.compute_stage(main_costs, 0, n, all);
         let (l, _) = latency(&[last], ctx.m);
         let ok = ctx.fits(
             &PlannedStage {
@@ -1217,8 +1232,7 @@ fn run_search(ctx: &mut Ctx) -> Searched {
             0,
             1,
         );
-        let key = class_of(0);
-        debug_assert_eq!(key, 0);
+        class_ids.insert(sym.key(0), 0);
         best_l[0].push((l, 0));
         states[0].push(State {
             used: 0,
@@ -1238,6 +1252,7 @@ fn run_search(ctx: &mut Ctx) -> Searched {
     // state is one: its last stage takes the free devices) but no longer extended.
     let mut out_of_time = false;
     let mut visited = 0usize;
+    let mut incumbents: Vec<f64> = Vec::new();
     for c in 0..k {
         let mut here: Vec<State> = std::mem::take(&mut states[c]);
         best_l[c] = Vec::new();
@@ -1253,45 +1268,271 @@ fn run_search(ctx: &mut Ctx) -> Searched {
         }
         here.sort_by_key(|s| s.used);
         count += here.len();
-        for st in here {
-            let used = st.used;
-            consider(&mut top, &st, ndev);
+        // Each state counts as a complete plan before it is extended; its incumbent is the
+        // `TOP`-th best after that (NaN: not extended, `--time-limit`).
+        incumbents.clear();
+        for st in &here {
+            consider(&mut top, st, ndev);
             if !out_of_time && visited.is_multiple_of(64) {
                 out_of_time = ctx.opts.out_of_time();
             }
             visited += 1;
-            if out_of_time {
+            incumbents.push(if out_of_time {
+                f64::NAN
+            } else if top.len() == TOP {
+                top.last()
+                    .map_or(f64::INFINITY, |b| b.latency)
+                    .min(ctx.bound)
+            } else {
+                ctx.bound
+            });
+        }
+        if ctx.sublinear && smin[c].is_empty() {
+            let c1 = &ctx.chains[1];
+            let mut v = vec![f64::INFINITY; k + 1];
+            for j in (c + 1..k).rev() {
+                let here = if ctx.family.valid(c, j) {
+                    c1.compute(c, j)
+                } else {
+                    f64::INFINITY
+                };
+                v[j] = here.min(v[j + 1]);
+            }
+            smin[c] = v;
+        }
+        let cut = Cut {
+            i: c,
+            all,
+            sym: &sym,
+            links: &links,
+            later: &later[c],
+            smin: &smin[c],
+            class_ids: &class_ids,
+            best_l: &best_l,
+            here: &here,
+            incumbents: &incumbents,
+        };
+        let nw = workers
+            .len()
+            .min(here.len().div_ceil(MIN_STATES_PER_WORKER))
+            .max(1);
+        let mut done: Vec<Expansion> = if nw == 1 {
+            vec![cut.expand(ctx, &mut workers[0], 0, 1)]
+        } else {
+            use rayon::prelude::*;
+            workers[..nw]
+                .par_iter_mut()
+                .enumerate()
+                .map(|(w, costs)| cut.expand(ctx, costs, w, nw))
+                .collect()
+        };
+        for e in &done {
+            transitions += e.transitions;
+            any_pruned |= e.any_pruned;
+        }
+        // Apply the candidates in the sequential order: state by state (state x is worker
+        // x mod nw's), each state's in the order its worker made them.
+        let mut next = vec![0usize; nw];
+        let mut gid: Vec<Vec<u32>> = done
+            .iter()
+            .map(|e| vec![u32::MAX; e.new_keys.len()])
+            .collect();
+        let known = class_ids.len() as u32;
+        for (x, st) in here.iter().enumerate() {
+            let w = x % nw;
+            let e = &mut done[w];
+            while let Some(cand) = e.cands.get(next[w]).filter(|cand| cand.state as usize == x) {
+                next[w] += 1;
+                let key = if cand.class < known {
+                    cand.class
+                } else {
+                    let local = (cand.class - known) as usize;
+                    if gid[w][local] == u32::MAX {
+                        let fresh = class_ids.len() as u32;
+                        gid[w][local] = *class_ids
+                            .entry(std::mem::take(&mut e.new_keys[local]))
+                            .or_insert(fresh);
+                    }
+                    gid[w][local]
+                };
+                let c2 = cand.c2 as usize;
+                let (old, at) = best_l[c2]
+                    .get(key as usize)
+                    .copied()
+                    .unwrap_or((f64::INFINITY, u32::MAX));
+                if old.is_finite() && cand.lb * (1.0 - 1e-12) >= old {
+                    continue;
+                }
+                if cand.l >= old {
+                    continue;
+                }
+                let slot = &mut best_l[c2];
+                if slot.len() <= key as usize {
+                    slot.resize(key as usize + 1, (f64::INFINITY, u32::MAX));
+                }
+                let new_stage = PlannedStage {
+                    start: c,
+                    end: c2,
+                    mask: cand.gm,
+                };
+                let (into, new_st) = (cand.into, cand.new_st);
+                let fill = |s: &mut State| {
+                    s.used = st.used | cand.gm;
+                    s.stages.clear();
+                    s.stages.extend_from_slice(&st.stages);
+                    s.stages.push(new_stage);
+                    s.lat.clear();
+                    s.lat.extend_from_slice(&st.lat);
+                    s.lat.extend(into);
+                    s.lat.push(new_st);
+                    s.latency = cand.l;
+                    s.complete_ok = cand.last_ok;
+                };
+                // A better plan for a known state reuses its buffers.
+                if let Some(s) = states[c2].get_mut(at as usize) {
+                    slot[key as usize].0 = cand.l;
+                    fill(s);
+                } else {
+                    slot[key as usize] = (cand.l, states[c2].len() as u32);
+                    let mut s = State {
+                        used: 0,
+                        stages: Vec::with_capacity(st.stages.len() + 1),
+                        lat: Vec::with_capacity(st.lat.len() + 2),
+                        latency: 0.0,
+                        complete_ok: false,
+                    };
+                    fill(&mut s);
+                    states[c2].push(s);
+                }
+            }
+        }
+    }
+    Searched {
+        top,
+        states: count,
+        any_pruned,
+        out_of_time,
+        capped,
+    }
+}
+
+/// The fewest states of a cut per search worker (below it, fewer workers: a thread costs about
+/// what extending a few states does).
+const MIN_STATES_PER_WORKER: usize = 4;
+
+/// The most threads one search uses.
+const MAX_SEARCH_WORKERS: usize = 4;
+
+/// Workers a search uses: the threads of the shared pool (the machine's parallelism), at most
+/// [`MAX_SEARCH_WORKERS`]. The plans do not depend on it ([`run_search`]).
+fn search_workers() -> usize {
+    rayon::current_num_threads().clamp(1, MAX_SEARCH_WORKERS)
+}
+
+/// What every worker of one cut reads ([`run_search`]).
+struct Cut<'s> {
+    /// The cut index the states are at.
+    i: usize,
+    all: u128,
+    sym: &'s Symmetry,
+    links: &'s Links,
+    /// The later cuts a stage from `i` may end at.
+    later: &'s [usize],
+    /// `smin[i]` (empty when node times are not sublinear).
+    smin: &'s [f64],
+    /// The classes known at the cut start.
+    class_ids: &'s HashMap<Vec<u16>, u32>,
+    /// The states' latencies at the cut start.
+    best_l: &'s [Vec<(f64, u32)>],
+    here: &'s [State],
+    /// Per state: its incumbent, NaN when it is not extended.
+    incumbents: &'s [f64],
+}
+
+/// A split that its worker found better than the target state as far as it knew.
+struct Candidate {
+    /// Index of the extended state in the cut's states.
+    state: u32,
+    /// The cut the new stage ends at (the target state's cut).
+    c2: u32,
+    /// The target class: a known class id (`< class_ids.len()` at the cut start) or
+    /// `known + index` into [`Expansion::new_keys`].
+    class: u32,
+    /// The new stage's devices.
+    gm: u128,
+    /// The communication stage into the new stage (none from the first stage).
+    into: Option<LatStage>,
+    new_st: LatStage,
+    /// Eq. 2 of the plan (the rest as one last stage) and the bound the sequential search checks
+    /// first.
+    l: f64,
+    lb: f64,
+    /// Whether the rest fits as the last stage.
+    last_ok: bool,
+}
+
+/// One worker's extensions of its states of a cut.
+#[derive(Default)]
+struct Expansion {
+    /// In the order of the states, then of the loops.
+    cands: Vec<Candidate>,
+    /// Classes not known at the cut start, in the order this worker met them.
+    new_keys: Vec<Vec<u16>>,
+    transitions: usize,
+    any_pruned: bool,
+}
+
+impl Cut<'_> {
+    /// Extend the states `w, w + nw, w + 2·nw, …` with the memo `costs`.
+    fn expand(&self, ctx: &Ctx, costs: &mut Costs, w: usize, nw: usize) -> Expansion {
+        let mut out = Expansion::default();
+        let known = self.class_ids.len() as u32;
+        let mut new_ids: HashMap<Vec<u16>, u32> = HashMap::default();
+        // This worker's own lowered view of target latencies: view[cut][class] (dense, as
+        // `best_l`: read for most transitions).
+        let mut view: Vec<Vec<f64>> = vec![Vec::new(); self.best_l.len()];
+        let mut class_of = |used: u128, out: &mut Expansion| -> u32 {
+            let key = self.sym.key(used);
+            if let Some(&id) = self.class_ids.get(&key) {
+                return id;
+            }
+            let next = known + new_ids.len() as u32;
+            *new_ids.entry(key).or_insert_with_key(|key| {
+                out.new_keys.push(key.clone());
+                next
+            })
+        };
+        let mf = ctx.m.max(1) as f64;
+        let rest_bound = ctx.sublinear;
+        let n = ctx.whole.len();
+        let i = self.i;
+        let smin = self.smin;
+        // Lower bound on the slowest stage of any split of `[j, N)` over `nrest` devices.
+        let rest_lb = |j: usize, nrest: usize| -> f64 {
+            if rest_bound && nrest > 0 {
+                ctx.chains[1].compute(j, n) / nrest as f64
+            } else {
+                0.0
+            }
+        };
+        // Prune when the bound reaches the incumbent (with a margin for rounding).
+        let pruned = |bound: f64, incumbent: f64| bound * (1.0 - 1e-9) >= incumbent;
+        for x in (w..self.here.len()).step_by(nw) {
+            let st = &self.here[x];
+            let incumbent = self.incumbents[x];
+            if incumbent.is_nan() {
                 continue;
             }
-            let free = all & !used;
+            let used = st.used;
+            let free = self.all & !used;
             let nfree = free.count_ones() as usize;
             if nfree < 2 {
                 continue;
             }
-            let incumbent = if top.len() == TOP {
-                top.last().map_or(f64::INFINITY, |b| b.latency)
-            } else {
-                f64::INFINITY
-            }
-            .min(ctx.bound);
-            let i = c;
             let bound = Bound::of(&st.lat);
-            if pruned(bound.lb(mf, rest_lb(ctx, i, nfree)), incumbent) {
-                any_pruned = true;
+            if pruned(bound.lb(mf, rest_lb(i, nfree)), incumbent) {
+                out.any_pruned = true;
                 continue;
-            }
-            if rest_bound && smin[i].is_empty() {
-                let c1 = &ctx.chains[1];
-                let mut v = vec![f64::INFINITY; k + 1];
-                for j in (i + 1..k).rev() {
-                    let here = if ctx.family.valid(i, j) {
-                        c1.compute(i, j)
-                    } else {
-                        f64::INFINITY
-                    };
-                    v[j] = here.min(v[j + 1]);
-                }
-                smin[i] = v;
             }
             let nstages = st.stages.len() + 2;
             // Earlier stages' feasibility depends only on the new stage count.
@@ -1309,20 +1550,21 @@ fn run_search(ctx: &mut Ctx) -> Searched {
             // here: `M = 1` sums every stage; for `M > 1`, `L ≥ M·(F + B)` of any one stage), so
             // the state, a replica count or a placement is skipped without it. Exactly the
             // states, splits and transitions of the full loop.
-            let smin_first = if rest_bound { smin[i][i + 1] } else { 0.0 };
+            let smin_first = if rest_bound { smin[i + 1] } else { 0.0 };
             let bytes_in = ctx.whole.cut[i];
             let r_prev = st.stages.last().map(|prev| prev.mask.count_ones() as usize);
             let into_lb = |t: f64, x: f64| bound.through(mf, t, x);
             if let Some(r_prev) = r_prev {
-                let t = links.lower_bound(true, r_prev, bytes_in);
+                let t = self.links.lower_bound(true, r_prev, bytes_in);
                 if rest_bound && pruned(into_lb(t, smin_first / (nfree - 1) as f64), incumbent) {
-                    any_pruned = true;
+                    out.any_pruned = true;
                     continue;
                 }
             }
             // The nodes holding the last planned stage.
             let prev_nodes = st.stages.last().map_or(0, |prev| {
-                sym.nodes
+                self.sym
+                    .nodes
                     .iter()
                     .filter(|&&(m, _)| m & prev.mask != 0)
                     .fold(0, |a, &(m, _)| a | m)
@@ -1335,23 +1577,23 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                 // (then so it does on fewer devices).
                 if rest_bound
                     && pruned(
-                        bound.push_c(smin[i][i + 1] / mnew as f64).lb(mf, 0.0),
+                        bound.push_c(smin[i + 1] / mnew as f64).lb(mf, 0.0),
                         incumbent,
                     )
                 {
-                    any_pruned = true;
+                    out.any_pruned = true;
                     continue;
                 }
                 if let Some(r_prev) = r_prev {
-                    let t = links.lower_bound(true, r_prev.min(mnew), bytes_in);
+                    let t = self.links.lower_bound(true, r_prev.min(mnew), bytes_in);
                     if rest_bound && pruned(into_lb(t, smin_first / mnew as f64), incumbent) {
-                        any_pruned = true;
+                        out.any_pruned = true;
                         continue;
                     }
                 }
                 let mut placed: Vec<u128> = Vec::with_capacity(3);
                 for pol in Policy::ALL {
-                    if let Some(gm) = place_in(&sym.nodes, free, mnew, pol) {
+                    if let Some(gm) = place_in(&self.sym.nodes, free, mnew, pol) {
                         debug_assert_eq!(Some(gm), place(ctx.cluster, free, mnew, pol));
                         if !placed.contains(&gm) {
                             placed.push(gm);
@@ -1363,9 +1605,13 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                     // bound on that stage already prunes it: exactly where the first cut below
                     // would break (see `Links`).
                     if let Some(r_prev) = r_prev {
-                        let t = links.lower_bound(gm & prev_nodes != 0, r_prev.min(mnew), bytes_in);
+                        let t = self.links.lower_bound(
+                            gm & prev_nodes != 0,
+                            r_prev.min(mnew),
+                            bytes_in,
+                        );
                         if rest_bound && pruned(into_lb(t, smin_first / mnew as f64), incumbent) {
-                            any_pruned = true;
+                            out.any_pruned = true;
                             continue;
                         }
                     }
@@ -1373,7 +1619,7 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                     let into = st
                         .stages
                         .last()
-                        .map(|prev| ctx.comm_stage(i, prev.mask, gm));
+                        .map(|prev| ctx.comm_stage(costs, i, prev.mask, gm));
                     let bound_in = into.map_or(bound, |x| bound.push(x.f + x.b, x.b, 0.0));
                     let (r_new, r_rest) = (gm.count_ones() as usize, rest.count_ones() as usize);
                     // The new stage's all-reduce lines (its `AR` enters the bounds below), looked
@@ -1381,59 +1627,58 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                     let mut lines_new: Option<(Affine, Affine)> = None;
                     // Costs of the split, looked up when a cut survives the bound.
                     let mut split: Option<Split> = None;
-                    for &c2 in &later[i] {
-                        let j = c2;
+                    for &j in self.later {
                         if rest_bound
                             && pruned(
-                                bound_in.push_c(smin[i][j] / r_new as f64).lb(mf, 0.0),
+                                bound_in.push_c(smin[j] / r_new as f64).lb(mf, 0.0),
                                 incumbent,
                             )
                         {
-                            any_pruned = true;
+                            out.any_pruned = true;
                             break;
                         }
-                        transitions += 1;
+                        out.transitions += 1;
                         let lines = match lines_new {
                             Some(l) => l,
-                            None => *lines_new.insert(ctx.ar_lines(gm)),
+                            None => *lines_new.insert(ctx.ar_lines(costs, gm)),
                         };
                         let new_st = ctx.compute_stage_with(i, j, r_new, lines);
                         let c_new = new_st.f + new_st.b;
                         let with_new = bound_in.push(c_new, new_st.b, new_st.ar);
-                        if pruned(with_new.lb(mf, rest_lb(ctx, j, r_rest)), incumbent) {
-                            any_pruned = true;
+                        if pruned(with_new.lb(mf, rest_lb(j, r_rest)), incumbent) {
+                            out.any_pruned = true;
                             continue;
                         }
                         let &mut Split {
-                            ref out,
+                            ref out_cost,
                             l_rest,
                             key,
                             cap_new,
                             cap_rest,
                         } = split.get_or_insert_with(|| Split {
-                            out: ctx.comm_cost(gm, rest),
-                            l_rest: ctx.ar_lines(rest),
-                            key: class_of(used | gm),
+                            out_cost: ctx.comm_cost(costs, gm, rest),
+                            l_rest: ctx.ar_lines(costs, rest),
+                            key: class_of(used | gm, &mut out),
                             cap_new: ctx.cap(gm),
                             cap_rest: ctx.cap(rest),
                         });
-                        let t = out.at(ctx.whole.cut[j]);
-                        let (old, at) = best_l[c2]
+                        let t = out_cost.at(ctx.whole.cut[j]);
+                        // This worker's view of the target's latency: never below what the
+                        // sequential search would hold here (see `run_search`).
+                        let old = self.best_l[j]
                             .get(key as usize)
-                            .copied()
-                            .unwrap_or((f64::INFINITY, u32::MAX));
+                            .map_or(f64::INFINITY, |e| e.0)
+                            .min(view[j].get(key as usize).copied().unwrap_or(f64::INFINITY));
                         // Eq. 2 of this plan is at least its Bound (Algorithm 1, with the rest
                         // as the last stage): when that reaches the state's best, it is not
                         // better (a margin covers the two sums' rounding).
                         let rest_st = ctx.compute_stage_with(j, n, r_rest, l_rest);
-                        if old.is_finite() {
-                            let lb = with_new
-                                .push(2.0 * t, t, 0.0)
-                                .push(rest_st.f + rest_st.b, rest_st.b, rest_st.ar)
-                                .lb(mf, 0.0);
-                            if lb * (1.0 - 1e-12) >= old {
-                                continue;
-                            }
+                        let lb = with_new
+                            .push(2.0 * t, t, 0.0)
+                            .push(rest_st.f + rest_st.b, rest_st.b, rest_st.ar)
+                            .lb(mf, 0.0);
+                        if old.is_finite() && lb * (1.0 - 1e-12) >= old {
+                            continue;
                         }
                         let new_stage = PlannedStage {
                             start: i,
@@ -1448,7 +1693,6 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                             lat.push(x);
                         }
                         lat.push(new_st);
-                        let plen = lat.len();
                         lat.push(LatStage {
                             f: t,
                             b: t,
@@ -1457,10 +1701,11 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                         lat.push(rest_st);
                         let (l, _) = eq2.latency(&lat[base_len..]);
                         if l < old {
-                            let slot = &mut best_l[c2];
-                            if slot.len() <= key as usize {
-                                slot.resize(key as usize + 1, (f64::INFINITY, u32::MAX));
+                            let v = &mut view[j];
+                            if v.len() <= key as usize {
+                                v.resize(key as usize + 1, f64::INFINITY);
                             }
+                            v[key as usize] = l.max(lb * (1.0 - 1e-12));
                             let last_ok = ctx.fits_cap(
                                 &PlannedStage {
                                     start: j,
@@ -1471,42 +1716,23 @@ fn run_search(ctx: &mut Ctx) -> Searched {
                                 nstages,
                                 cap_rest,
                             );
-                            // A better plan for a known state reuses its buffers.
-                            if let Some(s) = states[c2].get_mut(at as usize) {
-                                slot[key as usize].0 = l;
-                                s.used = used | gm;
-                                s.stages.clear();
-                                s.stages.extend_from_slice(&st.stages);
-                                s.stages.push(new_stage);
-                                s.lat.clear();
-                                s.lat.extend_from_slice(&lat[..plen]);
-                                s.latency = l;
-                                s.complete_ok = last_ok;
-                            } else {
-                                slot[key as usize] = (l, states[c2].len() as u32);
-                                let mut stages = Vec::with_capacity(st.stages.len() + 1);
-                                stages.extend_from_slice(&st.stages);
-                                stages.push(new_stage);
-                                states[c2].push(State {
-                                    used: used | gm,
-                                    stages,
-                                    lat: lat[..plen].to_vec(),
-                                    latency: l,
-                                    complete_ok: last_ok,
-                                });
-                            }
+                            out.cands.push(Candidate {
+                                state: x as u32,
+                                c2: j as u32,
+                                class: key,
+                                gm,
+                                into,
+                                new_st,
+                                l,
+                                lb,
+                                last_ok,
+                            });
                         }
                     }
                 }
             }
         }
-    }
-    Searched {
-        top,
-        states: count,
-        any_pruned,
-        out_of_time,
-        capped,
+        out
     }
 }
 

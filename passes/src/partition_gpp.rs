@@ -1,5 +1,5 @@
 //! `partition-gpp`: the IR pass of GraphPipe's stage partitioner (Jeon et al., ASPLOS'25, §5,
-//! Algorithm 1). The search itself is [`crate::planners::gpp_search`] (re-exported here).
+//! Algorithm 1). The search itself is [`crate::planners::gpp`]'s `units`, `dp` and `search` (re-exported here).
 //!
 //! # IR pass
 //! [`PartitionGpp`] (`partition-gpp`) plans the module with the `gpp` planner (cluster, device
@@ -14,7 +14,9 @@ use pipec_compiler::passmgr::{OptionKind, PassInfo, PassOption};
 use pipec_compiler::Result;
 
 pub use crate::gpp_ir as ir;
-pub use crate::planners::gpp_search::*;
+pub use crate::planners::gpp::dp::*;
+pub use crate::planners::gpp::search::*;
+pub use crate::planners::gpp::units::*;
 
 /// The `partition-gpp` IR pass (see the module doc).
 #[derive(Default)]

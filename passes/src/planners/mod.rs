@@ -32,8 +32,6 @@ pub mod dapple;
 pub mod dapple_hpgo;
 pub mod dp;
 pub mod gpp;
-pub mod gpp_per_stage;
-pub mod gpp_search;
 pub mod pipedream;
 pub mod planner;
 pub mod stages;

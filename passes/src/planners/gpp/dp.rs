@@ -1,16 +1,6 @@
-//! GraphPipe's pipeline stage partitioner (Jeon et al., ASPLOS'25, §5,
-//! Algorithm 1): a binary search on the bottleneck time-per-sample (TPS) around a memoised DP over
-//! the series-parallel decomposition tree ([`crate::sp_decompose`]).
-//!
-//! # Contract
-//! - **Requires**: a [`CostGraph`], a [`Cluster`] (homogeneous: timed on device 0's kind, memory of
-//!   the smallest device), the mini-batch `B` and a micro-batch `b` dividing it.
-//! - **Guarantees**: [`search`] returns stages (unit ranges of the coarsened tree with a replica
-//!   count each; replica counts sum to the device count, C3) whose bottleneck TPS is within `ε`
-//!   (relative) of the smallest any stage graph of the DP's space reaches under the memory
-//!   constraint (Eq. 2), and, among those, the smallest source in-flight count (PICKBETTER). Every
-//!   stage is a convex union of units (C1) by construction of the tree.
-//! - **Errors**: no plan fits in memory ("Eq. 2"), naming the largest static footprint.
+//! GraphPipe's pipeline stage partitioner, the DP of Algorithm 1 (Jeon et al., ASPLOS'25, §5)
+//! over the units' series-parallel tree ([`super::units`]), run by the binary search of
+//! [`super::search`].
 //!
 //! # The DP (Algorithm 1, lines 23–48)
 //! A DP state is a subgraph `G` of the tree (a whole tree node, a prefix `c_0..c_j` of a series
@@ -47,443 +37,17 @@
 //! `TPS = per_mb / b + (AllReduce(params, r) + step) / B`.
 //! Memory: [`crate::cost::memory::stage_memory`] with the stage's in-flight count.
 //!
-//! # Binary search (lines 2–11)
-//! `t_r` starts at a feasible plan's bottleneck (the DP at `t = ∞` picks the shallowest plan that
-//! fits), `t_l` at the work bound of [`lower_bounds`] (`F_total/(b·D)`, no plan can beat it), and
-//! the interval halves until `t_r − t_l ≤ ε·t_r`. A refinement passes a coarser search's bracket
-//! ([`SearchParams::bracket`]) instead of starting over. A DP run compares stage TPS values with
-//! the target and nothing else, so every target below the smallest compared value above it
-//! (`next_t`) runs the same way: a failed run moves `t_l` up to there, and a relaxed target
-//! inside the previous run's interval is not run again.
-//!
-//! The sequential mode runs the same DP on a one-level tree: the units linearised in the tree's
-//! depth-first order (a topological order), so only chains of stages are possible (SPP).
-//!
-//! The `partition-gpp` IR pass ([`crate::partition_gpp`]) runs this search through the `gpp`
-//! planner; the pass and the planner depend on this file, never the other way round.
 
+use super::params::{SearchParams, StageChoice};
+use super::sp_tree::SpKind;
+use super::units::UnitGraph;
 use crate::cost::comm::AllReduceGroup;
 use crate::cost::memory::step_time;
-use crate::cost::{AllReduceAlgo, Cluster, CostGraph, NodeId, Optimizer};
-use crate::sp_decompose::{SpKind, SpTree};
-use pipec_compiler::{Error, Result};
-
-/// The most units a search takes: its stage tables hold every unit range (`(U + 1)²` entries
-/// per power-of-two replica count). The planner's coarsening stays below it.
-pub const MAX_DP_UNITS: usize = 1024;
-
-/// A tree node over unit ranges.
-#[derive(Clone, Debug)]
-pub struct TNode {
-    pub kind: SpKind,
-    pub children: Vec<usize>,
-    /// Unit range `[lo, hi)` in depth-first order.
-    pub lo: usize,
-    pub hi: usize,
-    /// A parallel node whose last child ends with the join that follows it (see [`UnitGraph::new`]):
-    /// the other children feed that child's sink stage, one stage deeper.
-    pub join: bool,
-    /// For the last child `V` of a join node: the index of the join unit among its children.
-    pub join_at: Option<usize>,
-    /// For a parallel node: a series of its units in depth-first order (a linearised chain),
-    /// whose plans the DP also considers for the whole node (SPP is a special case of GPP).
-    pub chain: Option<usize>,
-}
-
-/// The partitioner's view of the model: units (in DFS order), the tree over them, unit edges.
-#[derive(Clone, Debug)]
-pub struct UnitGraph {
-    pub units: Vec<Vec<NodeId>>,
-    pub tree: Vec<TNode>,
-    pub root: usize,
-    /// `(a, b, bytes at the reference batch)`, `a < b`.
-    pub edges: Vec<(usize, usize, f64)>,
-    pub side: Vec<NodeId>,
-    /// Unit of each node (`usize::MAX` for side nodes).
-    pub unit_of: Vec<usize>,
-}
-
-impl UnitGraph {
-    /// From a (coarsened) SP tree; `sequential` flattens it into one series of its leaves.
-    pub fn new(g: &CostGraph, sp: &SpTree, sequential: bool) -> UnitGraph {
-        let leaves = sp.leaves();
-        let units: Vec<Vec<NodeId>> = leaves.iter().map(|&l| sp.tree[l].nodes.clone()).collect();
-        let mut tree = Vec::new();
-        let root = if sequential || sp.tree[sp.root].kind == SpKind::Leaf {
-            let kids: Vec<usize> = (0..units.len())
-                .map(|i| {
-                    tree.push(TNode {
-                        kind: SpKind::Leaf,
-                        children: Vec::new(),
-                        lo: i,
-                        hi: i + 1,
-                        join: false,
-                        join_at: None,
-                        chain: None,
-                    });
-                    tree.len() - 1
-                })
-                .collect();
-            if kids.len() == 1 {
-                kids[0]
-            } else {
-                tree.push(TNode {
-                    kind: SpKind::Series,
-                    children: kids,
-                    lo: 0,
-                    hi: units.len(),
-                    join: false,
-                    join_at: None,
-                    chain: None,
-                });
-                tree.len() - 1
-            }
-        } else {
-            let mut next = 0usize;
-            fn build(sp: &SpTree, t: usize, next: &mut usize, out: &mut Vec<TNode>) -> usize {
-                let lo = *next;
-                let node = &sp.tree[t];
-                let children = if node.kind == SpKind::Leaf {
-                    *next += 1;
-                    Vec::new()
-                } else {
-                    node.children
-                        .iter()
-                        .map(|&c| crate::sp_decompose::grow(|| build(sp, c, next, out)))
-                        .collect()
-                };
-                out.push(TNode {
-                    kind: node.kind,
-                    children,
-                    lo,
-                    hi: *next,
-                    join: false,
-                    join_at: None,
-                    chain: None,
-                });
-                out.len() - 1
-            }
-            let r = build(sp, sp.root, &mut next, &mut tree);
-            attach_joins(&mut tree);
-            attach_chains(&mut tree);
-            r
-        };
-        let mut unit_of = vec![usize::MAX; g.len()];
-        for (i, u) in units.iter().enumerate() {
-            for &n in u {
-                unit_of[n] = i;
-            }
-        }
-        // Unit edges: a node's output counted once per consuming unit (its largest edge there).
-        let mut acc: std::collections::BTreeMap<(usize, usize), f64> = Default::default();
-        for u in 0..g.len() {
-            let a = unit_of[u];
-            if a == usize::MAX {
-                continue;
-            }
-            let mut per: std::collections::BTreeMap<usize, f64> = Default::default();
-            for &e in g.out_edges(u) {
-                let b = unit_of[g.edges[e].dst];
-                if b != usize::MAX && b != a {
-                    let x = per.entry(b).or_insert(0.0);
-                    *x = x.max(g.edges[e].bytes);
-                }
-            }
-            for (b, bytes) in per {
-                *acc.entry((a.min(b), a.max(b))).or_insert(0.0) += bytes;
-            }
-        }
-        UnitGraph {
-            units,
-            tree,
-            root,
-            edges: acc.into_iter().map(|((a, b), x)| (a, b, x)).collect(),
-            side: sp.side.clone(),
-            unit_of,
-        }
-    }
-}
-
-/// The merge node after a parallel split belongs to one branch's last stage (GraphPipe's case
-/// study: "one stage also holding the concat"; in the paper's vertex form the parallel parts share
-/// their sink). In every series `[.., P, L, ..]` with `P` parallel and `L` a unit, `[P, L]` becomes
-/// `P' = [c_1, .., c_{n−1}, V]` with `V = series(c_n.., L)`, marked `join`: the DP may then keep
-/// `L` with `c_n`'s tail or give it its own stage, and the other branches count one stage deeper.
-/// Unit ranges are unchanged (`L` follows `c_n`'s units in depth-first order).
-fn attach_joins(tree: &mut Vec<TNode>) {
-    for t in 0..tree.len() {
-        if tree[t].kind != SpKind::Series {
-            continue;
-        }
-        let mut q = 0;
-        while q + 1 < tree[t].children.len() {
-            let (p, l) = (tree[t].children[q], tree[t].children[q + 1]);
-            if tree[p].kind == SpKind::Parallel && !tree[p].join && tree[l].kind == SpKind::Leaf {
-                // the run of units after P
-                let mut e = q + 1;
-                while e < tree[t].children.len() && tree[tree[t].children[e]].kind == SpKind::Leaf {
-                    e += 1;
-                }
-                let tail: Vec<usize> = tree[t].children[q + 1..e].to_vec();
-                let last = *tree[p].children.last().unwrap_or(&p);
-                let mut vkids = if tree[last].kind == SpKind::Series {
-                    tree[last].children.clone()
-                } else {
-                    vec![last]
-                };
-                let q0 = vkids.len();
-                vkids.extend(tail.iter().copied());
-                let hi = tree[*tail.last().unwrap_or(&l)].hi;
-                tree.push(TNode {
-                    kind: SpKind::Series,
-                    children: vkids,
-                    lo: tree[last].lo,
-                    hi,
-                    join: false,
-                    join_at: Some(q0),
-                    chain: None,
-                });
-                let v = tree.len() - 1;
-                let mut pkids = tree[p].children.clone();
-                pkids.pop();
-                pkids.push(v);
-                tree.push(TNode {
-                    kind: SpKind::Parallel,
-                    children: pkids,
-                    lo: tree[p].lo,
-                    hi,
-                    join: true,
-                    join_at: None,
-                    chain: None,
-                });
-                let np = tree.len() - 1;
-                tree[t].children.splice(q..e, [np]);
-            }
-            q += 1;
-        }
-    }
-}
-
-/// Give every parallel node a linearised alternative (see [`TNode::chain`]): fresh leaves for
-/// its units in depth-first order under one series node; for a join node, the join unit's
-/// position is carried over so the DP can count the other branches' depth.
-fn attach_chains(tree: &mut Vec<TNode>) {
-    for t in 0..tree.len() {
-        if tree[t].kind != SpKind::Parallel {
-            continue;
-        }
-        let (lo, hi) = (tree[t].lo, tree[t].hi);
-        let join_unit = if tree[t].join {
-            tree[t].children.last().and_then(|&v| {
-                let q = tree[v].join_at?;
-                Some(tree[*tree[v].children.get(q)?].lo)
-            })
-        } else {
-            None
-        };
-        let mut kids = Vec::with_capacity(hi - lo);
-        for u in lo..hi {
-            tree.push(TNode {
-                kind: SpKind::Leaf,
-                children: Vec::new(),
-                lo: u,
-                hi: u + 1,
-                join: false,
-                join_at: None,
-                chain: None,
-            });
-            kids.push(tree.len() - 1);
-        }
-        tree.push(TNode {
-            kind: SpKind::Series,
-            children: kids,
-            lo,
-            hi,
-            join: false,
-            join_at: join_unit.map(|u| u - lo),
-            chain: None,
-        });
-        tree[t].chain = Some(tree.len() - 1);
-    }
-}
-
-/// Inputs of one search.
-#[derive(Clone, Debug)]
-pub struct SearchParams {
-    pub batch: u64,
-    pub micro_batch: u64,
-    pub devices: usize,
-    pub optimizer: Optimizer,
-    pub allreduce: AllReduceAlgo,
-    /// Relative tolerance of the binary search.
-    pub eps: f64,
-    /// Also try targets `t·{1.05, 1.1, 1.25, 1.5, 2, 3}` above the optimum `t` (shallower plans, since the
-    /// DP picks the smallest in-flight count under a target) and return the plan with the best
-    /// estimated iteration time `(M + depth − 1)·max per_mb + max sync` (pipeline fill and drain
-    /// are not in the bottleneck TPS). The targets stop at the first plan of depth 1: a larger
-    /// one can only return another depth-1 plan with a larger bottleneck.
-    pub relax: bool,
-    /// A known bracket `(t_l, t_r)` of the optimum: the DP finds no plan at `t_l` and one at
-    /// `t_r` (a coarser search's result, see [`SearchResult::bracket`]). Without it the
-    /// search brackets from [`lower_bounds`] and a first feasible plan.
-    pub bracket: Option<(f64, f64)>,
-    /// `k` of a kFkB schedule (`kfkb-K`, same on every stage; 1 = 1F1B, the default): only the
-    /// memory check changes (`Search::sigma_of`).
-    pub group: usize,
-    /// Device granule `g` (a power of two dividing `devices`; 1 = every count): the DP's device
-    /// counts, and so every stage's replica count, are multiples of `g`. The DP's states and
-    /// splits scale with the number of counts (`devices / g`), its split loops with their square;
-    /// see [`device_granule`].
-    pub granule: usize,
-}
-
-/// The device granule for a search on `devices` devices: the largest power of two `g` dividing
-/// `devices` with at least `slots` device counts left (`devices / g ≥ slots`), 1 below
-/// `2·slots` devices.
-///
-/// A plan for `D` devices whose stages are multiples of `g` is what clusters of servers of `g`
-/// (or `g`-GPU groups) allow anyway, and a stage of fewer than `g` devices would carry at most
-/// `g/D ≤ 1/slots` of the model's work: with the units coarsened to about `2·slots` (the
-/// planner's `θ`), such a stage would hold a fraction of one unit. The DP then costs what it
-/// costs on `slots` devices, instead of growing with the square of `D`. Not exact: the
-/// error against `g = 1` is measured in BENCHMARKS.md ("GraphPipe at 1024 devices").
-pub fn device_granule(devices: usize, slots: usize) -> usize {
-    let mut g = 1;
-    while devices.is_multiple_of(2 * g) && devices / (2 * g) >= slots.max(1) {
-        g *= 2;
-    }
-    g
-}
-
-/// One stage of a search result.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StageChoice {
-    /// Unit range `[lo, hi)`.
-    pub lo: usize,
-    pub hi: usize,
-    pub replicas: usize,
-    /// The stage's estimated TPS, seconds per sample.
-    pub tps: f64,
-    /// Seconds per micro-batch (one replica's slice).
-    pub per_mb: f64,
-    /// All-reduce + optimizer step seconds per iteration.
-    pub sync: f64,
-}
-
-/// A search result.
-#[derive(Clone, Debug)]
-pub struct SearchResult {
-    pub stages: Vec<StageChoice>,
-    /// Bottleneck TPS (seconds per sample).
-    pub bottleneck_tps: f64,
-    /// Source in-flight micro-batches (the plan's depth in the SP-ized graph).
-    pub depth: u32,
-    /// Number of DP runs (binary-search steps).
-    pub dp_runs: usize,
-    /// Estimated iteration time: `(M + depth − 1) · max per_mb + max sync`.
-    pub estimate_s: f64,
-    /// The binary search's final `(t_l, t_r)`: no plan at `t_l`, the optimum's bottleneck at
-    /// `t_r` (before the relaxation; pass it to a finer search as [`SearchParams::bracket`]).
-    pub bracket: (f64, f64),
-    /// With relaxation: the other distinct plans found (the optimum's own, when a relaxed target
-    /// won on the estimate, and the other relaxed ones) as `(depth, stages, estimate)`, by
-    /// estimate. The estimate is a model; the planner simulates them too.
-    pub alternatives: Vec<(u32, Vec<StageChoice>, f64)>,
-}
-
-/// Lower bounds at one micro-batch size, before any DP run: `(tps, estimate)`.
-///
-/// - **TPS**: every stage `s` on `r_s` replicas has `TPS_s ≥ F_s(b/r_s)/b`, a unit's time is
-///   `max(flops·x/peak, (bytes·x + fixed)/bw)` or linear in the slice `x`, so
-///   `r·F(b/r) ≥ F(b)`, and the replica counts sum to `D` (C3); hence
-///   `max_s TPS_s ≥ Σ_s r_s·TPS_s / D ≥ F_total(b) / (b·D)`.
-/// - **Estimate** `(M + depth − 1)·P + S` (`P` the largest per-micro-batch time, `S` ≥ 0):
-///   `P ≥ F_total(b)/D` by the same argument, and `depth·P` is at least the sum of the stage
-///   times along any path of units, each unit at most `D`-way split: `depth·P ≥ CP(b/D)`, the
-///   longest path of unit times at slice `b/D`; and `depth·P ≥ P`. So
-///   `estimate ≥ (M − 1)·F_total(b)/D + max(CP(b/D), F_total(b)/D)`.
-/// - When the unit graph is connected, a plan of two or more stages has a stage edge, so
-///   `depth ≥ 2` (the DP's `δ` adds along every stage edge) and `depth·P ≥ 2·F_total(b)/D`; a
-///   plan of depth 1 is the whole graph as one stage on all `D` devices, whose estimate is at
-///   least `M·F_total(b/D) + AllReduce(all parameters, D) + step`. The bound is the smaller of
-///   the two cases: large micro-batches (few of them, `M` small) pay either a bubble or a whole
-///   model's all-reduce, and the planner skips them without a search.
-///
-/// The planner ranks micro-batch sizes by this bound and skips those that cannot make its
-/// shortlist; the binary search starts from the TPS bound instead of 0.
-pub fn lower_bounds(
-    g: &CostGraph,
-    ug: &UnitGraph,
-    cluster: &Cluster,
-    p: &SearchParams,
-) -> (f64, f64) {
-    let kind = cluster.kind_of(0);
-    let d = p.devices.max(1) as f64;
-    let b = p.micro_batch.max(1) as f64;
-    let unit_time = |u: &[NodeId], x: f64| -> f64 {
-        u.iter()
-            .map(|&n| {
-                let (f, bw) = g.times(n, x, kind);
-                f + bw
-            })
-            .sum()
-    };
-    let total: f64 = ug.units.iter().map(|u| unit_time(u, b)).sum();
-    let thin: Vec<f64> = ug.units.iter().map(|u| unit_time(u, b / d)).collect();
-    // Longest path over the unit DAG (edges go forward in the depth-first order).
-    let mut preds: Vec<Vec<usize>> = vec![Vec::new(); ug.units.len()];
-    for &(a, c, _) in &ug.edges {
-        if a < c && c < ug.units.len() {
-            preds[c].push(a);
-        }
-    }
-    let mut longest = vec![0.0f64; ug.units.len()];
-    for u in 0..ug.units.len() {
-        let before = preds[u].iter().map(|&a| longest[a]).fold(0.0, f64::max);
-        longest[u] = before + thin[u];
-    }
-    let cp = longest.iter().copied().fold(0.0, f64::max);
-    let m = (p.batch / p.micro_batch.max(1)).max(1) as f64;
-    let any_depth = (m - 1.0) * total / d + cp.max(total / d);
-    if !connected(ug) {
-        return (total / (b * d), any_depth);
-    }
-    let params: f64 = ug
-        .units
-        .iter()
-        .flatten()
-        .map(|&n| g.nodes[n].parameter_bytes)
-        .sum();
-    let devs: Vec<usize> = (0..p.devices.min(cluster.len())).collect();
-    let sync = AllReduceGroup::new(cluster, &devs, p.allreduce).time(params)
-        + step_time(params, kind.memory_bandwidth, p.optimizer);
-    let one_stage = m * thin.iter().sum::<f64>() + sync;
-    let deeper = (m - 1.0) * total / d + cp.max(2.0 * total / d);
-    (total / (b * d), one_stage.min(deeper))
-}
-
-/// Whether the units with the unit graph's edges form one (weakly) connected graph.
-fn connected(ug: &UnitGraph) -> bool {
-    let n = ug.units.len();
-    let mut parent: Vec<usize> = (0..n).collect();
-    let mut parts = n;
-    let find = crate::sp_decompose::find;
-    for &(a, c, _) in &ug.edges {
-        if a >= n || c >= n {
-            continue;
-        }
-        let (ra, rc) = (find(&mut parent, a), find(&mut parent, c));
-        if ra != rc {
-            parent[ra] = rc;
-            parts -= 1;
-        }
-    }
-    parts <= 1
-}
+use crate::cost::{Cluster, CostGraph};
 
 #[derive(Clone, Copy, Debug)]
-struct StageEval {
-    tps: f64,
+pub(super) struct StageEval {
+    pub(super) tps: f64,
     /// Lower bound of the TPS from compute alone (monotone in the range).
     compute_tps: f64,
     per_mb: f64,
@@ -513,7 +77,7 @@ impl Hot {
 /// with the same units and unit edges: the graph DP and its linearisation (built from one
 /// coarsened tree) and the coarse and refined searches. A stage over `[lo, hi)` on `r` replicas
 /// costs the same in all of them; only the DP's tree differs. Pass it from one search to the next
-/// with [`search_with`]; one whose micro-batch, device count or unit graph size differs is
+/// with [`super::search::search_with`]; one whose micro-batch, device count or unit graph size differs is
 /// replaced by a fresh one.
 pub struct StageTable {
     key: (u64, usize, usize, usize),
@@ -695,50 +259,50 @@ impl Scratch {
 pub struct ScratchPool(std::sync::Mutex<Vec<Scratch>>);
 
 impl ScratchPool {
-    fn take(&self) -> Scratch {
+    pub(super) fn take(&self) -> Scratch {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop()
             .unwrap_or_default()
     }
-    fn put(&self, s: Scratch) {
+    pub(super) fn put(&self, s: Scratch) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).push(s);
     }
 }
 
 /// The search engine for one micro-batch size.
 pub struct Search<'a> {
-    g: &'a CostGraph,
-    ug: &'a UnitGraph,
+    pub(super) g: &'a CostGraph,
+    pub(super) ug: &'a UnitGraph,
     cluster: &'a Cluster,
-    p: SearchParams,
+    pub(super) p: SearchParams,
     m: i64,
     params: Vec<f64>,
     /// Prefix sums over the units of saved bytes per sample and of saved bytes per micro-batch.
     saved: Vec<f64>,
     saved_fixed: Vec<f64>,
     /// Stage evaluations at this micro-batch size (see [`StageTable`]).
-    tab: StageTable,
+    pub(super) tab: StageTable,
     /// All-reduce over the first `r` devices, per `r`.
     ar: Vec<AllReduceGroup>,
     bw: f64,
     alpha: f64,
     multi_node: bool,
     node_size: usize,
-    mem: f64,
+    pub(super) mem: f64,
     /// Memo: state index -> Pareto entries, valid when `stamp[id] == run` (the vectors keep
     /// their capacity from one DP run to the next); each DP state's base case (its whole range
     /// as one stage on the state's `d` devices), the same in every DP run; per series state
     /// `(t, j)` (at `state_base[t] + j`): [`Search::segments`], valid when `segs_stamp` is the
     /// current run.
-    sc: Scratch,
+    pub(super) sc: Scratch,
     state_base: Vec<usize>,
     t_max: f64,
     /// The smallest TPS the current run compared against `t_max` and found above it (see
     /// [`Search::run`]): every target in `[t_max, next_t)` makes the same comparisons, so the
     /// same DP run.
-    next_t: f64,
+    pub(super) next_t: f64,
     pow2: Vec<usize>,
 }
 
@@ -814,7 +378,7 @@ impl<'a> Search<'a> {
         }
     }
 
-    fn times(&mut self, r: usize) -> &Vec<f64> {
+    pub(super) fn times(&mut self, r: usize) -> &Vec<f64> {
         let (g, ug, kind) = (self.g, self.ug, self.cluster.kind_of(0));
         let slice = self.p.micro_batch as f64 / r as f64;
         self.tab.time[r].get_or_insert_with(|| {
@@ -855,7 +419,7 @@ impl<'a> Search<'a> {
         h
     }
 
-    fn eval(&mut self, lo: usize, hi: usize, r: usize) -> StageEval {
+    pub(super) fn eval(&mut self, lo: usize, hi: usize, r: usize) -> StageEval {
         let b = self.p.micro_batch as f64;
         let slice = b / r as f64;
         // When the micro-batch does not divide over the replicas, codegen gives each replica
@@ -1257,7 +821,7 @@ impl Search<'_> {
     /// run's steps, identical until a comparison differs, which needs a compared value in
     /// `(t_max, t]`), so it returns the same result: the binary search uses this to skip
     /// targets that cannot change the outcome.
-    fn run(&mut self, t_max: f64) -> Option<(u32, Vec<StageChoice>)> {
+    pub(super) fn run(&mut self, t_max: f64) -> Option<(u32, Vec<StageChoice>)> {
         self.t_max = t_max;
         self.next_t = f64::INFINITY;
         if self.sc.run == u32::MAX {
@@ -1323,211 +887,11 @@ impl Search<'_> {
     }
 
     /// The largest static footprint of a single unit on all devices (for the memory error).
-    fn worst_unit(&mut self) -> (usize, f64) {
+    pub(super) fn worst_unit(&mut self) -> (usize, f64) {
         let d = self.p.devices;
         (0..self.ug.units.len())
             .map(|u| (u, self.eval(u, u + 1, d).static_bytes))
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .unwrap_or((0, 0.0))
     }
-}
-
-/// Relaxed targets `t_r·f` tried after the binary search (see [`SearchParams::relax`]).
-const RELAX: [f64; 6] = [1.05, 1.1, 1.25, 1.5, 2.0, 3.0];
-
-/// Algorithm 1: binary search on the bottleneck TPS around the DP, for one micro-batch size.
-pub fn search(
-    g: &CostGraph,
-    ug: &UnitGraph,
-    cluster: &Cluster,
-    p: SearchParams,
-) -> Result<SearchResult> {
-    search_with(g, ug, cluster, p, None, &ScratchPool::default()).0
-}
-
-/// [`search`] starting from the stage evaluations `tab` of an earlier search at the same
-/// micro-batch size (see [`StageTable`]); returns them, completed, for the next one. The DP's
-/// buffers come from `pool` and go back to it.
-pub fn search_with(
-    g: &CostGraph,
-    ug: &UnitGraph,
-    cluster: &Cluster,
-    p: SearchParams,
-    tab: Option<StageTable>,
-    pool: &ScratchPool,
-) -> (Result<SearchResult>, Option<StageTable>) {
-    match search_in(g, ug, cluster, p, tab, pool) {
-        Ok((r, t)) => (Ok(r), Some(t)),
-        Err(e) => (Err(e), None),
-    }
-}
-
-fn search_in(
-    g: &CostGraph,
-    ug: &UnitGraph,
-    cluster: &Cluster,
-    p: SearchParams,
-    tab: Option<StageTable>,
-    pool: &ScratchPool,
-) -> Result<(SearchResult, StageTable)> {
-    if p.devices == 0 || p.devices > cluster.len() {
-        return Err(Error::infeasible(
-            "gpp",
-            format!(
-                "{} devices requested but the cluster '{}' has {}",
-                p.devices,
-                cluster.name,
-                cluster.len()
-            ),
-        ));
-    }
-    crate::plan::check_micro_batch(p.batch, p.micro_batch)?;
-    if !p.granule.max(1).is_power_of_two() || !p.devices.is_multiple_of(p.granule.max(1)) {
-        return Err(Error::msg(format!(
-            "gpp: device granule {} is not a power of two dividing the {} devices",
-            p.granule, p.devices
-        )));
-    }
-    if ug.units.len() > MAX_DP_UNITS {
-        return Err(Error::infeasible(
-            "gpp",
-            format!(
-                "{} units after coarsening, more than the DP's {MAX_DP_UNITS} (its stage tables \
-                 grow with the square of the units); coarsen the decomposition further",
-                ug.units.len()
-            ),
-        ));
-    }
-    if ug.units.is_empty() {
-        return Err(Error::infeasible(
-            "gpp",
-            "the model has no node to partition",
-        ));
-    }
-    let mut s = Search::new(g, ug, cluster, p, tab, pool.take());
-    let r = bisect(&mut s);
-    pool.put(std::mem::take(&mut s.sc));
-    r.map(|r| (r, s.tab))
-}
-
-/// Algorithm 1's binary search on `s`, then the relaxed targets.
-fn bisect(s: &mut Search) -> Result<SearchResult> {
-    let (g, ug) = (s.g, s.ug);
-    let eps = s.p.eps;
-    let bracket = s.p.bracket;
-    // The TPS bound of [`lower_bounds`]: all the work at slice `b` (`times(1)`) over `b·D`.
-    let lb_tps = s.times(1).last().copied().unwrap_or(0.0)
-        / (s.p.micro_batch.max(1) as f64 * s.p.devices.max(1) as f64);
-    let mut runs = 0usize;
-    // t_r: a feasible bottleneck (the whole model on every device if it fits, else the DP's
-    // shallowest feasible plan at t = ∞).
-    // Start from the whole model as one stage's TPS and double until a plan fits (cheap: tight
-    // targets prune most of the DP); fall back to t = ∞ (memory permitting, any TPS).
-    let whole = s.eval(0, ug.units.len(), s.p.devices);
-    let mut best = None;
-    let mut t = match bracket {
-        Some((_, t_r)) => t_r,
-        None => whole.tps,
-    };
-    for _ in 0..6 {
-        runs += 1;
-        best = s.run(t);
-        if best.is_some() {
-            break;
-        }
-        t *= 2.0;
-    }
-    if best.is_none() {
-        runs += 1;
-        best = s.run(f64::INFINITY);
-    }
-    let Some(mut best) = best else {
-        let (u, bytes) = s.worst_unit();
-        let name = ug.units[u]
-            .first()
-            .map(|&n| g.nodes[n].name.clone())
-            .unwrap_or_default();
-        // Every stage graph has a stage over its memory (Eq. 2's constraint); the largest unit
-        // is the smallest stage that cannot fit.
-        return Err(Error::OutOfMemory {
-            planner: "gpp".into(),
-            at: format!(" at micro-batch {}", s.p.micro_batch),
-            stage: name,
-            need: bytes,
-            have: s.mem,
-        });
-    };
-    let bottleneck = |st: &[StageChoice]| st.iter().map(|x| x.tps).fold(0.0, f64::max);
-    let mut t_r = bottleneck(&best.1);
-    // Strictly below the bound: a plan could sit exactly on it.
-    let mut t_l = lb_tps * (1.0 - 1e-9);
-    if let Some((known, _)) = bracket {
-        t_l = t_l.max(known);
-    }
-    if t_l >= t_r {
-        t_l = 0.0;
-    }
-    while t_r - t_l > eps * t_r {
-        let t_m = 0.5 * (t_l + t_r);
-        runs += 1;
-        match s.run(t_m) {
-            // Every target below `next_t` fails the same way ([`Search::run`]): the optimum is
-            // at `next_t` or above.
-            None => t_l = t_m.max(s.next_t.min(t_r) * (1.0 - 1e-12)),
-            Some(r) => {
-                t_r = bottleneck(&r.1).min(t_m);
-                best = r;
-            }
-        }
-    }
-    let m = (s.p.batch / s.p.micro_batch) as f64;
-    let estimate = |depth: u32, st: &[StageChoice]| {
-        let per_mb = st.iter().map(|x| x.per_mb).fold(0.0, f64::max);
-        let sync = st.iter().map(|x| x.sync).fold(0.0, f64::max);
-        (m + depth as f64 - 1.0) * per_mb + sync
-    };
-    let mut best_est = estimate(best.0, &best.1);
-    // Every distinct plan seen (the optimum and the relaxed ones), for the planner to simulate.
-    let mut seen: Vec<(u32, Vec<StageChoice>, f64)> = vec![(best.0, best.1.clone(), best_est)];
-    if s.p.relax {
-        // A relaxed target in the last run's `[t, next_t)` returns that run's plan again.
-        let mut same_below = 0.0;
-        for f in RELAX {
-            if t_r * f < same_below {
-                continue;
-            }
-            runs += 1;
-            let got = s.run(t_r * f);
-            same_below = s.next_t;
-            if let Some(r) = got {
-                let e = estimate(r.0, &r.1);
-                if !seen.iter().any(|x| x.1 == r.1) {
-                    seen.push((r.0, r.1.clone(), e));
-                }
-                let shallowest = r.0 <= 1;
-                if e < best_est * (1.0 - 1e-9) {
-                    best_est = e;
-                    best = r;
-                }
-                // A larger target can only return another one-stage-deep plan with a larger
-                // bottleneck: no better estimate, nothing new for the pool.
-                if shallowest {
-                    break;
-                }
-            }
-        }
-    }
-    let mut alternatives: Vec<(u32, Vec<StageChoice>, f64)> =
-        seen.into_iter().filter(|x| x.1 != best.1).collect();
-    alternatives.sort_by(|a, b| a.2.total_cmp(&b.2));
-    let (depth, stages) = best;
-    Ok(SearchResult {
-        bottleneck_tps: bottleneck(&stages),
-        estimate_s: best_est,
-        stages,
-        depth,
-        dp_runs: runs,
-        bracket: (t_l, t_r),
-        alternatives,
-    })
 }

@@ -3,7 +3,7 @@
 //! comparison on one cost model.
 //!
 //! Steps:
-//! 1. [`crate::sp_decompose::decompose`]: the SP tree of the forward graph (side computations
+//! 1. [`sp_tree::decompose`]: the SP tree of the forward graph (side computations
 //!    duplicated, synchronising edges added by cost), then [`SpTree::coarsen`] with
 //!    `θ = total work / max(2·D', 32)` so the DP sees about `max(2·D', 32)` units, where
 //!    `D' = D / g` are the device counts the DP distinguishes: from `2·`[`DEVICE_SLOTS`]
@@ -13,10 +13,10 @@
 //!    the search on all devices; same or better plans than `g = 1` at 128 and 256 devices on
 //!    the GraphPipe models, BENCHMARKS.md).
 //! 2. **Coarse pass.** For each candidate micro-batch size (powers of two dividing the batch with
-//!    at most 512 micro-batches, or `--micro-batch`), [`crate::planners::gpp_search::search`]
+//!    at most 512 micro-batches, or `--micro-batch`), [`search::search`]
 //!    (Algorithm 1) at ε = 5·10⁻², strict (no relaxed targets), on a fixed pool of worker
 //!    threads. Sizes are searched in waves in the order of their lower bound
-//!    ([`crate::planners::gpp_search::lower_bounds`]); a size whose bound exceeds the third-best coarse
+//!    ([`search::lower_bounds`]); a size whose bound exceeds the third-best coarse
 //!    estimate so far cannot make the shortlist and is skipped.
 //! 3. **Refinement.** The three best by estimated iteration time `(M + depth − 1)·max per_mb +
 //!    sync` are searched again at ε = 10⁻³ from their coarse bracket, now also at the relaxed
@@ -51,7 +51,7 @@
 //!    with devices) and stop at the bound; the seeds cost what those planners cost.
 //!
 //! The searches at one micro-batch size share their stage evaluations
-//! ([`crate::planners::gpp_search::StageTable`]): the graph and linearised unit graphs have the same
+//! ([`dp::StageTable`]): the graph and linearised unit graphs have the same
 //! units, so the coarse, refined and linearised searches cost each stage once.
 //!
 //! `gpp-seq` plans are simulated as the chain they are (stage `i+1` after stage `i`, see
@@ -64,12 +64,19 @@
 use super::planner::Planner;
 use crate::cost::{Cluster, CostGraph};
 use crate::plan::{Plan, PlanOptions, StageSpec};
-use crate::planners::gpp_search::{
-    device_granule, lower_bounds, search_with, ScratchPool, SearchParams, SearchResult, StageTable,
-    UnitGraph, MAX_DP_UNITS,
-};
+
+pub mod dp;
+pub mod params;
+pub mod per_stage;
+pub mod search;
+pub mod sp_tree;
+pub mod units;
+
+use self::dp::{ScratchPool, StageTable};
+use self::search::{device_granule, lower_bounds, search_with, SearchParams, SearchResult};
+use self::sp_tree::{assign_side_nodes, decompose, node_work, SpTree};
+use self::units::{UnitGraph, MAX_DP_UNITS};
 use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
-use crate::sp_decompose::{assign_side_nodes, decompose, node_work, SpTree};
 use pipec_compiler::{Error, Result};
 use std::time::Instant;
 
@@ -1289,7 +1296,7 @@ impl Gpp {
         if let Some(specs) = per_stage_specs {
             // Per-stage micro-batch sizes and kFkB groups on the chosen stages (behind the
             // flag); kept only when the simulation is faster than the uniform plan.
-            if let Some(p) = super::gpp_per_stage::search(g, cluster, opts, &specs, b)? {
+            if let Some(p) = per_stage::search(g, cluster, opts, &specs, b)? {
                 phase("per-stage micro-batch sizes");
                 if p.sim.iteration_time_s < plan.iteration_time_s * (1.0 - 1e-9) {
                     plan = simulated(specs, (&p.graph, &p.sim))?;

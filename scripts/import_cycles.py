@@ -8,6 +8,11 @@ connected component of more than one module. Components that are a parent module
 children (helpers in a `mod.rs` its children use) are listed as such; any other component is a
 layering error and the exit status is 1.
 
+For passes/src it also checks the two folder rules of ARCHITECTURE.md: a module of `transforms`
+imports only `transforms` (the IR -> IR transforms sit below the cost model), and only
+`graphpipe` itself and the crate root import `graphpipe` (GraphPipe's IR passes sit above the
+planners). A violation is printed as `LAYER:` and also makes the exit status 1.
+
 Usage: python3 scripts/import_cycles.py [SRC_DIR]
 """
 import os
@@ -110,7 +115,20 @@ def main():
             print(f"    {m or 'lib'} -> {', '.join(sorted(e for e in edges[m] if e in comp))}")
     print(f"{len(files)} modules, {sum(len(e) for e in edges.values())} edges, {bad} circles "
           "between modules that are not parent and children")
-    return 1 if bad else 0
+    layer = 0
+    if "transforms" in edges and "graphpipe" in edges:
+        def under(m, top):
+            return m == top or m.startswith(top + "::")
+        for m in sorted(edges):
+            for e in sorted(edges[m]):
+                if under(m, "transforms") and not under(e, "transforms"):
+                    print(f"LAYER: {m} (a transform) imports {e}")
+                    layer += 1
+                if under(e, "graphpipe") and not under(m, "graphpipe") and m != "":
+                    print(f"LAYER: {m} imports {e} (GraphPipe's passes sit above it)")
+                    layer += 1
+        print(f"{layer} layer violations")
+    return 1 if bad or layer else 0
 
 
 if __name__ == "__main__":

@@ -15,4 +15,6 @@ fn passes_has_no_import_circles() {
         "{out}"
     );
     assert!(!out.contains("parent and children:"), "{out}");
+    // The folder rules: transforms below the cost model, GraphPipe's passes above the planners.
+    assert!(out.contains("\n0 layer violations"), "{out}");
 }

@@ -1,32 +1,30 @@
-//! IR -> IR passes of pipec, one per file. Each file opens with its contract (requires,
-//! guarantees, invalidates, statistics); [`registry`] lists them all for the CLI and the pass
-//! manager.
+//! pipec's passes crate, in layers (ARCHITECTURE.md): IR → IR transforms (`transforms/`), the cost
+//! model (`cost/`), the planning vocabulary (`stage.rs`), the simulator (`sim/`), the plan
+//! (`plan.rs`), the planners (`planners/`), codegen (`codegen/`) and GraphPipe's IR passes
+//! (`graphpipe/`). Each pass file opens with its contract (requires, guarantees, invalidates,
+//! statistics); [`registry`] lists the passes for the CLI and the pass manager.
 
-pub mod autodiff;
 pub mod codegen;
 pub mod cost;
-pub mod dce;
-pub mod fold_constants;
-pub mod gpp_ir;
-pub mod loss;
-pub mod lower;
-pub mod optimizer;
-pub mod partition_gpp;
+pub mod graphpipe;
 pub mod plan;
 pub mod planners;
-pub mod schedule_gpp;
-pub mod shape_infer;
 pub mod sim;
-pub mod sp_decompose;
-pub mod split_layer;
 pub mod stage;
+pub mod transforms;
 
-pub use autodiff::Autodiff;
-pub use dce::Dce;
-pub use fold_constants::FoldConstants;
-pub use lower::Lower;
-pub use optimizer::Optimizer;
-pub use shape_infer::ShapeInfer;
+// The passes' modules at the crate root too: the paths the CLI, the runtime and the tests use.
+pub use graphpipe::{gpp_ir, partition_gpp, schedule_gpp, sp_decompose};
+pub use transforms::{
+    autodiff, dce, fold_constants, loss, lower, optimizer, shape_infer, split_layer,
+};
+
+pub use transforms::autodiff::Autodiff;
+pub use transforms::dce::Dce;
+pub use transforms::fold_constants::FoldConstants;
+pub use transforms::lower::Lower;
+pub use transforms::optimizer::Optimizer;
+pub use transforms::shape_infer::ShapeInfer;
 
 use pipec_compiler::passmgr::Pass;
 

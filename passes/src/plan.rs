@@ -87,7 +87,7 @@ pub struct Plan {
     #[serde(default)]
     pub out_of_memory: bool,
     /// BaPipe's intra-layer splits that the stages realise (`[]` for whole-layer plans): the
-    /// node was rewritten by [`crate::split_layer`] and its halves are in different stages.
+    /// node was rewritten by [`crate::transforms::split_layer`] and its halves are in different stages.
     #[serde(default)]
     pub intra_splits: Vec<IntraSplitReport>,
     /// The search stopped at `--time-limit`: the best plan found by then, not the planner's
@@ -117,7 +117,7 @@ pub struct IntraSplitReport {
     /// `[kept half, moved half, concat]` node names.
     pub nodes: [String; 3],
     /// Parameters that were cut: `{name, parts, axis}` (`weights.npz` holds the parts).
-    pub params: Vec<crate::split_layer::SplitParam>,
+    pub params: Vec<crate::transforms::split_layer::SplitParam>,
 }
 
 /// Whether an op (an ONNX op type, or a profile's module repr such as `BatchNorm2d(64)`) couples

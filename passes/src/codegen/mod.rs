@@ -46,10 +46,10 @@ pub mod insert_comm;
 pub mod pieces;
 
 mod layout;
-use crate::loss::LossKind;
-use crate::optimizer::OptimizerKind;
 use crate::plan::StageSpec;
 use crate::sim::ScheduleKind;
+use crate::transforms::loss::LossKind;
+use crate::transforms::optimizer::OptimizerKind;
 pub use insert_comm::Replication;
 pub use layout::{concrete_dims, cot_name, layout, Layout};
 use pipec_compiler::ir::{DType, Dim, Module, Op, TensorData, TensorType, Value, ValueDef};

@@ -13,7 +13,7 @@
 //! `ḡ_{v,u}` the cotangent `u` sends back (graph input `cot/<v>/s<u>`). Then `∂J_s/∂θ` is exactly
 //! the stage's share of the vector–Jacobian product of the whole model (the chain rule applied
 //! across the stage boundary), and `∂J_s/∂x` for a received activation `x` is the cotangent to
-//! send to its producer. [`crate::autodiff`] differentiates `J_s` (with respect to the
+//! send to its producer. [`crate::transforms::autodiff`] differentiates `J_s` (with respect to the
 //! parameters and the received float activations). The second term is not built: its gradient
 //! with respect to `v` is `ḡ_{v,u}`, which autodiff adds as a seed ([`Autodiff::seeds`]), so the
 //! backward does not read the values the stage sends.
@@ -24,10 +24,10 @@
 //! forward outputs (the saved activations); parameters become graph inputs of both pieces (the
 //! runtime owns their values).
 
-use crate::autodiff::builder::Builder;
-use crate::autodiff::{differentiate, Autodiff};
-use crate::loss::{add_loss, LossKind};
-use crate::optimizer::{add_optimizer, Optimizer, OptimizerKind};
+use crate::transforms::autodiff::builder::Builder;
+use crate::transforms::autodiff::{differentiate, Autodiff};
+use crate::transforms::loss::{add_loss, LossKind};
+use crate::transforms::optimizer::{add_optimizer, Optimizer, OptimizerKind};
 use pipec_compiler::ir::{Attr, Graph, Module, Op, TensorType, Value, ValueDef};
 use pipec_compiler::{Error, Result};
 use std::collections::{HashMap, HashSet};
@@ -142,7 +142,7 @@ pub struct Pieces {
 pub fn stage_pieces(spec: &TrainSpec, name: &str) -> Result<Pieces> {
     let mut t = spec.forward.clone();
     // A no-op on a module the CLI already lowered.
-    crate::lower::lower(&mut t)?;
+    crate::transforms::lower::lower(&mut t)?;
     let sent: Vec<Value> = t.graph.outputs.clone();
     let fwd_ops: HashSet<Op> = t.graph.order.iter().copied().collect();
     let by_name: HashMap<String, Value> = t
@@ -370,7 +370,7 @@ pub struct StepPiece {
     pub step_counter: Option<String>,
 }
 
-/// Build the step piece for `params` (name, type), with [`crate::optimizer`] (one micro-batch:
+/// Build the step piece for `params` (name, type), with [`crate::transforms::optimizer`] (one micro-batch:
 /// the accumulation is done by the runtime).
 pub fn step_piece(
     params: &[(String, TensorType)],

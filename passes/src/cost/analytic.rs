@@ -467,7 +467,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
         let mut params = 0.0;
         // Readers for tied parameters: only where a gradient flows (a parameter read as, e.g., a
         // Dropout ratio or a Clip bound gets none, and codegen all-reduces nothing for it).
-        let diff = crate::autodiff::rules::diff_inputs(d);
+        let diff = crate::transforms::autodiff::rules::diff_inputs(d);
         for (slot, v) in d.inputs.iter().enumerate() {
             let Some(v) = v else { continue };
             if is_param(*v) && owned.insert(*v) {
@@ -529,7 +529,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             continue;
         }
         let mut seen = HashSet::new();
-        let diff = crate::autodiff::rules::diff_inputs(&g.ops[op]);
+        let diff = crate::transforms::autodiff::rules::diff_inputs(&g.ops[op]);
         for (slot, &v) in g.ops[op].inputs.iter().enumerate() {
             let Some(v) = v else { continue };
             if let ValueDef::Result(p, k) = g.values[v].def {
@@ -620,10 +620,10 @@ fn reaches_output(m: &Module) -> Vec<bool> {
 
 /// Per op of `m.graph.order`: whether its outputs get a cotangent from the loss that autodiff
 /// puts on the model's first output, i.e. whether the op lies on a path to that output through
-/// inputs its gradient rule differentiates ([`crate::autodiff::rules::diff_inputs`]).
+/// inputs its gradient rule differentiates ([`crate::transforms::autodiff::rules::diff_inputs`]).
 fn loss_path(m: &Module) -> Vec<bool> {
     reaches_first_output(m, |d, slot| {
-        crate::autodiff::rules::diff_inputs(d)
+        crate::transforms::autodiff::rules::diff_inputs(d)
             .get(slot)
             .copied()
             .unwrap_or(true)
@@ -668,7 +668,7 @@ fn reaches_first_output(m: &Module, follow: impl Fn(&OpData, usize) -> bool) -> 
 /// judged on the emitted program).
 ///
 /// `m` is differentiated as codegen differentiates it (mean-square loss on the first output,
-/// [`crate::autodiff::Autodiff::default`]); every backward op is attributed to the forward op it
+/// [`crate::transforms::autodiff::Autodiff::default`]); every backward op is attributed to the forward op it
 /// differentiates ([`super::measured::attribute`], autodiff's `grad_of`); the loss and its
 /// backward go to the node producing the first output, whose stage computes them. Each op becomes
 /// one [`super::Kernel`], costed as the replay of a compiled program costs a backward piece's ops
@@ -698,7 +698,10 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
         )));
     }
     let mut t = m.clone();
-    let tg = crate::autodiff::differentiate(&mut t, &crate::autodiff::Autodiff::default())?;
+    let tg = crate::transforms::autodiff::differentiate(
+        &mut t,
+        &crate::transforms::autodiff::Autodiff::default(),
+    )?;
     let roles = attribute(&t, &fwd_ops, &tg.grad_of);
     let loss_node = m
         .graph

@@ -7,9 +7,9 @@
 //!    [`CostGraph`] is op `i` of `m.graph.order`, named as the cost graph names it (the ONNX
 //!    node name, made unique).
 //! 2. A copy of the module, its batch dim bound to `b`, is differentiated
-//!    ([`crate::autodiff::differentiate`], mean-square loss): forward ops keep their `Op` ids,
+//!    ([`crate::transforms::autodiff::differentiate`], mean-square loss): forward ops keep their `Op` ids,
 //!    and every backward op is mapped to the forward op it belongs to
-//!    ([`crate::autodiff::TrainingGraph::grad_of`]: the ops of that op's gradient rule, the
+//!    ([`crate::transforms::autodiff::TrainingGraph::grad_of`]: the ops of that op's gradient rule, the
 //!    accumulation of the gradients of its results, and a parameter's gradient accumulation,
 //!    given to the parameter's first reader, which owns the parameter in the cost graph).
 //!    [`attribute`] turns that into one [`Role`] per op of the training graph's order. (The
@@ -151,7 +151,7 @@ pub enum Role {
 
 /// One [`Role`] per op of `train.graph.order`. `fwd_ops[i]` is the op of cost-graph node `i`
 /// (the forward module's order, whose `Op` ids the training graph keeps); `grad_of` maps backward
-/// ops to forward ops ([`crate::autodiff::TrainingGraph::grad_of`]).
+/// ops to forward ops ([`crate::transforms::autodiff::TrainingGraph::grad_of`]).
 pub fn attribute(train: &Module, fwd_ops: &[Op], grad_of: &HashMap<Op, Op>) -> Vec<Role> {
     let node_of: HashMap<Op, NodeId> = fwd_ops.iter().enumerate().map(|(i, &o)| (o, i)).collect();
     let g = &train.graph;
@@ -432,8 +432,8 @@ pub fn error_report(rows: &[ErrorRow], worst: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::autodiff::{differentiate, Autodiff};
     use crate::cost::analytic::{from_module, AnalyticOptions};
+    use crate::transforms::autodiff::{differentiate, Autodiff};
     use pipec_compiler::ir::{DType, Dim, Graph, OpData, TensorData, TensorType};
 
     /// x[batch,4] -> MatMul(W0) -> Relu -> MatMul(W1) -> Add(b1) -> Tanh -> y, with W0 also

@@ -70,7 +70,7 @@ impl Optimizer {
     }
 
     /// Bytes moved by the step per parameter byte, as the step piece that codegen emits runs it
-    /// ([`crate::optimizer::add_optimizer`], one unfused elementwise op after another, each
+    /// ([`crate::transforms::optimizer::add_optimizer`], one unfused elementwise op after another, each
     /// reading its inputs and writing its output; scalars and `Identity` are free):
     /// - SGD: `t = g·lr` (2), `w − t` (3): **5**;
     /// - momentum: `b = m·μ` (2), `b + g` (3), `·lr` (2), `w − ·` (3): **10**;

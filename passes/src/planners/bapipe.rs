@@ -29,7 +29,7 @@
 //!    device) moves to the faster neighbour ([`IntraSplit`], one per boundary, a node split at
 //!    most once). The [`Planner`] (cost graph only) keeps whole layers; [`plan_module`], which
 //!    `pipec plan` and `pipec compile` use for an ONNX model, **emits** the split: the layer is
-//!    rewritten by [`crate::split_layer`] into a kept half (`round((1 − f)·C)` channels, in the
+//!    rewritten by [`crate::transforms::split_layer`] into a kept half (`round((1 − f)·C)` channels, in the
 //!    slower stage), a moved half (`round(f·C)`, at least 1 each, in the faster neighbour) and a
 //!    `Concat` (in the later of the two stages, where the layer's consumers are), the cost graph
 //!    is rebuilt from the rewritten module and the plan re-simulated; the split is kept when the
@@ -70,7 +70,7 @@ use crate::cost::memory::{stage_memory, step_time};
 use crate::cost::{Chain, Cluster, CostGraph, NodeId};
 use crate::plan::{IntraSplitReport, Plan, PlanOptions, StageSpec};
 use crate::sim::{self, ScheduleKind, StageGraph};
-use crate::split_layer;
+use crate::transforms::split_layer;
 use pipec_compiler::ir::{Module, Op};
 use pipec_compiler::{Error, Result};
 use std::collections::HashMap;

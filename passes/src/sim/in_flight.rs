@@ -2,7 +2,7 @@
 //! stage of a stage DAG keeps in flight, given every stage's micro-batch size `b_s` and `k_s` (of
 //! `k_sFk_sB`), computed sinks first. The simulator's GPP schedules
 //! ([`crate::sim::schedule`]), the partitioner's DP ([`crate::planners::gpp::dp`]) and the
-//! `schedule-gpp` pass ([`crate::schedule_gpp`], which documents the rules) all use it; it
+//! `schedule-gpp` pass ([`crate::graphpipe::schedule_gpp`], which documents the rules) all use it; it
 //! depends on nothing else in the crate, so the simulator does not depend on a pass.
 
 /// Appendix A.1's table: in-flight **samples** of stage `x` (micro-batch `bx`, `kx`F`kx`B) given

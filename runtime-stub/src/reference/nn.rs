@@ -484,7 +484,7 @@ fn as4(shape: &[usize]) -> KResult<([usize; 4], bool)> {
 
 /// Elements of the im2col (or ConvTranspose column) buffer one GEMM may use: batch items are
 /// packed side by side into one GEMM's columns up to this size. The convolutions of the Conv
-/// weight gradient (`passes/src/autodiff/conv.rs`: batch = input channels, kernel = `dY`) have
+/// weight gradient (`passes/src/transforms/autodiff/conv.rs`: batch = input channels, kernel = `dY`) have
 /// only a handful of output positions per item, so one GEMM per item was hundreds of skinny GEMMs
 /// that re-packed the whole kernel each time; merged, it is one well-shaped GEMM per group.
 const COLS_CAP: usize = 1 << 22;

@@ -26,7 +26,7 @@
 //!    sizes; SPP is a special case of GPP, §2; its stage DAG keeps only real dependencies).
 //! 5. **Choice by simulation.** Every refined plan and up to three of its distinct alternatives
 //!    (the optimum's plan and the relaxed ones: the estimate is a model) are placed ([`place`]),
-//!    given the GPP schedule ([`crate::schedule_gpp`], default `--schedule gpp`) and ranked by
+//!    given the GPP schedule ([`crate::graphpipe::schedule_gpp`], default `--schedule gpp`) and ranked by
 //!    simulation ([`ranking_time`]: short runs, extrapolated over the steady state), best
 //!    estimate first, skipping a candidate whose [`compute_bound`] already exceeds the best
 //!    simulated time; the fastest is assembled from its full simulation (re-simulated only when

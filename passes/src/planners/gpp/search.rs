@@ -26,7 +26,7 @@
 //! The sequential mode runs the same DP on a one-level tree: the units linearised in the tree's
 //! depth-first order (a topological order), so only chains of stages are possible (SPP).
 //!
-//! The `partition-gpp` IR pass ([`crate::partition_gpp`]) runs this search through the `gpp`
+//! The `partition-gpp` IR pass ([`crate::graphpipe::partition_gpp`]) runs this search through the `gpp`
 //! planner; the pass and the planner depend on these files, never the other way round.
 
 use super::dp::{ScratchPool, Search, StageTable};

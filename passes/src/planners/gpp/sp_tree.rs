@@ -5,7 +5,7 @@
 //!
 //! # Contract
 //! - **Requires**: a [`CostGraph`] (an ONNX module costed by [`crate::cost::analytic`], or a
-//!   profile: a profile is a DAG too). The IR pass `sp-decompose` ([`crate::sp_decompose`])
+//!   profile: a profile is a DAG too). The IR pass `sp-decompose` ([`crate::graphpipe::sp_decompose`])
 //!   builds one from the module itself.
 //! - **Guarantees**: [`decompose`] always succeeds on a DAG and returns an [`SpTree`] whose leaves
 //!   (units) partition the *skeleton* nodes, plus the list of *side* nodes, such that

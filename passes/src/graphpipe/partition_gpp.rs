@@ -13,7 +13,7 @@
 use pipec_compiler::passmgr::{OptionKind, PassInfo, PassOption};
 use pipec_compiler::Result;
 
-pub use crate::gpp_ir as ir;
+pub use crate::graphpipe::gpp_ir as ir;
 pub use crate::planners::gpp::dp::*;
 pub use crate::planners::gpp::search::*;
 pub use crate::planners::gpp::units::*;

@@ -173,8 +173,8 @@ impl pipec_compiler::passmgr::Pass for ScheduleGpp {
         use crate::plan::{PlanOptions, StageSpec};
         use crate::sim::StageGraph;
         use pipec_compiler::ir::Attr;
-        let g = crate::gpp_ir::cost_graph(module)?;
-        let cfg = crate::gpp_ir::IrConfig::from_module(module, &g)?;
+        let g = crate::graphpipe::gpp_ir::cost_graph(module)?;
+        let cfg = crate::graphpipe::gpp_ir::IrConfig::from_module(module, &g)?;
         let missing = || Error::msg("schedule-gpp: run partition-gpp first (no pipec.stage)");
         let ns = module
             .attrs

@@ -11,7 +11,7 @@
 //!
 //! The loss is a 0-D tensor of `y0`'s element type, named `loss` (or `loss_N` if taken).
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, DType, Module, TensorType, Value};
 use pipec_compiler::Result;

@@ -17,7 +17,7 @@
 //! have kernels and gradient rules, and no dependence on the batch. Ragged bags (a 1-D input with
 //! an `offsets` input) do not match and the loop is refused as before.
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::ir::{Attr, Dim, Graph, OpData, Subgraph, Value};
 use pipec_compiler::shape::SymbolicValues;
 

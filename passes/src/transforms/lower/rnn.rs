@@ -27,7 +27,7 @@
 //! transposed to layout 0 and back. `X·Wᵀ` is computed once for the whole sequence per gate;
 //! the recurrence is unrolled, `S` steps per direction.
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, Op, Value};
 use pipec_compiler::Result;

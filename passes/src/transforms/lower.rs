@@ -24,7 +24,7 @@ pub mod control;
 pub mod resize;
 pub mod rnn;
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::ir::{Module, Op, Value};
 use pipec_compiler::passmgr::PassInfo;
 use pipec_compiler::passmgr::{Pass, Stats};

@@ -17,7 +17,7 @@
 //! iterations' values. `If(cond)` with `cond` constant (or computed by shape inference) is
 //! replaced by a copy of the branch taken. Anything else is refused naming the node and why.
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{
     Attr, DType, Graph, Op, OpData, Payload, Subgraph, TensorData, TensorType, Value, ValueDef,

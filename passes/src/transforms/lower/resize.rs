@@ -22,7 +22,7 @@
 //! the transpose of the interpolation; for nearest the scatter-add of `dY` to the source pixels)
 //! comes from the MatMul rule. The matrices are dense: `out_k × in_k` elements per axis.
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Op, Value};
 use pipec_compiler::Result;
@@ -138,7 +138,7 @@ pub fn lower_resize(b: &mut Builder, op: Op, opset: i64) -> Result<Value> {
         // (`Concat(Constant [1, 1], Constant [2, 2])`, as torch exports bilinear up-sampling).
         let t = match b.g.constant(v) {
             Some(t) => t.clone(),
-            None => crate::fold_constants::constant_value(b.g, v, opset, 16)?,
+            None => crate::transforms::fold_constants::constant_value(b.g, v, opset, 16)?,
         };
         if t.numel() == Some(0) {
             return None;

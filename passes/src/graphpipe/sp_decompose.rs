@@ -4,7 +4,7 @@
 //!
 //! # Contract
 //! - **Requires**: a module the cost model reads (its cluster and batch attributes, or the
-//!   defaults; [`crate::gpp_ir`]).
+//!   defaults; [`crate::graphpipe::gpp_ir`]).
 //! - **Guarantees**: annotates every op with `pipec.sp_unit` (its unit in depth-first order, `-1`
 //!   for side ops) after [`check_tree`] accepted the tree, and records the tree shape in the
 //!   statistics; invalidates nothing.
@@ -42,8 +42,8 @@ impl Pass for SpDecompose {
         &INFO
     }
     fn run(&self, module: &mut Module, stats: &mut Stats) -> Result<()> {
-        let g = crate::gpp_ir::cost_graph(module)?;
-        let cfg = crate::gpp_ir::IrConfig::from_module(module, &g)?;
+        let g = crate::graphpipe::gpp_ir::cost_graph(module)?;
+        let cfg = crate::graphpipe::gpp_ir::IrConfig::from_module(module, &g)?;
         let sp = decompose(&g, cfg.cluster.kind_of(0));
         check_tree(&g, &sp)
             .map_err(|e| pipec_compiler::Error::msg(format!("sp-decompose: {e}")))?;

@@ -7,7 +7,7 @@
 //!   CLI's front end applies on import to every opset below 17);
 //!   a topological `order`. Shape inference runs first (ranks of the forward values are needed;
 //!   Conv and pool gradients need static channel and spatial dims; the batch may be symbolic).
-//! - **Guarantees**: a loss op chain ([`crate::loss`], option `loss`) on the first output, then,
+//! - **Guarantees**: a loss op chain ([`crate::transforms::loss`], option `loss`) on the first output, then,
 //!   in reverse program order, the gradient rule of every op on a path from a parameter to the
 //!   loss ([`rules`], [`conv`], [`norm`]; each file cites its equations). Parameters are the
 //!   floating-point initializers (and, with `wrt_inputs`, the floating-point graph inputs) the
@@ -37,7 +37,7 @@ pub mod norm;
 pub mod pad;
 pub mod rules;
 
-use crate::loss::{add_loss, LossKind};
+use crate::transforms::loss::{add_loss, LossKind};
 use builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, Module, Op, Value, ValueDef};

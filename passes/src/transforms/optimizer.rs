@@ -1,5 +1,5 @@
 //! `optimizer`: appends the parameter update of one training step (SGD or Adam, PyTorch
-//! semantics) to a training graph made by [`crate::autodiff`], as standard ONNX ops
+//! semantics) to a training graph made by [`crate::transforms::autodiff`], as standard ONNX ops
 //! (`pipec.phase = opt`).
 //!
 //! - **Requires**: module attrs `pipec.params` / `pipec.grads` (parallel name lists), as
@@ -31,7 +31,7 @@
 //!   `adam:lr=0.001[,beta1=0.9][,beta2=0.999][,eps=1e-8][,weight_decay=0]`) and the number of
 //!   micro-batches.
 
-use crate::autodiff::builder::Builder;
+use crate::transforms::autodiff::builder::Builder;
 use pipec_compiler::error::Error;
 use pipec_compiler::ir::{Attr, DType, Module, TensorType, Value};
 use pipec_compiler::passmgr::{OptionKind, PassInfo, PassOption};

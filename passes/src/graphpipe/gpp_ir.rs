@@ -15,7 +15,7 @@ pub fn cost_graph(module: &Module) -> Result<CostGraph> {
     from_module(module, &AnalyticOptions::default(), &module.graph.name)
 }
 
-/// Planning inputs read from the module attributes (see [`crate::partition_gpp::PartitionGpp`]).
+/// Planning inputs read from the module attributes (see [`crate::graphpipe::partition_gpp::PartitionGpp`]).
 pub struct IrConfig {
     pub cluster: Cluster,
     pub batch: u64,

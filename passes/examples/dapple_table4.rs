@@ -91,7 +91,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mb = plan.micro_batch;
             let fam = dapple::cuts(&g, &c);
             let st = positions(&g, &fam, &plan);
-            let pure = dapple::Dapple { rerank: 1 }.plan(&g, &c, &o)?;
+            let pure = dapple::Dapple {
+                rerank: 1,
+                ..Default::default()
+            }
+            .plan(&g, &c, &o)?;
             let pst = positions(&g, &fam, &pure);
             let dp: Stages = vec![(0, fam.last(), (0..16).collect())];
             let (s151, _) = best_two(&g, &c, &o, mb, 15);

@@ -102,6 +102,7 @@ use crate::plan::{Plan, PlanOptions, StageSpec};
 use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
 use rustc_hash::FxHashMap as HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -112,9 +113,13 @@ pub const MAX_CUTS: usize = 96;
 pub const MAX_ANTICHAIN_STATES: usize = 256;
 
 /// The `dapple` planner. `rerank`: how many of the best plans by Eq. 2 the simulator re-ranks
-/// (1 = the paper's planner alone: the plan with the least `L`).
+/// (1 = the paper's planner alone: the plan with the least `L`). `workers`: how many search
+/// workers may run now, read at every cut (none: the thread pool's size, [`search_workers`]);
+/// the plan does not depend on it ([`run_search`]). GPP keeps it at one while its own search
+/// shares the cores with DAPPLE's seed, and lifts it once it waits for that seed.
 pub struct Dapple {
     pub rerank: usize,
+    pub workers: Option<Arc<AtomicUsize>>,
 }
 
 /// One stage of the latency model: compute (with its all-reduce) or communication (`ar = 0`).
@@ -429,6 +434,8 @@ struct Ctx<'a> {
     sublinear: bool,
     /// Plans with a larger `L` are not wanted (the search prunes by it).
     bound: f64,
+    /// [`Dapple::workers`].
+    workers: Option<&'a AtomicUsize>,
 }
 
 /// What the searches at every micro-batch size share: costs of device sets that do not depend on
@@ -441,6 +448,8 @@ struct Caches {
     /// Prefix sums by slice (`f64` bits): the slices `micro_batch / r` of the micro-batch sizes
     /// tried coincide often (`256 / 4 = 128 / 2`).
     sums: HashMap<u64, Arc<CutSums>>,
+    /// [`Dapple::workers`].
+    cap: Option<Arc<AtomicUsize>>,
 }
 
 /// One worker's memo of device-set costs: the all-reduce lines of a set, the communication cost
@@ -737,6 +746,7 @@ fn search_bounded(
         mem_check: true,
         sublinear: sublinear(g, kind, mb as f64, ndev),
         bound,
+        workers: caches.cap.as_deref(),
     };
     let workers = search_workers();
     if caches.workers.len() < workers {
@@ -1312,8 +1322,12 @@ fn run_search(ctx: &Ctx, workers: &mut [Costs]) -> Searched {
             here: &here,
             incumbents: &incumbents,
         };
+        let allowed = ctx
+            .workers
+            .map_or(usize::MAX, |w| w.load(Ordering::Relaxed));
         let nw = workers
             .len()
+            .min(allowed)
             .min(here.len().div_ceil(MIN_STATES_PER_WORKER))
             .max(1);
         let mut done: Vec<Expansion> = if nw == 1 {
@@ -1812,7 +1826,10 @@ pub fn iteration_lower_bound(g: &CostGraph, cluster: &Cluster, opts: &PlanOption
 
 impl Default for Dapple {
     fn default() -> Dapple {
-        Dapple { rerank: TOP }
+        Dapple {
+            rerank: TOP,
+            workers: None,
+        }
     }
 }
 
@@ -1840,7 +1857,10 @@ impl Planner for Dapple {
         let mut order: Vec<usize> = (0..mbs.len()).collect();
         order.sort_by(|&a, &b| dp_l[a].total_cmp(&dp_l[b]));
         let mut found: Vec<Vec<(StagePlan, f64)>> = vec![Vec::new(); mbs.len()];
-        let mut caches = Caches::default();
+        let mut caches = Caches {
+            cap: self.workers.clone(),
+            ..Default::default()
+        };
         let mut ls: Vec<f64> = Vec::new();
         let mut time_limited = false;
         let mut capped = false;

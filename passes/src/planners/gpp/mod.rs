@@ -78,6 +78,8 @@ use self::sp_tree::{assign_side_nodes, decompose, node_work, SpTree};
 use self::units::{UnitGraph, MAX_DP_UNITS};
 use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
 use pipec_compiler::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The `gpp` planner (`sequential: true` is `gpp-seq`).
@@ -565,10 +567,20 @@ impl Planner for Gpp {
             // DAPPLE's search is the slowest seed (up to about 1 s at 32 devices, where GPP's
             // own search often takes a tenth of that): with more than one core it runs on a
             // thread of its own from the start, beside GPP's search and the other seeds.
+            // It takes one search worker while GPP's own search and the other seeds run, and
+            // every core once they are done and GPP waits for it (its plan does not depend on
+            // how many workers it had).
             let dapple = (seed_wanted("dapple", cluster)
                 && !self.seed_plans.iter().any(|(n, _)| n == "dapple")
                 && std::thread::available_parallelism().map_or(1, |n| n.get()) > 1)
-                .then(|| sc.spawn(|| super::dapple::Dapple::default().plan(g, cluster, opts)));
+                .then(|| {
+                    let workers = Arc::new(AtomicUsize::new(1));
+                    let seed = super::dapple::Dapple {
+                        workers: Some(workers.clone()),
+                        ..Default::default()
+                    };
+                    (sc.spawn(move || seed.plan(g, cluster, opts)), workers)
+                });
             let mut best = self.search(g, cluster, opts, t0, &pool);
             // `--time-limit`: the searches on fewer devices and the seeds are left out once it
             // has passed (the search on all devices always completes).
@@ -660,7 +672,10 @@ fn seeds(
     t0: Instant,
     made: &[(String, Plan)],
     best: &mut Result<Plan>,
-    mut dapple: Option<std::thread::ScopedJoinHandle<'_, Result<Plan>>>,
+    mut dapple: Option<(
+        std::thread::ScopedJoinHandle<'_, Result<Plan>>,
+        Arc<AtomicUsize>,
+    )>,
 ) -> bool {
     let debug = std::env::var_os("PIPEC_GPP_DEBUG").is_some();
     let wanted: Vec<&str> = SEQUENTIAL_SEEDS
@@ -688,9 +703,11 @@ fn seeds(
         let got = match made_here {
             Some((_, p)) => Ok(p.clone()),
             None => match dapple.take_if(|_| threaded) {
-                Some(h) => h
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked"))),
+                Some((h, workers)) => {
+                    workers.store(usize::MAX, Ordering::Relaxed);
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::msg("dapple: the search panicked")))
+                }
                 None => {
                     let Some(planner) = seed_planner(name) else {
                         continue;
@@ -728,7 +745,8 @@ fn seeds(
     }
     // Left out by `--time-limit`: wait for DAPPLE's thread here (its own deadline stops it
     // soon) so that a panic there is its error, not the scope's.
-    if let Some(h) = dapple.take() {
+    if let Some((h, workers)) = dapple.take() {
+        workers.store(usize::MAX, Ordering::Relaxed);
         let _ = h.join();
     }
     out_of_time

@@ -833,6 +833,77 @@ pub fn plan_model(
     Ok((plan, g, None))
 }
 
+/// Search times of a planner run several times on the same inputs ([`plan_repeated`]).
+#[derive(Clone, Debug)]
+pub struct RepeatTimes {
+    /// Runs made (all returned the same plan).
+    pub runs: usize,
+    /// The fastest, the median and the first run's `search_time_s`.
+    pub fastest_s: f64,
+    pub median_s: f64,
+    pub first_s: f64,
+}
+
+/// [`plan_model`] run `repeat` (≥ 1) times on the same inputs, for timing (`pipec plan
+/// --repeat N`): every run must return the same plan but for its search time, else an error
+/// names the run; the plan returned carries the fastest run's search time. `context` wraps a
+/// planner's own error (the CLI names the model and planner); `progress(i)` is told before run
+/// `i` (1-based, from the second).
+#[allow(clippy::too_many_arguments)] // plan_model's five inputs, the count and two hooks
+pub fn plan_repeated(
+    name: &str,
+    m: Option<&Module>,
+    g: CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    repeat: usize,
+    context: &dyn Fn() -> String,
+    mut progress: impl FnMut(usize),
+) -> Result<(Plan, CostGraph, Option<Module>, Option<RepeatTimes>)> {
+    if repeat == 0 {
+        bail!("--repeat 0: must be >= 1");
+    }
+    if repeat > 1 && opts.deadline.is_some() {
+        bail!("--repeat with --time-limit: a search cut short by time returns other plans on other runs");
+    }
+    let first = (repeat > 1).then(|| g.clone());
+    let (mut plan, g, m2) = plan_model(name, m, g, cluster, opts).with_context(context)?;
+    let Some(g0) = first else {
+        return Ok((plan, g, m2, None));
+    };
+    let strip = |p: &Plan| -> Result<serde_json::Value> {
+        let mut v = serde_json::to_value(p)?;
+        if let Some(o) = v.as_object_mut() {
+            o.remove("search_time_s");
+        }
+        Ok(v)
+    };
+    let want = strip(&plan)?;
+    let first_s = plan.search_time_s;
+    let mut times = vec![first_s];
+    for i in 1..repeat {
+        progress(i + 1);
+        let (p, _, _) = plan_model(name, m, g0.clone(), cluster, opts).with_context(context)?;
+        if strip(&p)? != want {
+            bail!(
+                "--repeat: run {} of planner '{}' returned another plan (not deterministic)",
+                i + 1,
+                plan_label(name)
+            );
+        }
+        times.push(p.search_time_s);
+    }
+    times.sort_by(f64::total_cmp);
+    plan.search_time_s = times[0];
+    let stats = RepeatTimes {
+        runs: repeat,
+        fastest_s: times[0],
+        median_s: times[times.len() / 2],
+        first_s,
+    };
+    Ok((plan, g, m2, Some(stats)))
+}
+
 /// The cost graph planners use for module `m` (named `name` in messages): the analytic model
 /// with autodiff's backward kernels; when autodiff refuses the model, the fixed factors, and a
 /// warning says so.

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 pub use pipec::driver::{
-    apply_measured_profile, deadline, is_profile_path, load_cost_graph, plan_label, plan_model,
+    apply_measured_profile, deadline, is_profile_path, load_cost_graph, plan_label, plan_repeated,
     resolve_cluster,
 };
 
@@ -149,7 +149,7 @@ pub fn warn_time_limited(plan: &Plan, limit: Option<f64>) {
     }
 }
 
-/// `--planner P` or `--stages SPEC` as the name [`plan_model`] takes (`stages:SPEC` for the
+/// `--planner P` or `--stages SPEC` as the name [`pipec::driver::plan_model`] takes (`stages:SPEC` for the
 /// user's stages).
 pub fn planner_name(planner: Option<&str>, stages: Option<&str>) -> Result<String> {
     match (stages, planner) {
@@ -312,50 +312,31 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    if a.repeat == 0 {
-        bail!("--repeat 0: must be >= 1");
-    }
-    if a.repeat > 1 && a.time_limit.is_some() {
-        bail!("--repeat with --time-limit: a search cut short by time returns other plans on other runs");
-    }
-    let first = (a.repeat > 1).then(|| g.clone());
     let spin = super::progress::spinner(format!(
         "planning {} with {label} on {} devices",
         model.display(),
         cluster.len()
     ));
     opts.deadline = deadline(limit);
-    let (mut plan, g, _) = plan_model(planner_name, module.as_ref(), g, &cluster, &opts)
-        .with_context(|| format!("{}: planner '{label}' failed", model.display()))?;
-    if let Some(g0) = first {
-        let strip = |p: &Plan| -> Result<serde_json::Value> {
-            let mut v = serde_json::to_value(p)?;
-            if let Some(o) = v.as_object_mut() {
-                o.remove("search_time_s");
-            }
-            Ok(v)
-        };
-        let want = strip(&plan)?;
-        let first = plan.search_time_s;
-        let mut times = vec![first];
-        for i in 1..a.repeat {
-            spin.set_message(format!("--repeat: run {} of {}", i + 1, a.repeat));
-            let (p, _, _) = plan_model(planner_name, module.as_ref(), g0.clone(), &cluster, &opts)
-                .with_context(|| format!("{}: planner '{label}' failed", model.display()))?;
-            if strip(&p)? != want {
-                bail!("--repeat: run {} of planner '{label}' returned another plan (not deterministic)", i + 1);
-            }
-            times.push(p.search_time_s);
-        }
-        times.sort_by(f64::total_cmp);
-        plan.search_time_s = times[0];
+    let context = || format!("{}: planner '{label}' failed", model.display());
+    let (plan, g, _, times) = plan_repeated(
+        planner_name,
+        module.as_ref(),
+        g,
+        &cluster,
+        &opts,
+        a.repeat,
+        &context,
+        |i| spin.set_message(format!("--repeat: run {i} of {}", a.repeat)),
+    )?;
+    if let Some(t) = times {
         spin.finish_and_clear();
         eprintln!(
             "search time over {} runs: fastest {:.3} ms, median {:.3} ms, first {:.3} ms",
-            a.repeat,
-            times[0] * 1e3,
-            times[times.len() / 2] * 1e3,
-            first * 1e3
+            t.runs,
+            t.fastest_s * 1e3,
+            t.median_s * 1e3,
+            t.first_s * 1e3
         );
     }
     drop(spin);

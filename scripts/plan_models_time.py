@@ -23,10 +23,10 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plan_scale import run_timed  # noqa: E402 - the scripts folder is not a package
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLANNERS = ["gpp", "dapple", "pipedream", "bapipe", "straight", "dp"]
@@ -43,17 +43,11 @@ def onnx_nodes(path):
 def run_once(a, model, planner):
     cmd = [a.pipec, "plan", model, "--cluster", a.cluster, "--devices", str(a.devices),
            "--batch", str(a.batch), "--planner", planner, "--json"]
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
-        t0 = time.monotonic()
-        try:
-            r = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tf.name, *cmd],
-                               capture_output=True, text=True, timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "wall_s": a.timeout}
-        wall = time.monotonic() - t0
-        rss = tf.read().strip().splitlines()
-    kb = int(rss[-1]) if rss and rss[-1].isdigit() else None
-    out = {"wall_s": wall, "peak_mb": kb / 1024 if kb else None}
+    got = run_timed(cmd, a.timeout)
+    if got is None:
+        return {"status": "timeout", "wall_s": a.timeout}
+    r, wall, mb = got
+    out = {"wall_s": wall, "peak_mb": mb}
     if r.returncode != 0:
         err = [line.strip() for line in r.stderr.splitlines() if line.strip()]
         out.update(status="error", error=(err[-1] if err else f"exit {r.returncode}")[:200])

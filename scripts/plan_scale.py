@@ -83,22 +83,32 @@ def cluster(devices):
     return f"8@450e9,{devices // 8}@50e9"
 
 
+def run_timed(cmd, timeout):
+    """`cmd` under /usr/bin/time: `None` past `timeout` seconds, else `(completed process, wall
+    seconds, peak RSS in MB or None)`."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tf.name, *cmd],
+                               capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        wall = time.monotonic() - t0
+        rss = tf.read().strip().splitlines()
+    kb = int(rss[-1]) if rss and rss[-1].isdigit() else None
+    return r, wall, (kb / 1024 if kb else None)
+
+
 def run_plan(a, model, planner, devices):
     cmd = [a.pipec, "plan", model, "--cluster", cluster(devices), "--device-kind", "H100-80GB",
            "--planner", planner, "--batch", str(a.batch), "--json"]
     if a.time_limit is not None:
         cmd += ["--time-limit", str(a.time_limit)]
-    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
-        t0 = time.time()
-        try:
-            r = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", tf.name, *cmd],
-                               capture_output=True, text=True, timeout=a.timeout)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "wall_s": a.timeout}
-        wall = time.time() - t0
-        rss = tf.read().strip().splitlines()
-    kb = int(rss[-1]) if rss and rss[-1].isdigit() else None
-    out = {"wall_s": wall, "peak_mb": kb / 1024 if kb else None}
+    got = run_timed(cmd, a.timeout)
+    if got is None:
+        return {"status": "timeout", "wall_s": a.timeout}
+    r, wall, mb = got
+    out = {"wall_s": wall, "peak_mb": mb}
     if r.returncode != 0:
         err = [line.strip() for line in r.stderr.splitlines() if line.strip()]
         last = err[-1] if err else f"exit {r.returncode}"

@@ -443,8 +443,8 @@ struct Ctx<'a> {
 /// slice.
 #[derive(Default)]
 struct Caches {
-    /// `workers[w]`: worker `w`'s memo (worker 0 is the calling thread).
-    workers: Vec<Costs>,
+    /// `workers[w]`: worker `w`'s memo and buffers (worker 0 is the calling thread).
+    workers: Vec<Worker>,
     /// Prefix sums by slice (`f64` bits): the slices `micro_batch / r` of the micro-batch sizes
     /// tried coincide often (`256 / 4 = 128 / 2`).
     sums: HashMap<u64, Arc<CutSums>>,
@@ -461,6 +461,18 @@ struct Costs {
     /// sending set in a row (a state's placements of its next stage), which then share a small
     /// table (a third of DAPPLE's time went to cache misses in one table of every pair).
     comm: HashMap<u128, HashMap<u128, Arc<CommCost>>>,
+}
+
+/// One search worker's state, kept from cut to cut and search to search: its memo and the
+/// buffers of its expansions (fresh ones every cut cost their pages again: a fifth of the time
+/// of a search in GPP's seed thread went to zeroing them).
+#[derive(Default)]
+struct Worker {
+    costs: Costs,
+    /// The last cut's expansion ([`Cut::expand`]).
+    out: Expansion,
+    /// The worker's own view of target latencies, `view[cut][class]` ([`Cut::expand`]).
+    view: Vec<Vec<f64>>,
 }
 
 /// `t(bytes) = c + s·bytes` for `bytes > 0`, 0 otherwise.
@@ -750,7 +762,7 @@ fn search_bounded(
     };
     let workers = search_workers();
     if caches.workers.len() < workers {
-        caches.workers.resize_with(workers, Costs::default);
+        caches.workers.resize_with(workers, Worker::default);
     }
     let mut found = run_search(&ctx, &mut caches.workers);
     let mut fits = true;
@@ -787,9 +799,9 @@ fn search_bounded(
         // Eq. 2 of the full plan (and its pivot).
         let mut lat = st.lat.clone();
         if let Some(prev) = st.stages.last() {
-            lat.push(ctx.comm_stage(&mut caches.workers[0], last_start, prev.mask, rest));
+            lat.push(ctx.comm_stage(&mut caches.workers[0].costs, last_start, prev.mask, rest));
         }
-        lat.push(ctx.compute_stage(&mut caches.workers[0], last_start, n, rest));
+        lat.push(ctx.compute_stage(&mut caches.workers[0].costs, last_start, n, rest));
         let (l, q) = latency(&lat, m);
         if x == 0 {
             pivot_of_best = q;
@@ -1198,7 +1210,7 @@ pub const BEAM: usize = 16;
 /// is never below the sequential one (a kept candidate lowers it to at most
 /// `max(L, lb·(1 − 1e-12))`, what the sequential test would leave), so no candidate that the
 /// sequential search would apply is dropped. Counts (transitions, states) are the same.
-fn run_search(ctx: &Ctx, workers: &mut [Costs]) -> Searched {
+fn run_search(ctx: &Ctx, workers: &mut [Worker]) -> Searched {
     let ndev = ctx.cluster.len();
     let all: u128 = if ndev == 128 {
         u128::MAX
@@ -1231,7 +1243,7 @@ fn run_search(ctx: &Ctx, workers: &mut [Costs]) -> Searched {
         .expect("run_search: at least one worker");
     // Base state: one stage on every device (pure data parallelism).
     {
-        let last = ctx.compute_stage(main_costs, 0, n, all);
+        let last = ctx.compute_stage(&mut main_costs.costs, 0, n, all);
         let (l, _) = latency(&[last], ctx.m);
         let ok = ctx.fits(
             &PlannedStage {
@@ -1330,17 +1342,17 @@ fn run_search(ctx: &Ctx, workers: &mut [Costs]) -> Searched {
             .min(allowed)
             .min(here.len().div_ceil(MIN_STATES_PER_WORKER))
             .max(1);
-        let mut done: Vec<Expansion> = if nw == 1 {
-            vec![cut.expand(ctx, &mut workers[0], 0, 1)]
+        if nw == 1 {
+            cut.expand(ctx, &mut workers[0], 0, 1);
         } else {
             use rayon::prelude::*;
             workers[..nw]
                 .par_iter_mut()
                 .enumerate()
-                .map(|(w, costs)| cut.expand(ctx, costs, w, nw))
-                .collect()
-        };
-        for e in &done {
+                .for_each(|(w, wk)| cut.expand(ctx, wk, w, nw));
+        }
+        let done = &mut workers[..nw];
+        for e in done.iter().map(|wk| &wk.out) {
             transitions += e.transitions;
             any_pruned |= e.any_pruned;
         }
@@ -1349,12 +1361,12 @@ fn run_search(ctx: &Ctx, workers: &mut [Costs]) -> Searched {
         let mut next = vec![0usize; nw];
         let mut gid: Vec<Vec<u32>> = done
             .iter()
-            .map(|e| vec![u32::MAX; e.new_keys.len()])
+            .map(|wk| vec![u32::MAX; wk.out.new_keys.len()])
             .collect();
         let known = class_ids.len() as u32;
         for (x, st) in here.iter().enumerate() {
             let w = x % nw;
-            let e = &mut done[w];
+            let e = &mut done[w].out;
             while let Some(cand) = e.cands.get(next[w]).filter(|cand| cand.state as usize == x) {
                 next[w] += 1;
                 let key = if cand.class < known {
@@ -1497,14 +1509,21 @@ struct Expansion {
 }
 
 impl Cut<'_> {
-    /// Extend the states `w, w + nw, w + 2·nw, …` with the memo `costs`.
-    fn expand(&self, ctx: &Ctx, costs: &mut Costs, w: usize, nw: usize) -> Expansion {
-        let mut out = Expansion::default();
+    /// Extend the states `w, w + nw, w + 2·nw, …` with worker `wk`'s memo, into `wk.out`.
+    fn expand(&self, ctx: &Ctx, wk: &mut Worker, w: usize, nw: usize) {
+        let Worker { costs, out, view } = wk;
+        out.cands.clear();
+        out.new_keys.clear();
+        out.transitions = 0;
+        out.any_pruned = false;
         let known = self.class_ids.len() as u32;
         let mut new_ids: HashMap<Vec<u16>, u32> = HashMap::default();
         // This worker's own lowered view of target latencies: view[cut][class] (dense, as
         // `best_l`: read for most transitions).
-        let mut view: Vec<Vec<f64>> = vec![Vec::new(); self.best_l.len()];
+        view.resize_with(self.best_l.len(), Vec::new);
+        for v in view.iter_mut() {
+            v.clear();
+        }
         let mut class_of = |used: u128, out: &mut Expansion| -> u32 {
             let key = self.sym.key(used);
             if let Some(&id) = self.class_ids.get(&key) {
@@ -1672,7 +1691,7 @@ impl Cut<'_> {
                         } = split.get_or_insert_with(|| Split {
                             out_cost: ctx.comm_cost(costs, gm, rest),
                             l_rest: ctx.ar_lines(costs, rest),
-                            key: class_of(used | gm, &mut out),
+                            key: class_of(used | gm, &mut *out),
                             cap_new: ctx.cap(gm),
                             cap_rest: ctx.cap(rest),
                         });
@@ -1746,7 +1765,6 @@ impl Cut<'_> {
                 }
             }
         }
-        out
     }
 }
 

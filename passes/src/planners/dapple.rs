@@ -1227,10 +1227,11 @@ fn run_search(ctx: &Ctx, workers: &mut [Worker]) -> Searched {
         .map(|i| (i + 1..k).filter(|&j| ctx.family.valid(i, j)).collect())
         .collect();
     let mut class_ids: HashMap<Vec<u16>, u32> = HashMap::default();
-    // smin[i][j]: the least one-device compute of a stage [i, j') with j' ≥ j (a stage on r
-    // devices takes at least 1/r of it, for sublinear node times): once the new stage alone
-    // reaches the incumbent, no later cut can do better.
-    let mut smin: Vec<Vec<f64>> = vec![Vec::new(); k + 1];
+    // smin[j] at cut c: the least one-device compute of a stage [c, j') with j' ≥ j (a stage on
+    // r devices takes at least 1/r of it, for sublinear node times): once the new stage alone
+    // reaches the incumbent, no later cut can do better. Filled once per cut (empty when node
+    // times are not sublinear).
+    let mut smin: Vec<f64> = Vec::new();
     // states[c]: the best state of each class of used devices at cut index c, in the order the
     // classes were first reached there (the order does not matter: each cut sorts its states).
     let mut states: Vec<Vec<State>> = vec![Vec::new(); k + 1];
@@ -1238,12 +1239,12 @@ fn run_search(ctx: &Ctx, workers: &mut [Worker]) -> Searched {
     // index in states[c], read before a candidate's latency is computed (a dense array: most
     // candidates are not better).
     let mut best_l: Vec<Vec<(f64, u32)>> = vec![Vec::new(); k + 1];
-    let (main_costs, _) = workers
+    let (main, _) = workers
         .split_first_mut()
         .expect("run_search: at least one worker");
     // Base state: one stage on every device (pure data parallelism).
     {
-        let last = ctx.compute_stage(&mut main_costs.costs, 0, n, all);
+        let last = ctx.compute_stage(&mut main.costs, 0, n, all);
         let (l, _) = latency(&[last], ctx.m);
         let ok = ctx.fits(
             &PlannedStage {
@@ -1309,18 +1310,18 @@ fn run_search(ctx: &Ctx, workers: &mut [Worker]) -> Searched {
                 ctx.bound
             });
         }
-        if ctx.sublinear && smin[c].is_empty() {
+        if ctx.sublinear {
             let c1 = &ctx.chains[1];
-            let mut v = vec![f64::INFINITY; k + 1];
+            smin.clear();
+            smin.resize(k + 1, f64::INFINITY);
             for j in (c + 1..k).rev() {
                 let here = if ctx.family.valid(c, j) {
                     c1.compute(c, j)
                 } else {
                     f64::INFINITY
                 };
-                v[j] = here.min(v[j + 1]);
+                smin[j] = here.min(smin[j + 1]);
             }
-            smin[c] = v;
         }
         let cut = Cut {
             i: c,
@@ -1328,7 +1329,7 @@ fn run_search(ctx: &Ctx, workers: &mut [Worker]) -> Searched {
             sym: &sym,
             links: &links,
             later: &later[c],
-            smin: &smin[c],
+            smin: &smin,
             class_ids: &class_ids,
             best_l: &best_l,
             here: &here,
@@ -1464,7 +1465,8 @@ struct Cut<'s> {
     links: &'s Links,
     /// The later cuts a stage from `i` may end at.
     later: &'s [usize],
-    /// `smin[i]` (empty when node times are not sublinear).
+    /// The least one-device compute of a stage from `i` ending at or after each cut (empty
+    /// when node times are not sublinear; see [`run_search`]).
     smin: &'s [f64],
     /// The classes known at the cut start.
     class_ids: &'s HashMap<Vec<u16>, u32>,

@@ -44,7 +44,8 @@
 //!    ([`super::straight::iteration_lower_bound`]; no search, no simulation) already exceeds
 //!    it; and a seed's plan whose compute or channel bound reaches it is not simulated
 //!    ([`super::Planner::plan_below`]). `dapple`, the slowest seed, runs on a thread of its own
-//!    from the start, beside GPP's own search (with one core: after it, skipped when
+//!    from the start, beside GPP's own search, with one search worker until GPP waits for it and
+//!    every core after (`Dapple::workers`; with one core: after GPP's search, skipped when
 //!    [`super::dapple::iteration_lower_bound`] exceeds the best). Both join up to 32 devices
 //!    ([`SEQUENTIAL_SEEDS`]: their searches grow faster with the devices than GPP's). Search
 //!    cost: the searches on `D/2^k` devices cost less than the one on `D` (the DP grows steeply

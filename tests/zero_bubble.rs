@@ -1,8 +1,8 @@
-//! Zero-bubble ZB-H1 (`--schedule zb-h1`, Qi et al. 2023): the backward of every stage that
-//! sends input gradients upstream is emitted as two pieces, `bwd_b` (input gradients, sent at
-//! once) and `bwd_w` (weight gradients, run `max depth − depth(s)` backwards later); the
-//! programs train exactly as single-device training does (`run --check`), on chains and on a
-//! graph (DAG) pipeline, and replay as planned.
+//! Zero-bubble ZB-H1 and ZB-H2 (`--schedule zb-h1` / `zb-h2`, Qi et al. 2023): the backward of
+//! every stage that sends input gradients upstream is emitted as two pieces, `bwd_b` (input
+//! gradients, sent at once) and `bwd_w` (weight gradients, run `max depth − depth(s)` backwards
+//! later, twice that under ZB-H2); the programs train exactly as single-device training does
+//! (`run --check`), on chains and on a graph (DAG) pipeline, and replay as planned.
 
 mod common;
 
@@ -34,6 +34,18 @@ fn compute_order(p: &Program, device: usize) -> Vec<String> {
 /// Compile with ZB-H1, check the program's shape, train 3 steps against one device, and replay
 /// it against its plan. Returns the program.
 fn zb_case(model: &str, planner: &str, devices: &str, batch: &str, mb: &str) -> Program {
+    schedule_case("zb-h1", model, planner, devices, batch, mb)
+}
+
+/// [`zb_case`] under the zero-bubble schedule `schedule`.
+fn schedule_case(
+    schedule: &str,
+    model: &str,
+    planner: &str,
+    devices: &str,
+    batch: &str,
+    mb: &str,
+) -> Program {
     let t = tempdir();
     let out = t.path().join("o");
     compile(
@@ -51,14 +63,14 @@ fn zb_case(model: &str, planner: &str, devices: &str, batch: &str, mb: &str) -> 
             "--micro-batch",
             mb,
             "--schedule",
-            "zb-h1",
+            schedule,
             "--optimizer",
             "adam:lr=0.001",
         ],
     );
     let p = load(&out);
     program::verify(&p).expect("verified");
-    assert_eq!(p.schedule, "zb-h1");
+    assert_eq!(p.schedule, schedule);
     // Split pieces exist as files; a stage runs either the whole backward or both parts.
     let mut split = 0;
     for st in &p.stages {
@@ -117,6 +129,33 @@ fn zb_h1_chain_trains_exactly_and_lags_by_depth() {
     // Stage 0 sends no input gradient: its backward stays whole.
     assert!(p.stages[p.devices[0].stage].bwd_w.is_none());
     assert!(!compute_order(&p, 0).iter().any(|x| x.starts_with('W')));
+}
+
+/// ZB-H2 on the same chain: stage `i` runs `2(4 − i) − 1` forwards before its first backward
+/// and its weight passes lag by `2i`, so the last stage's first weight pass follows its
+/// seventh backward and its last six close the step.
+#[test]
+fn zb_h2_chain_trains_exactly_and_lags_twice() {
+    let p = schedule_case("zb-h2", "mlp4", "straight", "4", "16", "2");
+    let first = compute_order(&p, 0);
+    assert_eq!(first.iter().position(|x| x == "B0"), Some(7), "{first:?}");
+    let last = p.devices.len() - 1;
+    let order = compute_order(&p, last);
+    let k = order.iter().position(|x| x == "W0").expect("W0");
+    assert_eq!(&order[k - 1], "B6", "{order:?}");
+    assert_eq!(
+        &order[order.len() - 6..],
+        ["W2", "W3", "W4", "W5", "W6", "W7"],
+        "{order:?}"
+    );
+}
+
+/// ZB-H2 on GPT-2 (tied embedding), a graph pipeline and replicated stages.
+#[test]
+fn zb_h2_gpt2_dag_and_replicated_stages_train_exactly() {
+    schedule_case("zb-h2", "gpt2_tiny", "straight", "4", "16", "2");
+    schedule_case("zb-h2", "inception_mini", "gpp", "4", "16", "2");
+    schedule_case("zb-h2", "dlrm_tiny", "dapple", "8", "32", "4");
 }
 
 /// GPT-2 (tied embedding, attention) on 4 stages.

@@ -667,3 +667,51 @@ fn zb_h1_bubble_and_in_flight() {
         }
     }
 }
+
+/// ZB-H2 (Qi et al. 2023, §3.1) on S equal stages, M ≥ 2S − 1 micro-batches, free
+/// communication: warm-up `2·depth − 1` and `W` lagging `2·(S − 1 − i)` backwards make every
+/// stage's busy span one unbroken run from its first forward, so the iteration takes
+/// `M(F+B+W) + (S−1)F`, the least any schedule ending in a flush can take (the last stage starts
+/// after `S − 1` forwards), for any `F`, `B`, `W`; never more than ZB-H1, and less wherever
+/// ZB-H1's bubble `(S−1)(max(F,W)+B−W)` exceeds `(S−1)F`. Every stage holds `2S − 1`
+/// micro-batches (the paper's `(2p − 1)·M_B`).
+#[test]
+fn zb_h2_bubble_and_in_flight() {
+    for &(s, m) in &[
+        (2, 3),
+        (2, 4),
+        (3, 5),
+        (4, 7),
+        (4, 8),
+        (4, 16),
+        (5, 9),
+        (8, 32),
+    ] {
+        for &(f, b, w) in &[
+            (1.0, 1.0, 1.0),
+            (1.0, 0.6, 0.4),
+            (2.0, 1.0, 0.5),
+            (0.5, 1.0, 0.8),
+            (1.0, 1.0, 2.0),
+        ] {
+            let mut sg = StageGraph::uniform_chain(s, f, b + w, 0.0);
+            for st in &mut sg.stages {
+                st.wgt_s = vec![w];
+                st.parameter_bytes = 1.0;
+            }
+            let c = flat(s, 1e9);
+            let run = |k| {
+                simulate(&sg, &schedule::generate(&sg, k, m), &c, AllReduceAlgo::Ring).expect("sim")
+            };
+            let (h1, h2) = (run(ScheduleKind::ZbH1), run(ScheduleKind::ZbH2));
+            let want = m as f64 * (f + b + w) + (s - 1) as f64 * f;
+            assert!(
+                close(h2.iteration_time_s, want),
+                "ZB-H2 S={s} M={m} F={f} B={b} W={w}: {} != {want}",
+                h2.iteration_time_s
+            );
+            assert!(h2.iteration_time_s <= h1.iteration_time_s * (1.0 + 1e-12));
+            assert_eq!(h2.stage_in_flight, vec![2 * s - 1; s], "S={s} M={m}");
+        }
+    }
+}

@@ -518,7 +518,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             };
             // A split backward runs its weight-gradient part later (zero bubble).
             let split = st.bwd_b.is_some() && st.bwd_w.is_some();
-            let passes = with_weight_passes(&events, split, weight_lag(&depth, s));
+            let passes = with_weight_passes(&events, split, weight_lag(cx.schedule, &depth, s));
             for (pass, m) in passes {
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;

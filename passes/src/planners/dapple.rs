@@ -86,7 +86,9 @@
 //! (`K_i = min(S−i, M)`) or B (`K_i = min(2(S−i)−1, M)`), or policy A's order with each backward
 //! split into input- and weight-gradient passes (zero-bubble ZB-H1, a pipec addition:
 //! [`crate::sim::schedule::with_weight_passes`]), whichever the simulator finds faster with the
-//! peak memory within the devices (policy A on ties: less memory), unless `--schedule`.
+//! peak memory within the devices (policy A on ties: less memory), unless `--schedule`; then
+//! the winner's stages under ZB-H2 (policy B's warm-up with the split backward), kept where
+//! faster and within memory.
 //!
 //! Devices: at most 128 (placements are bit masks). Stage times are costed on device 0's kind
 //! (DAPPLE targets homogeneous clusters).
@@ -1970,6 +1972,28 @@ impl Planner for Dapple {
             }
         }
         let mut plan = best.ok_or_else(|| Error::infeasible("dapple", "no plan found"))?;
+        // ZB-H2 on the winner's stages only (one more simulation, not one per candidate): it
+        // differs from zb-h1 by a longer warm-up and later weight passes, so it wins where the
+        // stages already pipeline well, at up to twice the activations (kept only if they fit).
+        if opts.schedule.is_none() {
+            let zb = Plan::assemble(
+                self.name(),
+                g,
+                cluster,
+                opts,
+                plan.specs(g)?,
+                plan.micro_batch,
+                ScheduleKind::ZbH2,
+                plan.objective_s,
+                0.0,
+            )?;
+            if (plan.out_of_memory && !zb.out_of_memory)
+                || (plan.out_of_memory == zb.out_of_memory
+                    && zb.iteration_time_s < plan.iteration_time_s * (1.0 - 1e-9))
+            {
+                plan = zb;
+            }
+        }
         plan.search_time_s = t0.elapsed().as_secs_f64();
         plan.time_limited = time_limited;
         plan.search_capped = capped;

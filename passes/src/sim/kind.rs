@@ -29,6 +29,11 @@ pub enum ScheduleKind {
     /// (weight gradients), a stage's `W` lagging its `B` by as many micro-batches as the stage
     /// lies behind the deepest one ([`crate::sim::schedule::weight_lag`]).
     ZbH1,
+    /// Zero-bubble ZB-H2 (Qi et al. 2023, §3.1): ZB-H1's split backward with DAPPLE policy B's
+    /// longer warm-up (`2·depth − 1` forwards, so no stage waits for its first backward), each
+    /// stage's `W` lagging as [`crate::sim::schedule::weight_lag`] says, at up to twice 1F1B's
+    /// activation memory.
+    ZbH2,
 }
 
 /// The label ([`ScheduleKind::label`]).
@@ -40,7 +45,7 @@ impl std::fmt::Display for ScheduleKind {
 
 impl ScheduleKind {
     /// All kinds, in `--schedule` order.
-    pub const ALL: [ScheduleKind; 10] = [
+    pub const ALL: [ScheduleKind; 11] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::DappleA,
@@ -51,6 +56,7 @@ impl ScheduleKind {
         ScheduleKind::OneFOneBRecompute,
         ScheduleKind::OneFOneBRr,
         ScheduleKind::ZbH1,
+        ScheduleKind::ZbH2,
     ];
 
     /// The `--schedule` name.
@@ -68,6 +74,7 @@ impl ScheduleKind {
             ScheduleKind::Kfkb(_) => "kfkb",
             ScheduleKind::GppPerStage => "gpp-per-stage",
             ScheduleKind::ZbH1 => "zb-h1",
+            ScheduleKind::ZbH2 => "zb-h2",
         }
     }
 
@@ -108,7 +115,7 @@ impl ScheduleKind {
     /// Whether a stage's backward runs as two tasks, `B` (input gradients) then, later, `W`
     /// (weight gradients).
     pub fn splits_backward(self) -> bool {
-        self == ScheduleKind::ZbH1
+        matches!(self, ScheduleKind::ZbH1 | ScheduleKind::ZbH2)
     }
 
     /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
@@ -143,7 +150,7 @@ impl ScheduleKind {
             | ScheduleKind::OneFOneBRr
             | ScheduleKind::GppPerStage
             | ScheduleKind::ZbH1 => depth,
-            ScheduleKind::DappleB => 2 * depth - 1,
+            ScheduleKind::DappleB | ScheduleKind::ZbH2 => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
             ScheduleKind::Kfkb(1) => depth,
             ScheduleKind::Kfkb(k) => k as usize + 2 * depth.saturating_sub(1),

@@ -19,6 +19,7 @@
 //! | `1f1b-recompute` | `min(depth(s), M)`, backward re-runs the forward | DAPPLE "+ RC" (Table 6) |
 //! | `1f1b-rr` | `min(⌈W(s)/r_s⌉, M_k)` of the replica's own micro-batches | PipeDream 1F1B-RR (§3.3, NOAM) |
 //! | `zb-h1` | `min(depth(s), M)`, backward split into `B` and `W`, `W` lagging by `max depth − depth(s)` | Qi et al. 2023 §3.1 ZB-H1 |
+//! | `zb-h2` | `min(2·depth(s) − 1, M)`, backward split, `W` lagging by `2·(max depth − depth(s))` | Qi et al. 2023 §3.1 ZB-H2 |
 //!
 //! **Re-computation** (GPipe's re-materialisation, DAPPLE's "RC"): the `*-recompute` kinds emit the
 //! same instruction order as their base kind, and a `Backward` stands for "re-run the forward of
@@ -57,6 +58,15 @@
 //! `M(F+B+W) + (S−1)(max(F,W)+B−W)` (the paper's `(S−1)(F+B−W)` bubble for `W ≤ F`) where 1F1B
 //! takes `(M+S−1)(F+B+W)`, and no stage holds more than `S` micro-batches, 1F1B's first-stage
 //! count (`passes/tests/sim_closed_forms.rs`).
+//!
+//! `zb-h2` (same section) adds forwards to the warm-up, DAPPLE policy B's `2·depth(s) − 1`, so no
+//! stage waits for its first backward, and lags `W` twice as far ([`weight_lag`]). With `S` equal
+//! stages, `M ≥ 2S − 1` and free communication an iteration takes `M(F+B+W) + (S−1)F`: the last
+//! stage cannot start before `S − 1` forwards have run and then never idles, so no synchronous
+//! schedule (one that ends every iteration with the flush below) is shorter. The paper's ZB-H2
+//! also moves the optimizer step's synchronisation out of the way ("post-validation", §4) so
+//! that the next iteration's warm-up overlaps this one's tail; pipec keeps the flush, so the
+//! `(S−1)F` stays. Every stage holds up to `2S − 1` micro-batches.
 //!
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
@@ -171,14 +181,24 @@ pub enum Pass {
     Wgt,
 }
 
-/// ZB-H1's lag of stage `s`'s weight passes behind its backwards: how many micro-batches its
-/// warm-up is shorter than the deepest stage's (`max depth − depth(s)`; on a chain of `S`
-/// stages, stage `i`'s `i`). With it a stage holds at most `K_s + lag = max depth` micro-batches
-/// of activations, the first stage's 1F1B count (Qi et al. §3.1: ZB-H1 keeps 1F1B's peak
-/// memory), and the stages that idle longest at the end of 1F1B fill that time with `W`.
-pub fn weight_lag(depth: &[usize], s: usize) -> usize {
+/// How many backwards stage `s`'s weight passes trail its backwards by, with `behind = max
+/// depth − depth(s)` the micro-batches its warm-up is shorter than the deepest stage's (on a
+/// chain of `S` stages, stage `i`'s `i`):
+/// - `zb-h1`: `behind`. A stage then holds at most `K_s + lag = max depth` micro-batches of
+///   activations, the first stage's 1F1B count (Qi et al. §3.1: ZB-H1 keeps 1F1B's peak
+///   memory), and the stages that idle longest at the end of 1F1B fill that time with `W`.
+/// - `zb-h2`: `2·behind`. With its warm-up `K_s = 2·depth(s) − 1` every stage holds up to
+///   `K_s + lag = 2·max depth − 1` micro-batches (the paper's `(2p − 1)·M_B`), and on a chain the
+///   stages' busy spans become a parallelogram: stage `i` starts after `i` forwards and runs
+///   without a gap to the end, its last `W`s overlapping the backwards still coming up the
+///   pipeline.
+pub fn weight_lag(kind: ScheduleKind, depth: &[usize], s: usize) -> usize {
     let deepest = depth.iter().copied().max().unwrap_or(0);
-    deepest.saturating_sub(depth.get(s).copied().unwrap_or(deepest))
+    let behind = deepest.saturating_sub(depth.get(s).copied().unwrap_or(deepest));
+    match kind {
+        ScheduleKind::ZbH2 => 2 * behind,
+        _ => behind,
+    }
 }
 
 /// A stage's forward/backward `order` (backwards in micro-batch order, as [`fb_order_grouped`]
@@ -241,7 +261,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
             let prog = &mut programs[d];
             // The stage's order over all micro-batches; a round-robin replica keeps its own.
             let order = fb_order_grouped(k, kind.group(), m);
-            let lag = weight_lag(&depth, s);
+            let lag = weight_lag(kind, &depth, s);
             for (pass, mb) in with_weight_passes(&order, sg.splits_backward(s, kind), lag) {
                 if rr && mb % r != j {
                     continue;

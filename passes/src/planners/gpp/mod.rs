@@ -547,7 +547,8 @@ impl Planner for Gpp {
     /// (see [`Gpp::fewer_devices`]), then the sequential planners' plans (see
     /// [`SEQUENTIAL_SEEDS`]); the fastest simulated plan wins, so GPP never loses to a
     /// sequential pipeline on the shared cost model (SPP is a special case of GPP, §2). Unless
-    /// `--schedule` says otherwise, the winner's stages are also simulated under `zb-h1`.
+    /// `--schedule` says otherwise, the winner's stages are also simulated under `zb-h1` and
+    /// `zb-h2`.
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         if cluster.len() > MAX_DEVICES {
@@ -592,10 +593,16 @@ impl Planner for Gpp {
         });
         let mut best = best;
         // Zero bubble on the winning stages (a pipec addition, issue #21): the same stages with
-        // each backward split into input- and weight-gradient passes (`zb-h1`), kept where the
-        // simulator finds it faster within the devices' memory.
-        if let (None, Ok(p)) = (opts.schedule, &best) {
-            if !p.schedule.splits_backward() {
+        // each backward split into input- and weight-gradient passes (`zb-h1`, and `zb-h2`'s
+        // longer warm-up), kept where the simulator finds them faster within the devices' memory.
+        if opts.schedule.is_none() {
+            for kind in [ScheduleKind::ZbH1, ScheduleKind::ZbH2] {
+                let Ok(p) = &best else { break };
+                if p.schedule == kind
+                    || (kind == ScheduleKind::ZbH1 && p.schedule.splits_backward())
+                {
+                    continue;
+                }
                 let zb = Plan::assemble(
                     self.name(),
                     g,
@@ -603,7 +610,7 @@ impl Planner for Gpp {
                     opts,
                     p.specs(g)?,
                     p.micro_batch,
-                    ScheduleKind::ZbH1,
+                    kind,
                     p.objective_s,
                     0.0,
                 );

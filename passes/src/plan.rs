@@ -417,6 +417,37 @@ impl Plan {
             .collect()
     }
 
+    /// The same stages and micro-batch under `schedule`, simulated again (`planner` names the
+    /// result): how a planner tries another schedule on the stages it chose.
+    pub fn rescheduled(
+        &self,
+        planner: &str,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+        schedule: ScheduleKind,
+    ) -> Result<Plan> {
+        Plan::assemble(
+            planner,
+            g,
+            cluster,
+            opts,
+            self.specs(g)?,
+            self.micro_batch,
+            schedule,
+            self.objective_s,
+            0.0,
+        )
+    }
+
+    /// Whether this plan is better than `other`: it fits in memory where `other` does not, or
+    /// both do (or neither) and it is faster (by more than rounding).
+    pub fn beats(&self, other: &Plan) -> bool {
+        (other.out_of_memory && !self.out_of_memory)
+            || (other.out_of_memory == self.out_of_memory
+                && self.iteration_time_s < other.iteration_time_s * (1.0 - 1e-9))
+    }
+
     /// Build a full plan from a planner's decision: checks the specs, derives the stage DAG,
     /// generates `schedule`, simulates it, and fills in every field.
     #[allow(clippy::too_many_arguments)]

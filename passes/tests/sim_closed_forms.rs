@@ -611,6 +611,18 @@ fn per_stage_micro_batches_follow_appendix_a1() {
     }
 }
 
+/// `s` equal stages of forward `f`, backward `b + w` of which `w` is weight gradients, with
+/// parameters (a byte: their accumulations take picoseconds) so that the zero-bubble
+/// schedules split every backward that sends input gradients.
+fn split_chain(s: usize, f: f64, b: f64, w: f64) -> StageGraph {
+    let mut sg = StageGraph::uniform_chain(s, f, b + w, 0.0);
+    for st in &mut sg.stages {
+        st.wgt_s = vec![w];
+        st.parameter_bytes = 1.0;
+    }
+    sg
+}
+
 /// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023, §3.1) on S equal stages with
 /// the backward split into `B` (input gradients) and `W` (weight gradients), M ≥ S micro-batches
 /// and free communication: for `W ≤ F` the iteration takes the paper's `M(F+B+W) + (S−1)(F+B−W)`
@@ -627,12 +639,7 @@ fn zb_h1_bubble_and_in_flight() {
             (2.0, 1.0, 0.5),
             (0.5, 1.0, 0.8),
         ] {
-            let mut sg = StageGraph::uniform_chain(s, f, b + w, 0.0);
-            // Parameters (a byte: their accumulations take picoseconds) so that stages split.
-            for st in &mut sg.stages {
-                st.wgt_s = vec![w];
-                st.parameter_bytes = 1.0;
-            }
+            let sg = split_chain(s, f, b, w);
             let c = flat(s, 1e9);
             let zb = simulate(
                 &sg,
@@ -694,11 +701,7 @@ fn zb_h2_bubble_and_in_flight() {
             (0.5, 1.0, 0.8),
             (1.0, 1.0, 2.0),
         ] {
-            let mut sg = StageGraph::uniform_chain(s, f, b + w, 0.0);
-            for st in &mut sg.stages {
-                st.wgt_s = vec![w];
-                st.parameter_bytes = 1.0;
-            }
+            let sg = split_chain(s, f, b, w);
             let c = flat(s, 1e9);
             let run = |k| {
                 simulate(&sg, &schedule::generate(&sg, k, m), &c, AllReduceAlgo::Ring).expect("sim")

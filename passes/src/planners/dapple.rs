@@ -1958,14 +1958,7 @@ impl Planner for Dapple {
             for &k in &kinds {
                 let p =
                     Plan::assemble(self.name(), g, cluster, opts, specs.clone(), mb, k, l, 0.0)?;
-                let better = match &best {
-                    None => true,
-                    Some(b) => {
-                        (b.out_of_memory && !p.out_of_memory)
-                            || (b.out_of_memory == p.out_of_memory
-                                && p.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
-                    }
-                };
+                let better = best.as_ref().is_none_or(|b| p.beats(b));
                 if better {
                     best = Some(p);
                 }
@@ -1976,21 +1969,8 @@ impl Planner for Dapple {
         // differs from zb-h1 by a longer warm-up and later weight passes, so it wins where the
         // stages already pipeline well, at up to twice the activations (kept only if they fit).
         if opts.schedule.is_none() {
-            let zb = Plan::assemble(
-                self.name(),
-                g,
-                cluster,
-                opts,
-                plan.specs(g)?,
-                plan.micro_batch,
-                ScheduleKind::ZbH2,
-                plan.objective_s,
-                0.0,
-            )?;
-            if (plan.out_of_memory && !zb.out_of_memory)
-                || (plan.out_of_memory == zb.out_of_memory
-                    && zb.iteration_time_s < plan.iteration_time_s * (1.0 - 1e-9))
-            {
+            let zb = plan.rescheduled(self.name(), g, cluster, opts, ScheduleKind::ZbH2)?;
+            if zb.beats(&plan) {
                 plan = zb;
             }
         }

@@ -603,17 +603,7 @@ impl Planner for Gpp {
                 {
                     continue;
                 }
-                let zb = Plan::assemble(
-                    self.name(),
-                    g,
-                    cluster,
-                    opts,
-                    p.specs(g)?,
-                    p.micro_batch,
-                    kind,
-                    p.objective_s,
-                    0.0,
-                );
+                let zb = p.rescheduled(self.name(), g, cluster, opts, kind);
                 keep_faster(&mut best, zb);
             }
         }
@@ -802,11 +792,7 @@ fn time_to_beat(best: &Result<Plan>) -> f64 {
 fn keep_faster(best: &mut Result<Plan>, other: Result<Plan>) {
     let Ok(o) = other else { return };
     let better = match best {
-        Ok(b) => {
-            (b.out_of_memory && !o.out_of_memory)
-                || (b.out_of_memory == o.out_of_memory
-                    && o.iteration_time_s < b.iteration_time_s * (1.0 - 1e-9))
-        }
+        Ok(b) => o.beats(b),
         Err(_) => !o.out_of_memory,
     };
     if better {

@@ -62,9 +62,9 @@ pub struct CompileArgs {
     /// Schedule: gpipe, 1f1b, dapple-a, dapple-b, 1f1b-so, gpp, gpipe-recompute, 1f1b-recompute,
     /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up),
     /// gpp-per-stage, zb-h1 (zero bubble: each backward split into input-gradient and
-    /// weight-gradient pieces, the latter run later), zb-h2 (zb-h1 with a longer warm-up: no
-    /// stage idles between its first forward and the flush, up to twice the activations)
-    /// (default: the planner's own).
+    /// weight-gradient pieces, the latter run later), zb-h2 (zb-h1 with a longer warm-up: on
+    /// balanced stages none idles between its first forward and the flush; up to twice the
+    /// activations) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.

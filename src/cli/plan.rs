@@ -67,9 +67,9 @@ pub struct PlanArgs {
     /// 1f1b-rr, kfkb-K (GraphPipe's kFkB: K forwards then K backwards after the warm-up; with
     /// `--planner gpp` the DP sizes the in-flight memory for it), gpp-per-stage, zb-h1 (zero
     /// bubble: each backward split into input-gradient and weight-gradient passes, the latter
-    /// filling the pipeline's idle time), zb-h2 (zb-h1 with a longer warm-up: no stage idles
-    /// between its first forward and the flush, up to twice the activations) (default: the
-    /// planner's own).
+    /// filling the pipeline's idle time), zb-h2 (zb-h1 with a longer warm-up: on balanced stages
+    /// none idles between its first forward and the flush; up to twice the activations)
+    /// (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file

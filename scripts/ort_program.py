@@ -2,7 +2,9 @@
 """Independent oracle for `pipec compile` output: executes OUTDIR's schedule.json with
 onnxruntime (one simulated worker per device, replayed round-robin in one process: buffered
 sends, blocking receives, collective all-reduces), runs the unpartitioned reference program the
-same way `pipec run --check` does, and compares every parameter after N steps. Also runs
+same way `pipec run --check` does (for `pipedream-async` programs: its emulation of PipeDream's
+update rule, each micro-batch reading the parameter versions the program's computes read), and
+compares every parameter after N steps. Also runs
 `onnx.checker.check_model(full_check=True)` on every emitted ONNX file.
 
 Usage: python3 scripts/ort_program.py OUTDIR [--steps 3] [--seed 0] [--tol 1e-4]
@@ -64,6 +66,7 @@ def run_pipeline(outdir, prog, weights, data, steps):
             if st.get(key) and (d["stage"], key) not in sess:
                 sess[(d["stage"], key)] = session(os.path.join(outdir, st[key]["file"]))
     state_made = [False] * n
+    nsteps = [0] * n  # optimizer steps per device: the step counter counts them
     losses = []
     for step in range(1, steps + 1):
         mbuf = [dict() for _ in range(n)]
@@ -118,6 +121,9 @@ def run_pipeline(outdir, prog, weights, data, steps):
                         for t in ins["tensors"]:
                             v = mb.pop((t, ins["mb"]))
                             g[t] = g[t] + v if t in g else v.copy()
+                    elif op == "stash":
+                        for t in ins["tensors"]:
+                            mb[(t, ins["mb"])] = g[t].copy()
                     elif op == "free":
                         for t in ins["tensors"]:
                             mb.pop((t, ins["mb"]), None)
@@ -140,8 +146,9 @@ def run_pipeline(outdir, prog, weights, data, steps):
                             for s_, p in st["state_init"]:
                                 g[s_] = np.zeros_like(g[p])
                             state_made[dv] = True
+                        nsteps[dv] += 1
                         if st.get("step_counter"):
-                            g[st["step_counter"]] = np.array(step, dtype=g[st["params"][0]].dtype)
+                            g[st["step_counter"]] = np.array(nsteps[dv], dtype=g[st["params"][0]].dtype)
                         look = lambda name: g[name] if name in g else np.zeros_like(g[name[len("grad/"):]])
                         outs = run_piece(sess[(prog["devices"][dv]["stage"], "step")], look)
                         for o, target in st["updates"]:
@@ -164,6 +171,28 @@ def run_pipeline(outdir, prog, weights, data, steps):
     return params, losses
 
 
+def read_versions(prog):
+    """Per-micro-batch updates (`pipedream-async`): per parameter and micro-batch, the optimizer
+    steps its first holder ran before the stash of it for that micro-batch, else before the
+    micro-batch's forward."""
+    out = {}
+    for d in prog["devices"]:
+        st = prog["stages"][d["stage"]]
+        steps, at_stash, at_fwd = 0, {}, {}
+        for ins in d["instructions"]:
+            if ins["op"] == "step":
+                steps += 1
+            elif ins["op"] == "stash":
+                for t in ins["tensors"]:
+                    at_stash[(t, ins["mb"])] = steps
+            elif ins["op"] == "compute" and ins["pass"] == "fwd":
+                at_fwd.setdefault(ins["mb"], steps)
+        for p in st["params"]:
+            if p not in out:
+                out[p] = [at_stash.get((p, m), at_fwd.get(m, steps)) for m in range(prog["micro_batches"])]
+    return out
+
+
 def run_reference(outdir, prog, weights, data, steps):
     ref = prog["reference"]
     train = session(os.path.join(outdir, ref["train"]["file"]))
@@ -172,10 +201,26 @@ def run_reference(outdir, prog, weights, data, steps):
     for s_, p in ref["state_init"]:
         g[s_] = np.zeros_like(g[p])
     b, M = prog["micro_batch"], prog["micro_batches"]
+    # PipeDream's update rule: micro-batch m reads each parameter at the version the program's
+    # computes of m read, and its gradients update the newest parameters at once.
+    versions = read_versions(prog) if prog.get("per_micro_batch_step") else None
     losses = []
+    updates = 0
+
+    def update(acc):
+        nonlocal updates
+        updates += 1
+        if ref.get("step_counter"):
+            g[ref["step_counter"]] = np.array(updates, dtype=np.float32)
+        look = lambda name: acc[name] if name in acc else (g[name] if name in g else np.zeros_like(g[name[len("grad/"):]]))
+        outs = run_piece(stepper, look)
+        for o, target in ref["updates"]:
+            g[target] = outs[o]
+
     for step in range(1, steps + 1):
         acc = {}
         loss = 0.0
+        hist = {p: [g[p]] for p in weights} if versions else None
         for m in range(M):
             feeds = {}
             for d in prog["data_inputs"]:
@@ -183,17 +228,21 @@ def run_reference(outdir, prog, weights, data, steps):
                 if d["batch_axis"] is not None:
                     x = take_rows(x, m * b, (m + 1) * b, d["batch_axis"])
                 feeds[d["name"]] = x
+            if versions:
+                for p, h in hist.items():
+                    feeds[p] = h[min(versions.get(p, [len(h) - 1] * M)[m], len(h) - 1)]
             look = lambda name: feeds[name] if name in feeds else g[name]
             outs = run_piece(train, look)
             loss += float(outs[ref["loss"][0]]) * ref["loss"][1]
             for gn, p in ref["grads"]:
                 acc["grad/" + p] = acc.get("grad/" + p, 0) + outs[gn]
-        if ref.get("step_counter"):
-            g[ref["step_counter"]] = np.array(step, dtype=np.float32)
-        look = lambda name: acc[name] if name in acc else g[name]
-        outs = run_piece(stepper, look)
-        for o, target in ref["updates"]:
-            g[target] = outs[o]
+            if versions:
+                update(acc)
+                acc = {}
+                for p, h in hist.items():
+                    h.append(g[p])
+        if not versions:
+            update(acc)
         losses.append(loss)
     return g, losses
 

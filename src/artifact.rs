@@ -358,8 +358,12 @@ fn program_mlir(p: &Program, compiled: &Compiled) -> String {
                         ints(shape)
                     ),
                 ),
-                I::Accumulate { mb, tensors } | I::Free { mb, tensors } => (
-                    if matches!(ins, I::Accumulate { .. }) { "accumulate" } else { "free" },
+                I::Accumulate { mb, tensors } | I::Free { mb, tensors } | I::Stash { mb, tensors } => (
+                    match ins {
+                        I::Accumulate { .. } => "accumulate",
+                        I::Stash { .. } => "stash",
+                        _ => "free",
+                    },
                     format!(
                         "mb = {mb} : i64, tensors = [{}]",
                         tensors.iter().map(|x| q(x)).collect::<Vec<_>>().join(", ")

@@ -291,6 +291,25 @@ fn ort_oracle_gpt2_tied_straight_adam() {
     );
 }
 
+/// PipeDream's asynchronous 1F1B with Adam (its step counter counts updates) and GPT-2's tied
+/// embedding: onnxruntime's run of the program against its own emulation of the update rule.
+#[test]
+fn ort_oracle_gpt2_pipedream_async_adam() {
+    ort_check(
+        "gpt2_tiny",
+        "straight",
+        4,
+        16,
+        2,
+        &[
+            "--optimizer",
+            "adam:lr=0.001",
+            "--schedule",
+            "pipedream-async",
+        ],
+    );
+}
+
 #[test]
 fn ort_oracle_dlrm_gpp_dag() {
     ort_check(

@@ -96,20 +96,7 @@ fn schedule_case(
             assert_eq!(ws, 0, "{model} device {d}: {order:?}");
         }
     }
-    let o = out.to_str().expect("utf-8");
-    let so = pipec_ok(&["run", o, "--steps", "3", "--check"]);
-    assert!(so.contains("check ok"), "{model} {planner}: {so}");
-    // The replay of the emitted program against the plan's own simulation.
-    let sim: serde_json::Value =
-        serde_json::from_str(&pipec_ok(&["simulate", o, "--json"])).expect("json");
-    let (replay, plan) = (
-        sim["iteration_time_s"].as_f64().expect("time"),
-        sim["planned_iteration_time_s"].as_f64().expect("planned"),
-    );
-    assert!(
-        (replay / plan - 1.0).abs() < 0.05,
-        "{model} {planner}: replay {replay} vs plan {plan}"
-    );
+    common::check_and_replay(&out, &format!("{model} {planner}"));
     p
 }
 

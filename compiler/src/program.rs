@@ -66,6 +66,17 @@ pub struct Program {
     pub devices: Vec<DeviceProgram>,
     /// The unpartitioned single-device training program for `pipec run --check`.
     pub reference: Option<ReferenceProgram>,
+    /// PipeDream's asynchronous updates (`--schedule pipedream-async`): every micro-batch's
+    /// accumulation is followed by its own all-reduces and [`Instr::Step`], with no flush, and
+    /// [`Instr::Stash`] keeps the parameter version a micro-batch's forward read for its
+    /// backward. `run --check` then compares with an emulation of that update rule
+    /// (`pipec_runtime::dist::check`). Written only when true.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub per_micro_batch_step: bool,
+}
+
+fn is_false(x: &bool) -> bool {
+    !*x
 }
 
 /// A graph input of the model that the runtime feeds with data.
@@ -268,6 +279,11 @@ pub enum Instr {
     Accumulate { mb: u32, tensors: Vec<String> },
     /// Drop micro-batch buffers.
     Free { mb: u32, tensors: Vec<String> },
+    /// Weight stashing (PipeDream §3.3): copy the global buffers `tensors` (parameters of the
+    /// stage) into micro-batch buffers `(P, mb)`, which the computes of `mb` then read before
+    /// the global `P` (the dataflow rule above), so its forward and backward see one version
+    /// whatever steps run between them. The backward, the copy's last reader, frees it.
+    Stash { mb: u32, tensors: Vec<String> },
     /// Sum the global buffers `tensors` over the devices of `group` (ascending; this device is
     /// one of them); every member ends with the sum. A device that never accumulated `grad/P`
     /// contributes zeros shaped like its parameter `P` (the name after `grad/`).
@@ -308,6 +324,9 @@ impl Instr {
                 format!("accumulate {} gradients mb {mb}", tensors.len())
             }
             Instr::Free { mb, tensors } => format!("free {} buffers mb {mb}", tensors.len()),
+            Instr::Stash { mb, tensors } => {
+                format!("stash {} parameters mb {mb}", tensors.len())
+            }
             Instr::AllReduce { group, tag, .. } => {
                 format!("all-reduce over devices {group:?} (tag {tag})")
             }
@@ -429,7 +448,8 @@ pub fn pair_order(p: &Program) -> Result<()> {
 ///    the send's peer) with equal dtype and shape, and every send is received;
 /// 3. on every device, the forward of micro-batch `m` precedes its backward; accumulation of
 ///    `m` follows its backward; all-reduces and the step follow the last accumulation; nothing
-///    but all-reduce and step comes after the step;
+///    but all-reduce and step comes after the step (with per-micro-batch steps instead
+///    [`per_micro_batch_order`]: a step after every accumulation, and weight stashing);
 /// 4. *dataflow*: on every device, every buffer an instruction reads exists when it runs
 ///    ([`dataflow`]: the runtime's buffer rules, replayed statically);
 /// 5. no device can wait forever: a replay with buffered sends, blocking receives and
@@ -533,8 +553,13 @@ pub fn verify(p: &Program) -> Result<()> {
         let mut bwd_b: BTreeMap<u32, usize> = BTreeMap::new();
         let mut last_acc = None;
         let mut step_at = None;
+        if p.per_micro_batch_step {
+            per_micro_batch_order(p, d)?;
+        }
         for (k, ins) in d.instructions.iter().enumerate() {
-            if let Some(s) = step_at {
+            if p.per_micro_batch_step {
+                // Checked by `per_micro_batch_order`; the forward/backward rules below hold.
+            } else if let Some(s) = step_at {
                 if !matches!(ins, Instr::AllReduce { .. }) {
                     return Err(Error::msg(format!(
                         "schedule: device {dev} instruction {k} ({}) comes after the optimizer step (instruction {s})",
@@ -600,7 +625,7 @@ pub fn verify(p: &Program) -> Result<()> {
                 )));
             }
         }
-        if let Some(a) = last_acc {
+        if let Some(a) = last_acc.filter(|_| !p.per_micro_batch_step) {
             for (k, ins) in d.instructions.iter().enumerate().take(a) {
                 if matches!(ins, Instr::AllReduce { .. } | Instr::Step) {
                     return Err(Error::msg(format!(
@@ -617,6 +642,91 @@ pub fn verify(p: &Program) -> Result<()> {
     replay(p)
 }
 
+/// Rule 3 for [`Program::per_micro_batch_step`] (PipeDream's asynchronous 1F1B) on device `d`:
+/// - each [`Instr::Accumulate`] is followed by a [`Instr::Step`] before the next accumulation
+///   or the end (every micro-batch's gradients are applied alone, none is dropped), and the
+///   all-reduces lie between an accumulation and its step;
+/// - **weight stashing**: when optimizer steps run between the forward of a micro-batch and its
+///   backward, a [`Instr::Stash`] of that micro-batch before the forward holds every parameter
+///   either piece reads, so both read the version the forward saw.
+fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
+    let dev = d.device;
+    let Some(st) = p.stages.get(d.stage) else {
+        return Ok(());
+    };
+    let mut steps = 0usize;
+    let mut open_acc: Option<usize> = None;
+    let mut stashed: HashMap<u32, Vec<&String>> = HashMap::new();
+    let mut fwd_at: HashMap<u32, usize> = HashMap::new();
+    for (k, ins) in d.instructions.iter().enumerate() {
+        let fail = |msg: String| {
+            Err(Error::msg(format!(
+                "schedule: device {dev} instruction {k} ({}): {msg}",
+                ins.describe()
+            )))
+        };
+        match ins {
+            Instr::Accumulate { .. } => {
+                if let Some(a) = open_acc {
+                    return fail(format!(
+                        "the gradients accumulated at instruction {a} are not stepped before it (per-micro-batch updates)"
+                    ));
+                }
+                open_acc = Some(k);
+            }
+            Instr::AllReduce { .. } if open_acc.is_none() => {
+                return fail("an all-reduce outside a micro-batch's update (between its accumulation and its step)".into());
+            }
+            Instr::Step => {
+                open_acc = None;
+                steps += 1;
+            }
+            Instr::Stash { mb, tensors } => {
+                stashed.entry(*mb).or_default().extend(tensors);
+            }
+            Instr::Compute {
+                pass: PieceKind::Fwd,
+                mb,
+            } => {
+                fwd_at.insert(*mb, steps);
+            }
+            Instr::Compute { pass, mb } => {
+                let Some(&seen) = fwd_at.get(mb) else {
+                    continue;
+                };
+                if seen == steps {
+                    continue;
+                }
+                let read = |pass: PieceKind| {
+                    st.piece(pass)
+                        .into_iter()
+                        .flat_map(|pc| pc.inputs.iter())
+                        .filter(|x| st.params.contains(x))
+                        .collect::<Vec<_>>()
+                };
+                let have = stashed.get(mb);
+                if let Some(q) = read(PieceKind::Fwd)
+                    .into_iter()
+                    .chain(read(*pass))
+                    .find(|q| !have.is_some_and(|h| h.contains(q)))
+                {
+                    return fail(format!(
+                        "{} optimizer step(s) ran since micro-batch {mb}'s forward, and parameter '{q}' is not stashed for it (weight stashing)",
+                        steps - seen
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(a) = open_acc {
+        return Err(Error::msg(format!(
+            "schedule: device {dev}: the gradients accumulated at instruction {a} are never stepped (per-micro-batch updates)"
+        )));
+    }
+    Ok(())
+}
+
 /// The dataflow check: replays every device's list over the *names* of its buffers, with
 /// exactly the rules the runtime's interpreter (`pipec_runtime::dist::worker`) applies to the
 /// tensors, and fails on the first read of a buffer that does not exist at that point.
@@ -630,7 +740,8 @@ pub fn verify(p: &Program) -> Result<()> {
 ///   `(grad/P, mb)` and defines global `grad/P`; `Free`: frees (missing buffers are fine);
 ///   `AllReduce`: reads global `grad/P` (or zeros when the device holds `P`) and defines it;
 ///   `Step`: reads its inputs from the globals (the step counter, zeros for a missing `grad/P`
-///   of a held `P`), defines the targets of its updates, frees every `grad/P`.
+///   of a held `P`), defines the targets of its updates, frees every `grad/P`; `Stash`: reads
+///   globals, defines `(P, mb)`.
 /// - A micro-batch buffer is freed by the compute or send that is its *last use* on the device
 ///   (the last instruction reading it as a compute input or a send), as the runtime moves it
 ///   there.
@@ -759,6 +870,14 @@ pub fn dataflow(p: &Program) -> Result<()> {
                 Instr::Free { mb, tensors } => {
                     for x in tensors {
                         bufs.remove(&(x.as_str(), *mb));
+                    }
+                }
+                Instr::Stash { mb, tensors } => {
+                    for x in tensors {
+                        if !globals.contains(x.as_str()) {
+                            return fail(format!("no global buffer '{x}' to stash"));
+                        }
+                        bufs.insert((x.as_str(), *mb));
                     }
                 }
                 Instr::AllReduce { tensors, .. } => {
@@ -970,6 +1089,7 @@ mod tests {
                 },
             ],
             reference: None,
+            per_micro_batch_step: false,
         }
     }
 

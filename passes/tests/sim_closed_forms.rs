@@ -718,3 +718,69 @@ fn zb_h2_bubble_and_in_flight() {
         }
     }
 }
+
+/// PipeDream's asynchronous 1F1B (§3.3) on S equal stages with an optimizer step of `U` after
+/// every backward, M micro-batches and free communication: the last stage cycles through
+/// `F + B + U` from `(S−1)F` on, and only the first stage's last step trails the backwards
+/// coming up, so an iteration takes `(M+S−1)(F+B) + M·U`, 1F1B's time plus every micro-batch's
+/// update, where synchronous 1F1B (one step) takes `(M+S−1)(F+B) + U`; stage `i` keeps 1F1B's
+/// `S−i` micro-batches in flight, and on every stage but the last each of them holds a stashed
+/// copy of its weights in steady state (`S−i` copies besides the live weights, PipeDream's
+/// one version per in-flight minibatch).
+#[test]
+fn pipedream_async_cycle_and_stashes() {
+    for &(s, m) in &[(1, 4), (2, 2), (2, 5), (3, 7), (4, 8), (4, 16), (8, 32)] {
+        for &(f, b, u) in &[(1.0, 2.0, 0.5), (1.0, 1.0, 0.0), (0.3, 0.5, 0.2)] {
+            let mut sg = StageGraph::uniform_chain(s, f, b, 0.0);
+            for st in &mut sg.stages {
+                st.step_s = vec![u];
+                // A byte: accumulations and stash copies take picoseconds.
+                st.parameter_bytes = 1.0;
+            }
+            let c = flat(s, 1e9);
+            let run = |k| {
+                simulate(&sg, &schedule::generate(&sg, k, m), &c, AllReduceAlgo::Ring).expect("sim")
+            };
+            let (a, sync) = (
+                run(ScheduleKind::PipeDreamAsync),
+                run(ScheduleKind::OneFOneB),
+            );
+            let want = (m + s - 1) as f64 * (f + b) + m as f64 * u;
+            assert!(
+                (a.iteration_time_s - want).abs() <= 1e-6 * want,
+                "S={s} M={m} F={f} B={b} U={u}: {} != {want}",
+                a.iteration_time_s
+            );
+            let want_sync = (m + s - 1) as f64 * (f + b) + u;
+            assert!(
+                (sync.iteration_time_s - want_sync).abs() <= 1e-6 * want_sync,
+                "1F1B S={s} M={m}: {} != {want_sync}",
+                sync.iteration_time_s
+            );
+            let flight: Vec<usize> = (0..s).map(|i| (s - i).min(m)).collect();
+            assert_eq!(a.stage_in_flight, flight, "S={s} M={m}");
+            // The stashes ([`schedule::stashed`] on each stage's order): every micro-batch
+            // but the first on a stage with more than one in flight, at most S−i at once.
+            for i in 0..s {
+                let k = ScheduleKind::PipeDreamAsync.warmup(s - i, m);
+                let order = schedule::fb_order(k, m);
+                let stashed = schedule::stashed(&order);
+                let n = stashed.iter().filter(|&&x| x).count();
+                assert_eq!(n, if k > 1 { m - 1 } else { 0 }, "S={s} M={m} stage {i}");
+                let (mut held, mut most) = (0usize, 0usize);
+                for &(fwd, mb) in &order {
+                    if stashed[mb] {
+                        if fwd {
+                            held += 1;
+                        } else {
+                            held -= 1;
+                        }
+                    }
+                    most = most.max(held);
+                }
+                let want = if k > 1 { k.min(m - 1) } else { 0 };
+                assert_eq!(most, want, "S={s} M={m} stage {i}");
+            }
+        }
+    }
+}

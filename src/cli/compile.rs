@@ -64,7 +64,11 @@ pub struct CompileArgs {
     /// gpp-per-stage, zb-h1 (zero bubble: each backward split into input-gradient and
     /// weight-gradient pieces, the latter run later), zb-h2 (zb-h1 with a longer warm-up: on
     /// balanced stages none idles between its first forward and the flush; up to twice the
-    /// activations) (default: the planner's own).
+    /// activations) pipedream-async
+    /// (PipeDream's asynchronous 1F1B: each micro-batch's gradients update the weights right
+    /// after its backward, no flush, weight stashing keeps the version its forward read; needs
+    /// each stage's replica count to divide the micro-batch; `run --check` compares with an
+    /// emulation of that update rule) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.

@@ -69,7 +69,11 @@ pub struct PlanArgs {
     /// bubble: each backward split into input-gradient and weight-gradient passes, the latter
     /// filling the pipeline's idle time), zb-h2 (zb-h1 with a longer warm-up: on balanced stages
     /// none idles between its first forward and the flush; up to twice the activations)
-    /// (default: the planner's own).
+    /// pipedream-async
+    /// (PipeDream's asynchronous 1F1B: each micro-batch's gradients update the weights right
+    /// after its backward, no flush, weight stashing keeps the version its forward read; needs
+    /// each stage's replica count to divide the micro-batch; `run --check` compares with an
+    /// emulation of that update rule) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file

@@ -195,3 +195,21 @@ pub fn replayed_peak(simulate_json: &serde_json::Value) -> f64 {
         .map(|d| d["peak_memory_bytes"].as_f64().expect("peak_memory_bytes"))
         .fold(0.0, f64::max)
 }
+
+/// Train the program in `out` 3 steps with `run --check` (it must pass), and replay it with
+/// `pipec simulate`: the replay's iteration within 5% of the plan's. `what` names the case.
+pub fn check_and_replay(out: &Path, what: &str) {
+    let o = out.to_str().expect("utf-8");
+    let so = pipec_ok(&["run", o, "--steps", "3", "--check"]);
+    assert!(so.contains("check ok"), "{what}: {so}");
+    let sim: serde_json::Value =
+        serde_json::from_str(&pipec_ok(&["simulate", o, "--json"])).expect("json");
+    let (replay, plan) = (
+        sim["iteration_time_s"].as_f64().expect("time"),
+        sim["planned_iteration_time_s"].as_f64().expect("planned"),
+    );
+    assert!(
+        (replay / plan - 1.0).abs() < 0.05,
+        "{what}: replay {replay} vs plan {plan}"
+    );
+}

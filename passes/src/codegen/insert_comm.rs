@@ -26,7 +26,7 @@
 
 use super::layout::{concrete_dims, cot_name, layout, Layout};
 use crate::sim::schedule::{
-    fb_order_grouped, round_robin_micro_batches, weight_lag, with_weight_passes, Pass,
+    fb_order_grouped, round_robin_micro_batches, stashed, weight_lag, with_weight_passes, Pass,
 };
 use crate::sim::{heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
@@ -463,6 +463,46 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             groups.entry(d).or_default().push(format!("grad/{p}"));
         }
     }
+    // Under per-micro-batch steps, a tied parameter's holders update it together (one
+    // all-reduce per micro-batch over all of them), and every holder's computes of micro-batch
+    // `j` read the version its *first* reader's forward of `j` read (the holder stage deepest
+    // from the sink): the others stash it right after that many of their own steps
+    // (`tied_version`), so the one parameter has one version per micro-batch, as in
+    // single-device training (PipeDream's vertical sync, for that parameter).
+    let stage_of_device = |d: usize| cx.stage_devices.iter().position(|ds| ds.contains(&d));
+    // Per stage: `(parameter, stage whose forward sets its version)` for the tied parameters it
+    // holds but does not set.
+    let mut tied_to: Vec<Vec<(String, usize)>> = vec![Vec::new(); cx.stage_devices.len()];
+    if cx.schedule.per_micro_batch_step() {
+        for (p, devs) in cx.holders {
+            let stages: BTreeSet<usize> = devs.iter().filter_map(|&d| stage_of_device(d)).collect();
+            let Some(&first) = stages
+                .iter()
+                .max_by_key(|&&t| (depth[t], std::cmp::Reverse(t)))
+            else {
+                continue;
+            };
+            for &t in stages.iter().filter(|&&t| t != first) {
+                tied_to[t].push((p.clone(), first));
+            }
+        }
+    }
+    // Per stage and micro-batch: the optimizer steps a stage runs before its forward of it
+    // (one after each backward under per-micro-batch steps).
+    let steps_before_forward = |t: usize| -> Vec<usize> {
+        let nmb = cx.micro_batches as usize;
+        let k = cx.schedule.warmup(depth[t], nmb);
+        let mut out = vec![0; nmb];
+        let mut done = 0;
+        for (fwd, mb) in fb_order_grouped(k, cx.schedule.group(), nmb) {
+            if fwd {
+                out[mb] = done;
+            } else {
+                done += 1;
+            }
+        }
+        out
+    };
     let group_tags: Vec<(Vec<usize>, Vec<String>, u32)> = groups
         .into_iter()
         .enumerate()
@@ -497,6 +537,12 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             }
         }
         let param_grad_names: Vec<String> = cx.param_grads[s].iter().map(|x| x.1.clone()).collect();
+        if cx.schedule.per_micro_batch_step() && r > 1 && mode == Replication::RoundRobin {
+            return Err(Error::msg(format!(
+                "codegen: --schedule {} updates after every micro-batch, all replicas together, but stage {s}'s {r} replicas take micro-batches in turn (its micro-batch of {b} samples cannot be split {r} ways); use a micro-batch divisible by {r}",
+                cx.schedule.name()
+            )));
+        }
         for (j, &dev) in devs.iter().enumerate() {
             let mut list: Vec<Instr> = Vec::new();
             let mut live: HashMap<u32, Vec<String>> = HashMap::new();
@@ -518,7 +564,74 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             };
             // A split backward runs its weight-gradient part later (zero bubble).
             let split = st.bwd_b.is_some() && st.bwd_w.is_some();
+            // PipeDream's asynchronous 1F1B: an update after every backward, and the
+            // parameters stashed for the micro-batches that see one between their forward and
+            // backward.
+            let per_mb_step = cx.schedule.per_micro_batch_step();
+            let stash: Vec<bool> = if per_mb_step {
+                stashed(&events)
+            } else {
+                Vec::new()
+            };
+            let stash_params: Vec<String> = st
+                .params
+                .iter()
+                .filter(|q| {
+                    (st.fwd.inputs.contains(q)
+                        || st.bwd.as_ref().is_some_and(|b| b.inputs.contains(q)))
+                        && !tied_to[s].iter().any(|(t, _)| t == *q)
+                })
+                .cloned()
+                .collect();
+            // Tied parameters another stage's forward versions: `(steps, mb, names)` — stash
+            // them for `mb` once this device has run `steps` steps.
+            let mut tied_stash: Vec<(usize, u32, Vec<String>)> = Vec::new();
+            for (q, first) in &tied_to[s] {
+                for (mb, v) in steps_before_forward(*first).into_iter().enumerate() {
+                    match tied_stash.iter_mut().find(|x| x.0 == v && x.1 == mb as u32) {
+                        Some(x) => x.2.push(q.clone()),
+                        None => tied_stash.push((v, mb as u32, vec![q.clone()])),
+                    }
+                }
+            }
+            tied_stash.sort();
+            let mut steps_done = 0usize;
+            let mut tied_stashed: BTreeSet<u32> = BTreeSet::new();
+            let emit_tied = |list: &mut Vec<Instr>,
+                             live: &mut HashMap<u32, Vec<String>>,
+                             stashed: &mut BTreeSet<u32>,
+                             steps: usize| {
+                for (_, mb, names) in tied_stash.iter().filter(|x| x.0 == steps) {
+                    list.push(Instr::Stash {
+                        mb: *mb,
+                        tensors: names.clone(),
+                    });
+                    live.entry(*mb).or_default().extend(names.iter().cloned());
+                    stashed.insert(*mb);
+                }
+            };
+            emit_tied(&mut list, &mut live, &mut tied_stashed, 0);
             let passes = with_weight_passes(&events, split, weight_lag(cx.schedule, &depth, s));
+            // The all-reduces of the device's gradients (in one global order) and the step:
+            // once at the end (the flush), or for micro-batch `mb` alone (its own tags).
+            let update = |list: &mut Vec<Instr>, mb: Option<u32>| {
+                for (k, (group, tensors, tag)) in group_tags.iter().enumerate() {
+                    if group.contains(&dev) {
+                        let tag = match mb {
+                            None => *tag,
+                            Some(mb) => 1_000_000 + (k * nmb) as u32 + mb + group_tags.len() as u32,
+                        };
+                        list.push(Instr::AllReduce {
+                            group: group.clone(),
+                            tensors: tensors.clone(),
+                            tag,
+                        });
+                    }
+                }
+                if st.step.is_some() {
+                    list.push(Instr::Step);
+                }
+            };
             for (pass, m) in passes {
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
@@ -592,6 +705,19 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     }
                     incoming.sort_by_key(|x| x.0);
                     list.extend(incoming.into_iter().flat_map(|x| x.1));
+                    if !tied_stash.is_empty() && !tied_stashed.contains(&mb) {
+                        return Err(Error::msg(format!(
+                            "codegen: --schedule {}: stage {s} would run the forward of micro-batch {mb} before the version of its tied parameters that micro-batch reads exists",
+                            cx.schedule.name()
+                        )));
+                    }
+                    if stash.get(m).copied().unwrap_or(false) && !stash_params.is_empty() {
+                        list.push(Instr::Stash {
+                            mb,
+                            tensors: stash_params.clone(),
+                        });
+                        keep.extend(stash_params.iter().cloned());
+                    }
                     list.push(Instr::Compute {
                         pass: PieceKind::Fwd,
                         mb,
@@ -806,19 +932,15 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         mb,
                         tensors: dedup(names),
                     });
+                    if per_mb_step && !param_grad_names.is_empty() {
+                        update(&mut list, Some(mb));
+                        steps_done += 1;
+                        emit_tied(&mut list, &mut live, &mut tied_stashed, steps_done);
+                    }
                 }
             }
-            for (group, tensors, tag) in &group_tags {
-                if group.contains(&dev) {
-                    list.push(Instr::AllReduce {
-                        group: group.clone(),
-                        tensors: tensors.clone(),
-                        tag: *tag,
-                    });
-                }
-            }
-            if st.step.is_some() {
-                list.push(Instr::Step);
+            if !per_mb_step {
+                update(&mut list, None);
             }
             programs[dev] = Some(DeviceProgram {
                 device: dev,

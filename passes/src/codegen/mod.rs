@@ -38,6 +38,8 @@
 //!   5. *Scaling*: the loss of a slice is pre-scaled by `1/(M·r)` (mean losses) or `1/M` (sum),
 //!      so every gradient of a step is the plain sum over micro-batches, replicas and holders,
 //!      equal to single-device training with gradient accumulation (DAPPLE's equivalence).
+//!      Under `pipedream-async` every micro-batch is its own update (PipeDream's minibatch):
+//!      `1/r` (mean) or `1`, an update after each backward, and weight stashing.
 //! - **Fails** with the value, stage or flag at fault: a cross value with the batch on an axis
 //!   other than 0 between stages of different replica counts; a micro-batch not divisible by a
 //!   replica count; an op without gradient rule; a schedule the verifier rejects.
@@ -420,6 +422,16 @@ pub fn stage_pieces(m: &Module, part: &Partition, opts: &CompileOptions) -> Resu
         (Replication::Slices, _) => stage_devices[s].len() as f64,
     };
     let loss_scale = |s: usize| 1.0 / ((b / size(s)) as f64 * slices_per_mb(s));
+    // The factor the loss is scaled by before differentiation: the mini-batch's share as above,
+    // or, when every micro-batch is its own update (`pipedream-async`), the micro-batch's
+    // (PipeDream's minibatch gradient).
+    let grad_scale = |s: usize| {
+        if opts.schedule.per_micro_batch_step() {
+            1.0 / slices_per_mb(s)
+        } else {
+            loss_scale(s)
+        }
+    };
     for &s in topo.iter().rev() {
         let bld = &builds[s];
         let mut cots: Vec<(String, String)> = Vec::new();
@@ -443,7 +455,7 @@ pub fn stage_pieces(m: &Module, part: &Partition, opts: &CompileOptions) -> Resu
         let y0n = g.name(y0).to_string();
         let spec = pieces::TrainSpec {
             forward: &fwd_modules[s],
-            loss: (s == y0_stage).then(|| (y0n.as_str(), &opts.loss, loss_scale(s))),
+            loss: (s == y0_stage).then(|| (y0n.as_str(), &opts.loss, grad_scale(s))),
             cotangents: &cots,
             wrt: &wrt,
         };
@@ -662,7 +674,15 @@ pub fn reference(
         let y0n = g.name(y0).to_string();
         let spec = pieces::TrainSpec {
             forward: &whole,
-            loss: Some((y0n.as_str(), &opts.loss, 1.0 / nmb as f64)),
+            loss: Some((
+                y0n.as_str(),
+                &opts.loss,
+                if opts.schedule.per_micro_batch_step() {
+                    1.0
+                } else {
+                    1.0 / nmb as f64
+                },
+            )),
             cotangents: &[],
             wrt: &[],
         };
@@ -778,6 +798,7 @@ pub fn communicate(
         stages: sp.stages.clone(),
         devices,
         reference: Some(refp.program.clone()),
+        per_micro_batch_step: opts.schedule.per_micro_batch_step(),
     })
 }
 

@@ -432,6 +432,10 @@ struct Ctx<'a> {
     family: &'a Cuts,
     m: usize,
     mem_check: bool,
+    /// The micro-batch every stage's replica count must divide (a stage whose replicas would
+    /// take micro-batches in turn is infeasible): under per-micro-batch updates
+    /// (`pipedream-async`), where each micro-batch's update needs all of a stage's replicas.
+    divides: Option<u64>,
     /// [`sublinear`] at this micro-batch.
     sublinear: bool,
     /// Plans with a larger `L` are not wanted (the search prunes by it).
@@ -636,11 +640,21 @@ impl Ctx<'_> {
 
     /// Memory check of stage `idx` of `n` compute stages (policy-A warm-up).
     fn fits(&self, st: &PlannedStage, idx: usize, n: usize) -> bool {
-        !self.mem_check || self.fits_cap(st, idx, n, self.cap(st.mask))
+        self.divisible(st.mask) && (!self.mem_check || self.fits_cap(st, idx, n, self.cap(st.mask)))
+    }
+
+    /// Whether the replicas on `mask` split the micro-batch evenly where they must
+    /// ([`Ctx::divides`]).
+    fn divisible(&self, mask: u128) -> bool {
+        self.divides
+            .is_none_or(|mb| mb.is_multiple_of(u64::from(mask.count_ones()).max(1)))
     }
 
     /// [`Ctx::fits`] with the stage's devices' memory `cap` ([`Ctx::cap`]) already looked up.
     fn fits_cap(&self, st: &PlannedStage, idx: usize, n: usize, cap: f64) -> bool {
+        if !self.divisible(st.mask) {
+            return false;
+        }
         if !self.mem_check {
             return true;
         }
@@ -758,6 +772,10 @@ fn search_bounded(
         family,
         m,
         mem_check: true,
+        divides: opts
+            .schedule
+            .is_some_and(ScheduleKind::per_micro_batch_step)
+            .then_some(mb),
         sublinear: sublinear(g, kind, mb as f64, ndev),
         bound,
         workers: caches.cap.as_deref(),

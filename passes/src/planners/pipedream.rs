@@ -504,15 +504,45 @@ impl Planner for PipeDream {
             .max_states
             .min(states_for_budget(&levels, self.options.max_work));
         let lin = Linearization::for_graph(g, &excluded, cap, time);
-        let mut solver = Solver::new(g, &lin, levels, &self.options, time);
-        let objective = solver.solve();
-        if objective.is_nan() {
-            return Err(Error::infeasible(
-                "pipedream",
-                "no feasible partition (memory constraint?)",
-            ));
+        let solve = |options: &PipeDreamOptions| {
+            let mut solver = Solver::new(g, &lin, levels.clone(), options, time);
+            let objective = solver.solve();
+            if objective.is_nan() {
+                return Err(Error::infeasible(
+                    "pipedream",
+                    "no feasible partition (memory constraint?)",
+                ));
+            }
+            Ok((objective, solver.stages()?))
+        };
+        let (mut objective, mut leaves) = solve(&self.options)?;
+        // Per-micro-batch updates (`pipedream-async`) need every replica of a stage on each
+        // micro-batch: a given micro-batch that a stage's replica count does not divide (its
+        // replicas would take turns) is planned as a straight pipeline instead.
+        if let (Some(mb), true) = (
+            opts.micro_batch(),
+            opts.schedule
+                .is_some_and(ScheduleKind::per_micro_batch_step),
+        ) {
+            if leaves
+                .iter()
+                .any(|(_, _, d)| !mb.is_multiple_of(d.len().max(1) as u64))
+            {
+                let straight = PipeDreamOptions {
+                    straight_pipeline: true,
+                    ..self.options.clone()
+                };
+                (objective, leaves) = solve(&straight).map_err(|_| {
+                    Error::infeasible(
+                        "pipedream",
+                        format!(
+                            "--schedule pipedream-async needs every stage's replica count to divide --micro-batch {mb}; the optimizer's plan does not, and no straight pipeline (one device per stage) of this graph fits {} devices",
+                            cluster.len()
+                        ),
+                    )
+                })?;
+            }
         }
-        let leaves = solver.stages()?;
         // Nodes: each stage takes the not yet placed nodes of its end state's down-set.
         let ends: Vec<usize> = leaves.iter().map(|(_, b, _)| b - 1).collect();
         let stage_of = stage_of_nodes(g, &lin, &ends);

@@ -34,6 +34,12 @@ pub enum ScheduleKind {
     /// stage's `W` lagging as [`crate::sim::schedule::weight_lag`] says, at up to twice 1F1B's
     /// activation memory.
     ZbH2,
+    /// PipeDream's asynchronous 1F1B (Narayanan et al. 2019, §3.3–3.4): 1F1B's order with no
+    /// flush between micro-batches: after each backward a stage all-reduces that micro-batch's
+    /// gradients over its replicas and applies the optimizer at once (each micro-batch is one
+    /// of PipeDream's minibatches), and **weight stashing** keeps the parameter version a
+    /// micro-batch's forward read for its backward ([`crate::sim::schedule::stashed`]).
+    PipeDreamAsync,
 }
 
 /// The label ([`ScheduleKind::label`]).
@@ -45,7 +51,7 @@ impl std::fmt::Display for ScheduleKind {
 
 impl ScheduleKind {
     /// All kinds, in `--schedule` order.
-    pub const ALL: [ScheduleKind; 11] = [
+    pub const ALL: [ScheduleKind; 12] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::DappleA,
@@ -57,6 +63,7 @@ impl ScheduleKind {
         ScheduleKind::OneFOneBRr,
         ScheduleKind::ZbH1,
         ScheduleKind::ZbH2,
+        ScheduleKind::PipeDreamAsync,
     ];
 
     /// The `--schedule` name.
@@ -75,6 +82,7 @@ impl ScheduleKind {
             ScheduleKind::GppPerStage => "gpp-per-stage",
             ScheduleKind::ZbH1 => "zb-h1",
             ScheduleKind::ZbH2 => "zb-h2",
+            ScheduleKind::PipeDreamAsync => "pipedream-async",
         }
     }
 
@@ -118,6 +126,12 @@ impl ScheduleKind {
         matches!(self, ScheduleKind::ZbH1 | ScheduleKind::ZbH2)
     }
 
+    /// Whether every micro-batch's backward is followed at once by its own all-reduce and
+    /// optimizer step (PipeDream's asynchronous 1F1B), instead of one flush per iteration.
+    pub fn per_micro_batch_step(self) -> bool {
+        self == ScheduleKind::PipeDreamAsync
+    }
+
     /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
     /// even slice of every micro-batch.
     pub fn round_robin(self) -> bool {
@@ -149,7 +163,8 @@ impl ScheduleKind {
             | ScheduleKind::OneFOneBRecompute
             | ScheduleKind::OneFOneBRr
             | ScheduleKind::GppPerStage
-            | ScheduleKind::ZbH1 => depth,
+            | ScheduleKind::ZbH1
+            | ScheduleKind::PipeDreamAsync => depth,
             ScheduleKind::DappleB | ScheduleKind::ZbH2 => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
             ScheduleKind::Kfkb(1) => depth,

@@ -623,10 +623,15 @@ pub fn compute_bound(
                             crate::cost::comm::allreduce_time(cluster, &t.devices, t.bytes, algo)
                         })
                         .sum();
+                    // One all-reduce and step per iteration, or per micro-batch
+                    // (`pipedream-async`).
+                    let updates = if schedule.per_micro_batch_step() {
+                        mine as f64
+                    } else {
+                        1.0
+                    };
                     mine as f64 * (st.fwd_s[k] + st.bwd_s[k])
-                        + ar
-                        + tied
-                        + st.step_s.get(k).copied().unwrap_or(0.0)
+                        + updates * (ar + tied + st.step_s.get(k).copied().unwrap_or(0.0))
                 })
                 .fold(0.0, f64::max)
         })
@@ -676,6 +681,15 @@ pub fn simulate(
 ) -> Result<SimResult> {
     let costed = sg.for_schedule(sched.kind);
     let sg: &StageGraph = &costed;
+    if sched.kind.per_micro_batch_step() {
+        if let Some(s) = (0..sg.stages.len()).find(|&s| sg.is_round_robin(s)) {
+            return Err(Error::msg(format!(
+                "--schedule {}: stage {s}'s {} replicas would take micro-batches in turn (the micro-batch does not divide over them), but every micro-batch's update needs all of a stage's replicas; use a micro-batch divisible by the replica counts",
+                sched.kind.name(),
+                sg.stages[s].devices.len()
+            )));
+        }
+    }
     // Values per stage edge (src stage, dst stage).
     let tensors: HashMap<(usize, usize), (usize, usize)> = sg
         .edges
@@ -797,7 +811,12 @@ pub fn simulate(
     let split: Vec<bool> = (0..sg.stages.len())
         .map(|s| sg.splits_backward(s, sched.kind))
         .collect();
-    let mut collectives: FxHashMap<usize, u32> = FxHashMap::default();
+    // One collective per (stage, occurrence): a stage's `k`-th all-reduce is the same task on
+    // every member (one per iteration, or one per micro-batch under `pipedream-async`).
+    let mut collectives: FxHashMap<(usize, usize), u32> = FxHashMap::default();
+    let per_mb_step = sched.kind.per_micro_batch_step();
+    // Per device, the micro-batches whose parameters it stashes ([`schedule::stashed`]).
+    let mut stash: Vec<Vec<bool>> = vec![Vec::new(); ndev];
     let mut sends_seen: FxHashSet<TransferKey> = FxHashSet::default();
     for (d, prog) in sched.programs.iter().enumerate() {
         if prog.is_empty() {
@@ -834,6 +853,18 @@ pub fn simulate(
             }
         };
         let split_here = split[s];
+        if per_mb_step {
+            let order: Vec<(bool, usize)> = prog
+                .iter()
+                .filter_map(|i| match i {
+                    Instr::Forward { mb, .. } => Some((true, *mb)),
+                    Instr::Backward { mb, .. } => Some((false, *mb)),
+                    _ => None,
+                })
+                .collect();
+            stash[d] = schedule::stashed(&order);
+        }
+        let mut reductions_seen: FxHashMap<usize, usize> = FxHashMap::default();
         let mut backwards_seen = 0usize;
         let mut prev_stream: Option<u32> = None;
         let mut last_compute: Option<u32> = None;
@@ -881,6 +912,10 @@ pub fn simulate(
             if let Some((k, t)) = compute {
                 let before = match ins {
                     Instr::Backward { mb, .. } => partial_sums_s + join_s(*mb, true),
+                    Instr::Forward { mb, .. } if stash[d].get(*mb).copied().unwrap_or(false) => {
+                        // Weight stashing copies the parameters (read and write).
+                        join_s(*mb, false) + 2.0 * accumulate_s / 3.0
+                    }
                     Instr::Forward { mb, .. } => join_s(*mb, false),
                     _ => 0.0,
                 };
@@ -911,7 +946,9 @@ pub fn simulate(
                     _ => false,
                 };
                 if grads_done {
-                    if backwards_seen > 0 && accumulate_s > 0.0 {
+                    // Under per-micro-batch steps every accumulation is into a gradient buffer
+                    // the last step emptied: a move.
+                    if backwards_seen > 0 && accumulate_s > 0.0 && !per_mb_step {
                         // After the backward on the stream; the gradient sends that follow
                         // wait only for the backward (codegen sends, then accumulates).
                         let acc = tb.task(TaskKind::Memory { device: d }, accumulate_s, Vec::new());
@@ -973,7 +1010,9 @@ pub fn simulate(
                     group,
                     bytes,
                 } => {
-                    let id = *collectives.entry(*stage).or_insert_with(|| {
+                    let nth = reductions_seen.entry(*stage).or_insert(0);
+                    *nth += 1;
+                    let id = *collectives.entry((*stage, *nth)).or_insert_with(|| {
                         let t = comm::allreduce_time(cluster, group, *bytes, algo);
                         tb.collective(
                             cluster,
@@ -1020,9 +1059,14 @@ pub fn simulate(
     for i in 0..n {
         let dt = end[i] - start[i];
         match &kinds[i] {
-            TaskKind::Forward { stage, device, .. } => {
+            TaskKind::Forward { stage, device, mb } => {
                 devices[*device].busy_s += dt;
                 mem_events[*device].push((start[i], sg.stages[*stage].saved_bytes));
+                if stash[*device].get(*mb).copied().unwrap_or(false) {
+                    // Weight stashing: a copy of the parameters from the forward to the
+                    // backward ([`schedule::stashed`]).
+                    mem_events[*device].push((start[i], sg.stages[*stage].parameter_bytes));
+                }
                 // The data inputs only the forward reads, loaded for it and dropped after it.
                 let load = sg.stages[*stage].load_bytes;
                 if load > 0.0 {
@@ -1042,10 +1086,17 @@ pub fn simulate(
             }
             // The micro-batch's gradients are complete: it frees what it held (its saved
             // activations, or what the weight-gradient part read).
-            TaskKind::Backward { stage, device, .. }
-            | TaskKind::WeightGrad { stage, device, .. } => {
+            TaskKind::Backward { stage, device, mb }
+            | TaskKind::WeightGrad { stage, device, mb } => {
                 devices[*device].busy_s += dt;
                 let st = &sg.stages[*stage];
+                if stash[*device].get(*mb).copied().unwrap_or(false) {
+                    mem_events[*device].push((end[i], -st.parameter_bytes));
+                }
+                if per_mb_step {
+                    // Its gradients move into the global buffer until the step that follows.
+                    grads_from[*device] = end[i];
+                }
                 let freed = if split[*stage] {
                     -st.weight_saved_bytes - st.carried_bytes
                 } else {
@@ -1058,9 +1109,16 @@ pub fn simulate(
                 flight_events[*device].push((end[i], -1));
                 grads_from[*device] = grads_from[*device].min(end[i]);
             }
-            TaskKind::Step { device, .. } => {
+            TaskKind::Step { device, stage } => {
                 devices[*device].busy_s += dt;
                 grads_to[*device] = grads_to[*device].max(end[i]);
+                if per_mb_step && grads_from[*device].is_finite() {
+                    // One micro-batch's gradients, from its backward to this step.
+                    let b = sg.stages[*stage].parameter_bytes;
+                    mem_events[*device].push((grads_from[*device], b));
+                    mem_events[*device].push((end[i], -b));
+                    grads_from[*device] = f64::INFINITY;
+                }
             }
             TaskKind::AllReduce { devices: g, .. } => {
                 for &d in g {
@@ -1075,7 +1133,9 @@ pub fn simulate(
             devices[d].used = !sched.programs.get(d).is_none_or(|p| p.is_empty());
             let b = sg.stages[*s].parameter_bytes;
             mem_events[d].push((0.0, sg.stages[*s].static_bytes - b));
-            if grads_from[d].is_finite() {
+            if per_mb_step {
+                // Counted per micro-batch at each step.
+            } else if grads_from[d].is_finite() {
                 mem_events[d].push((grads_from[d], b));
                 if grads_to[d] >= grads_from[d] {
                     mem_events[d].push((grads_to[d], -b));

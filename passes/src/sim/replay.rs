@@ -27,8 +27,8 @@
 //! - `AllReduce`: starts when every group member's stream reaches it, lasts
 //!   [`comm::allreduce_time`] of the summed gradient bytes (`grad/P` is shaped like `P`), holds
 //!   the members' channels (and nodes' ports) and blocks their streams meanwhile.
-//! - `Concat`, `Sum`, `Zeros`, `Accumulate`: memory-bound (bytes read + written over the device's
-//!   memory bandwidth). An `Accumulate` into a gradient buffer that is empty since the last
+//! - `Concat`, `Sum`, `Zeros`, `Accumulate`, `Stash`: memory-bound (bytes read + written over
+//!   the device's memory bandwidth). An `Accumulate` into a gradient buffer that is empty since the last
 //!   `Step` is a move, as in the runtime: free. `Load`, `Free`: free.
 //! - On a host with fewer cores than devices (the `cpu` preset), the compute and memory tasks
 //!   running at once share the cores (processor sharing, the cores' measured slowdown).
@@ -551,6 +551,27 @@ pub fn replay(
                     for t in tensors {
                         take(&mut bufs[d], &mut live[d], t, *mb);
                     }
+                }
+                Instr::Stash { mb, tensors } => {
+                    // A copy of the parameters: read and write them (memory-bound).
+                    let mut bytes = 0.0;
+                    for t in tensors {
+                        let b = param_bytes(stage.id, t);
+                        bytes += b;
+                        put(
+                            &mut bufs[d],
+                            &mut live[d],
+                            t,
+                            *mb,
+                            Buf {
+                                bytes: b,
+                                rows: None,
+                            },
+                        );
+                    }
+                    let t = 2.0 * bytes / bw;
+                    let show = (t > 0.0).then(|| (format!("stash[{mb}]"), "memory"));
+                    tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, show));
                 }
                 Instr::AllReduce {
                     group,

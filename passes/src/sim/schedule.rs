@@ -20,6 +20,7 @@
 //! | `1f1b-rr` | `min(⌈W(s)/r_s⌉, M_k)` of the replica's own micro-batches | PipeDream 1F1B-RR (§3.3, NOAM) |
 //! | `zb-h1` | `min(depth(s), M)`, backward split into `B` and `W`, `W` lagging by `max depth − depth(s)` | Qi et al. 2023 §3.1 ZB-H1 |
 //! | `zb-h2` | `min(2·depth(s) − 1, M)`, backward split, `W` lagging by `2·(max depth − depth(s))` | Qi et al. 2023 §3.1 ZB-H2 |
+//! | `pipedream-async` | `min(depth(s), M)`, an all-reduce and optimizer step after every backward, weight stashing | PipeDream §3.3–3.4 |
 //!
 //! **Re-computation** (GPipe's re-materialisation, DAPPLE's "RC"): the `*-recompute` kinds emit the
 //! same instruction order as their base kind, and a `Backward` stands for "re-run the forward of
@@ -67,6 +68,16 @@
 //! also moves the optimizer step's synchronisation out of the way ("post-validation", §4) so
 //! that the next iteration's warm-up overlaps this one's tail; pipec keeps the flush, so the
 //! `(S−1)F` stays. Every stage holds up to `2S − 1` micro-batches.
+//!
+//! **PipeDream's asynchronous 1F1B** (`pipedream-async`, Narayanan et al. 2019, §3.3–3.4):
+//! 1F1B's order (`K_s = min(depth(s), M)`, PipeDream's NOAM for one replica per stage) without
+//! the flush: after each backward the stage all-reduces that micro-batch's gradients over its
+//! replicas and steps its optimizer, so micro-batch `j`'s forward on stage `i` reads the
+//! parameters after the updates of the micro-batches whose backward ran there before it
+//! (`j − (S − i)` of them in steady state on a chain: PipeDream's staleness). **Weight
+//! stashing** ([`stashed`]) makes the backward of `j` use the version its forward read. One
+//! program covers `M` micro-batches; successive runs of it (`pipec run --steps`) drain the
+//! pipeline between them, so the steady state is the `M ≫ S` limit.
 //!
 //! The synchronous schedules all end with the flush: after its last backward, a replicated stage
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
@@ -224,6 +235,30 @@ pub fn with_weight_passes(order: &[(bool, usize)], split: bool, lag: usize) -> V
     out
 }
 
+/// The micro-batches of a stage's forward/backward `order` that need **weight stashing** under
+/// PipeDream's asynchronous 1F1B (§3.3): those whose forward and backward have another
+/// micro-batch's backward, hence an optimizer step, between them, so that the backward would
+/// otherwise see newer parameters than the forward did. `stashed(order)[mb]`; the stage then
+/// keeps one copy of its parameters per such micro-batch from its forward to its backward (on a
+/// chain of `S` stages, stage `i` holds up to `S − i` copies besides the live version, one per
+/// micro-batch in flight as in PipeDream; the last stage none).
+pub fn stashed(order: &[(bool, usize)]) -> Vec<bool> {
+    let m = order.iter().map(|&(_, mb)| mb + 1).max().unwrap_or(0);
+    let mut out = vec![false; m];
+    let mut open: Vec<usize> = Vec::new();
+    for &(fwd, mb) in order {
+        if fwd {
+            open.push(mb);
+        } else {
+            open.retain(|&x| x != mb);
+            for &x in &open {
+                out[x] = true;
+            }
+        }
+    }
+    out
+}
+
 /// Generate the instruction lists of every device for `m` micro-batches.
 pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     if kind.round_robin() {
@@ -349,9 +384,14 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                             }
                         }
                     }
+                    if kind.per_micro_batch_step() {
+                        push_flush(prog, s, st, sg, d);
+                    }
                 }
             }
-            push_flush(prog, s, st, sg, d);
+            if !kind.per_micro_batch_step() {
+                push_flush(prog, s, st, sg, d);
+            }
         }
     }
     Schedule {

@@ -7,6 +7,14 @@
 //! created as zeros before the first step, the step counter = 1-based step number as a 0-D
 //! tensor of the parameters' dtype, `updates` replace global buffers, gradients dropped).
 //!
+//! Under per-micro-batch steps ([`Program::per_micro_batch_step`], PipeDream's asynchronous
+//! 1F1B) the reference is an **emulation of PipeDream's update rule** instead: micro-batch `m`'s
+//! gradients are computed with each parameter at the version the pipeline's computes of `m`
+//! read (the number of optimizer steps before its stash or forward on the parameter's stage,
+//! read from the program: [`read_versions`]), and applied at once to the newest parameters
+//! with the step counter counting updates. Its numerics differ from synchronous training by
+//! design (stale weights), so this is the oracle those programs must equal.
+//!
 //! Comparison, per parameter `P` (distributed `a`, reference `b`):
 //! `abs(P) = max|a - b|`, `rel(P) = abs(P) / max(max|b|, 1e-12)` — a norm-style relative error
 //! (the largest difference relative to the largest reference magnitude, so elements near zero
@@ -20,7 +28,7 @@ use super::{DistError, LoadedProgram, Result, RunResult};
 use crate::exec::Executor;
 use crate::tensor::{max_abs_diff, Tensor};
 use pipec_compiler::ir::DType;
-use pipec_compiler::program::ReferenceProgram;
+use pipec_compiler::program::{Instr, PieceKind, Program, ReferenceProgram};
 use std::collections::{BTreeMap, HashMap};
 
 /// The bound on `max_rel_diff`.
@@ -134,11 +142,39 @@ pub fn reference_run(
         .map(|t| t.dtype())
         .unwrap_or(DType::F32);
     let b = p.micro_batch as usize;
+    let nmb = p.micro_batches as usize;
+    // Under per-micro-batch steps (PipeDream's asynchronous 1F1B): the parameter version each
+    // micro-batch reads, as the program's devices read it.
+    let versions = p.per_micro_batch_step.then(|| read_versions(p));
+    // The step piece reads the gradient as `grad/P` or by the train output's name.
+    let by_out: HashMap<&str, &str> = r
+        .grads
+        .iter()
+        .map(|(g, par)| (g.as_str(), par.as_str()))
+        .collect();
     let mut losses = Vec::with_capacity(steps);
+    // One optimizer step; the step counter counts them.
+    let mut updates = 0usize;
+    let mut update = |grads: &mut HashMap<String, Tensor>,
+                      globals: &mut HashMap<String, Tensor>| {
+        updates += 1;
+        run_step(
+            &mut step, &step_in, r, &by_out, grads, globals, pdtype, updates,
+        )
+    };
     for s in 0..steps {
         let mut loss = 0.0;
         let mut grads: HashMap<String, Tensor> = HashMap::new();
-        for m in 0..p.micro_batches as usize {
+        // Per-micro-batch steps: every parameter version of this run, oldest first.
+        let mut history: HashMap<String, Vec<Tensor>> = HashMap::new();
+        if versions.is_some() {
+            for par in lp.weights.keys() {
+                if let Some(t) = globals.get(par) {
+                    history.insert(par.clone(), vec![t.clone()]);
+                }
+            }
+        }
+        for m in 0..nmb {
             let mut feeds = Vec::with_capacity(train_in.len());
             for x in &train_in {
                 let t = if let Some(di) = p.data_inputs.iter().find(|d| &d.name == x) {
@@ -149,6 +185,11 @@ pub fn reference_run(
                         Some(ax) => data::slice_axis(t, ax, m * b, (m + 1) * b).map_err(err)?,
                         None => t.clone(),
                     }
+                } else if let (Some(v), Some(h)) = (&versions, history.get(x)) {
+                    // The version the pipeline's forward of `m` reads: `k` updates into the run.
+                    let k = v.get(x).and_then(|per_mb| per_mb.get(m)).copied();
+                    let k = k.unwrap_or(h.len() - 1).min(h.len() - 1);
+                    h[k].clone()
                 } else {
                     globals
                         .get(x)
@@ -178,47 +219,122 @@ pub fn reference_run(
                     }
                 }
             }
+            if versions.is_some() {
+                // PipeDream's update rule: this micro-batch's gradients, computed on the
+                // versions it read, update the newest parameters at once.
+                update(&mut grads, &mut globals)
+                    .map_err(|e| err(format!("step {} micro-batch {m}: {e}", s + 1)))?;
+                for (par, h) in history.iter_mut() {
+                    if let Some(t) = globals.get(par) {
+                        h.push(t.clone());
+                    }
+                }
+            }
         }
         losses.push(loss);
-        // The step piece reads the gradient as `grad/P` or by the train output's name.
-        let by_out: HashMap<&str, &str> = r
-            .grads
-            .iter()
-            .map(|(g, par)| (g.as_str(), par.as_str()))
-            .collect();
-        let mut feeds = Vec::with_capacity(step_in.len());
-        for x in &step_in {
-            let t = if r.step_counter.as_deref() == Some(x.as_str()) {
-                data::scalar(pdtype, (s + 1) as f64).map_err(err)?
-            } else if let Some(t) = grads.get(x) {
-                t.clone()
-            } else if let Some(t) = by_out
-                .get(x.as_str())
-                .and_then(|par| grads.get(&format!("grad/{par}")))
-            {
-                t.clone()
-            } else if let Some(t) = globals.get(x) {
-                t.clone()
-            } else if let Some(pt) = x.strip_prefix("grad/").and_then(|par| globals.get(par)) {
-                Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| err(e.to_string()))?
-            } else {
-                return Err(err(format!("step input '{x}' has no value")));
-            };
-            feeds.push((x.clone(), t));
-        }
-        let mut outs: HashMap<String, Tensor> = step
-            .run(&feeds)
-            .map_err(|e| err(format!("step {}: {e}", s + 1)))?
-            .into_iter()
-            .collect();
-        for (out, target) in &r.updates {
-            let t = outs
-                .remove(out)
-                .ok_or_else(|| err(format!("step has no output '{out}'")))?;
-            globals.insert(target.clone(), t);
+        if versions.is_none() {
+            update(&mut grads, &mut globals).map_err(|e| err(format!("step {}: {e}", s + 1)))?;
         }
     }
     Ok((losses, globals))
+}
+
+/// One optimizer step of the reference: `step` on the summed gradients `grads` (taken), the
+/// global buffers and the step counter `t` (1-based); its updates replace global buffers.
+#[allow(clippy::too_many_arguments)]
+fn run_step(
+    step: &mut Box<dyn crate::exec::Prepared>,
+    step_in: &[String],
+    r: &ReferenceProgram,
+    by_out: &HashMap<&str, &str>,
+    grads: &mut HashMap<String, Tensor>,
+    globals: &mut HashMap<String, Tensor>,
+    pdtype: DType,
+    t: usize,
+) -> std::result::Result<(), String> {
+    let mut feeds = Vec::with_capacity(step_in.len());
+    for x in step_in {
+        let v = if r.step_counter.as_deref() == Some(x.as_str()) {
+            data::scalar(pdtype, t as f64)?
+        } else if let Some(v) = grads.get(x) {
+            v.clone()
+        } else if let Some(v) = by_out
+            .get(x.as_str())
+            .and_then(|par| grads.get(&format!("grad/{par}")))
+        {
+            v.clone()
+        } else if let Some(v) = globals.get(x) {
+            v.clone()
+        } else if let Some(pt) = x.strip_prefix("grad/").and_then(|par| globals.get(par)) {
+            Tensor::zeros(pt.dtype(), pt.shape()).map_err(|e| e.to_string())?
+        } else {
+            return Err(format!("step input '{x}' has no value"));
+        };
+        feeds.push((x.clone(), v));
+    }
+    let mut outs: HashMap<String, Tensor> = step
+        .run(&feeds)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .collect();
+    for (out, target) in &r.updates {
+        let v = outs
+            .remove(out)
+            .ok_or_else(|| format!("step has no output '{out}'"))?;
+        globals.insert(target.clone(), v);
+    }
+    grads.clear();
+    Ok(())
+}
+
+/// Per parameter and micro-batch: how many optimizer steps of the run (under per-micro-batch
+/// steps) came before the version the pipeline's computes of that micro-batch read — counted on
+/// the first device holding the parameter, at the [`Instr::Stash`] of the parameter for the
+/// micro-batch if there is one, else at its forward. (The verifier checks that its backward
+/// reads the same; a tied parameter's other holders stash the same version, else the
+/// comparison fails.)
+fn read_versions(p: &Program) -> HashMap<String, Vec<usize>> {
+    let mut out: HashMap<String, Vec<usize>> = HashMap::new();
+    for d in &p.devices {
+        let Some(st) = p.stages.get(d.stage) else {
+            continue;
+        };
+        let mut steps = 0usize;
+        // (parameter, mb) -> steps at its stash; mb -> steps at its forward.
+        let mut at_stash: HashMap<(&str, u32), usize> = HashMap::new();
+        let mut at_fwd: HashMap<u32, usize> = HashMap::new();
+        for ins in &d.instructions {
+            match ins {
+                Instr::Step => steps += 1,
+                Instr::Stash { mb, tensors } => {
+                    for q in tensors {
+                        at_stash.insert((q.as_str(), *mb), steps);
+                    }
+                }
+                Instr::Compute {
+                    pass: PieceKind::Fwd,
+                    mb,
+                } => {
+                    at_fwd.entry(*mb).or_insert(steps);
+                }
+                _ => {}
+            }
+        }
+        for q in &st.params {
+            out.entry(q.clone()).or_insert_with(|| {
+                (0..p.micro_batches as u32)
+                    .map(|m| {
+                        at_stash
+                            .get(&(q.as_str(), m))
+                            .or_else(|| at_fwd.get(&m))
+                            .copied()
+                            .unwrap_or(steps)
+                    })
+                    .collect()
+            });
+        }
+    }
+    out
 }
 
 /// Compare a distributed run's parameters with the reference run on the same data and steps.

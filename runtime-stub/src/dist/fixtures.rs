@@ -432,6 +432,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
                 ("grad/W2".into(), "W2".into()),
             ],
         }),
+        per_micro_batch_step: false,
     };
     std::fs::write(outdir.join("schedule.json"), program.to_json())?;
     Ok(program)

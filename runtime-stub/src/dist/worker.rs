@@ -90,6 +90,8 @@ struct Worker<'a> {
     /// Dtype of the stage's parameters (for the step counter).
     param_dtype: DType,
     loss: f64,
+    /// Optimizer steps applied so far (the step counter's base).
+    steps_taken: usize,
 }
 
 /// [`run_device`], with a panic inside it turned into `DistError::Device { at: "worker" }` (what
@@ -193,6 +195,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         ops: ValueOps::new(ctx.executor),
         param_dtype,
         loss: 0.0,
+        steps_taken: 0,
     };
     let prepare_s = start.elapsed().as_secs_f64();
     let mut timing = DeviceTiming {
@@ -215,7 +218,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
             } else {
                 None
             };
-            w.exec(k, ins, s, ep).map_err(|e| match e {
+            w.exec(k, ins, ep).map_err(|e| match e {
                 CommError::Aborted => DistError::Aborted(d),
                 e => fail(
                     format!("instruction {k} ({}) in step {}", ins.describe(), s + 1),
@@ -304,12 +307,11 @@ fn check_sig(
 }
 
 impl Worker<'_> {
-    /// Execute one instruction of step `s` (0-based). Every error names what was missing.
+    /// Execute one instruction. Every error names what was missing.
     fn exec(
         &mut self,
         k: usize,
         ins: &Instr,
-        s: usize,
         ep: &mut dyn Endpoint,
     ) -> std::result::Result<(), CommError> {
         match ins {
@@ -454,6 +456,17 @@ impl Worker<'_> {
                     self.bufs.remove(&(x.clone(), *mb));
                 }
             }
+            Instr::Stash { mb, tensors } => {
+                for x in tensors {
+                    let t = self
+                        .globals
+                        .get(x)
+                        .ok_or_else(|| other(format!("no global buffer '{x}' to stash")))?
+                        .try_clone()
+                        .map_err(|e| other(format!("stashing '{x}': {e}")))?;
+                    self.bufs.insert((x.clone(), *mb), t);
+                }
+            }
             Instr::AllReduce {
                 group,
                 tensors,
@@ -488,7 +501,7 @@ impl Worker<'_> {
                 }
                 r?;
             }
-            Instr::Step => self.step(s)?,
+            Instr::Step => self.step()?,
         }
         Ok(())
     }
@@ -640,7 +653,11 @@ impl Worker<'_> {
         Ok(())
     }
 
-    fn step(&mut self, s: usize) -> std::result::Result<(), CommError> {
+    /// The stage's optimizer step; its step counter is this device's count of steps so far,
+    /// 1-based (the step number, or the micro-batch update's under per-micro-batch steps).
+    fn step(&mut self) -> std::result::Result<(), CommError> {
+        self.steps_taken += 1;
+        let s = self.steps_taken - 1;
         let stage = self.stage;
         let mut piece = self
             .step

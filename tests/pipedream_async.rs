@@ -295,30 +295,38 @@ fn replicas_that_take_turns_are_refused_with_the_reason() {
 }
 
 /// The planners keep to what the schedule can run: DAPPLE's replica counts divide the
-/// micro-batch (here 8 CPU devices, where it otherwise replicates 3 or 5 ways).
+/// micro-batch, given (8 CPU devices, where it otherwise replicates 3 or 5 ways) or its own
+/// choice (4 Summit GPUs, where data parallelism at a micro-batch of 2 would be re-ranked).
 #[test]
 fn dapple_replicates_only_by_divisors_of_the_micro_batch() {
-    let m = common::model("mlp4.onnx");
-    let so = pipec_ok(&[
-        "plan",
-        m.to_str().expect("utf-8"),
-        "--cluster",
-        "cpu",
-        "--devices",
-        "8",
-        "--planner",
-        "dapple",
-        "--batch",
-        "64",
-        "--micro-batch",
-        "8",
-        "--schedule",
-        "pipedream-async",
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_str(&so).expect("json");
-    for st in v["stages"].as_array().expect("stages") {
-        let r = st["devices"].as_array().expect("devices").len();
-        assert_eq!(8 % r, 0, "{st}");
+    for (model, cluster, devices, mb) in [
+        ("mlp4", "cpu", "8", Some("8")),
+        ("resnet18", "summit", "4", None),
+    ] {
+        let m = common::model(&format!("{model}.onnx"));
+        let mut args = vec![
+            "plan",
+            m.to_str().expect("utf-8"),
+            "--cluster",
+            cluster,
+            "--devices",
+            devices,
+            "--planner",
+            "dapple",
+            "--batch",
+            "32",
+            "--schedule",
+            "pipedream-async",
+            "--json",
+        ];
+        if let Some(mb) = mb {
+            args.extend(["--micro-batch", mb]);
+        }
+        let v: serde_json::Value = serde_json::from_str(&pipec_ok(&args)).expect("json");
+        let mb = v["micro_batch"].as_u64().expect("micro_batch");
+        for st in v["stages"].as_array().expect("stages") {
+            let r = st["devices"].as_array().expect("devices").len() as u64;
+            assert_eq!(mb % r, 0, "{model}: micro-batch {mb}, {st}");
+        }
     }
 }

@@ -1965,7 +1965,19 @@ impl Planner for Dapple {
             ],
         };
         let mut best: Option<Plan> = None;
+        // Under per-micro-batch updates every stage's replicas must split the micro-batch
+        // (the search keeps to that; the re-ranked data parallelism may not).
+        let per_mb_step = opts
+            .schedule
+            .is_some_and(ScheduleKind::per_micro_batch_step);
         for (mb, stages, l) in pool {
+            if per_mb_step
+                && stages
+                    .iter()
+                    .any(|(_, _, d)| !mb.is_multiple_of(d.len().max(1) as u64))
+            {
+                continue;
+            }
             let specs: Vec<StageSpec> = stages
                 .iter()
                 .map(|(i, j, devs)| StageSpec {

@@ -80,6 +80,8 @@ pub struct CompileOptions {
     pub profile: Option<PathBuf>,
     /// Keep the IR after every step for `--dump-ir` ([`Compilation::ir`]).
     pub keep_ir: bool,
+    /// PipeDream's vertical sync (`--vertical-sync`; `pipedream-async` only).
+    pub vertical_sync: bool,
 }
 
 impl CompileOptions {
@@ -103,6 +105,7 @@ impl CompileOptions {
             dims: BTreeMap::new(),
             profile: None,
             keep_ir: false,
+            vertical_sync: false,
         }
     }
 
@@ -602,6 +605,7 @@ fn partition_step(st: &mut CompileState) -> Result<usize> {
         optimizer: opts.optimizer.clone(),
         optimizer_spec: opts.optimizer_spec.clone(),
         per_stage: per_stage_of(plan),
+        vertical_sync: opts.vertical_sync,
     };
     (st.progress)(&format!("compiling {} stages", specs.len()));
     let part = codegen::partition(planned.module(), &specs, &copts)

@@ -48,9 +48,21 @@ fn case(
     batch: &str,
     mb: &str,
 ) -> (tempfile::TempDir, Program) {
+    // `stages:SPEC` compiles the stages SPEC (`--stages`) instead of a planner's.
+    case_with(model, planner, devices, batch, mb, &[])
+}
+
+/// [`case`] with more compile flags.
+fn case_with(
+    model: &str,
+    planner: &str,
+    devices: &str,
+    batch: &str,
+    mb: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, Program) {
     let t = tempdir();
     let out = t.path().join("o");
-    // `stages:SPEC` compiles the stages SPEC (`--stages`) instead of a planner's.
     let (flag, what) = match planner.strip_prefix("stages:") {
         Some(spec) => ("--stages", spec),
         None => ("--planner", planner),
@@ -71,7 +83,11 @@ fn case(
             mb,
             "--schedule",
             "pipedream-async",
-        ],
+        ]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect::<Vec<_>>(),
     );
     let p = load(&out);
     program::verify(&p).expect("verified");
@@ -329,4 +345,57 @@ fn dapple_replicates_only_by_divisors_of_the_micro_batch() {
             assert_eq!(mb % r, 0, "{model}: micro-batch {mb}, {st}");
         }
     }
+}
+
+/// `--vertical-sync` (PipeDream §3.4): every stage reads, for each micro-batch, the version the
+/// input stage's forward read, so the versions agree across devices (the verifier checks it,
+/// and refuses weight stashing alone under that claim) and the program equals its emulation.
+/// The flag without `pipedream-async` is refused.
+#[test]
+fn vertical_sync_reads_one_version_per_micro_batch() {
+    let (t, vs) = case_with("mlp4", "straight", "4", "16", "2", &["--vertical-sync"]);
+    assert!(vs.vertical_sync);
+    let o = t.path().join("o");
+    let exact = pipec_ok(&[
+        "run",
+        o.to_str().expect("utf-8"),
+        "--steps",
+        "2",
+        "--check",
+        "--precision",
+        "f64",
+    ]);
+    assert!(exact.contains("check ok"), "{exact}");
+    for d in &vs.devices {
+        for ((_, mb), v) in program::read_versions(&vs, d) {
+            let first = program::read_versions(&vs, &vs.devices[0]);
+            let want = first.iter().find(|((_, m), _)| *m == mb).map(|x| *x.1);
+            assert_eq!(Some(v), want, "device {} micro-batch {mb}", d.device);
+        }
+    }
+    // Weight stashing alone: later stages read newer versions, which vertical sync forbids.
+    let (_t, ws) = case("mlp4", "straight", "4", "16", "2");
+    let mut claimed = ws.clone();
+    claimed.vertical_sync = true;
+    let e = program::verify(&claimed)
+        .expect_err("versions differ")
+        .to_string();
+    assert!(e.contains("vertical sync"), "{e}");
+    let o = pipec(&[
+        "compile",
+        common::model("mlp4.onnx").to_str().expect("utf-8"),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "4",
+        "--planner",
+        "straight",
+        "--batch",
+        "16",
+        "--vertical-sync",
+        "-o",
+        t.path().join("x").to_str().expect("utf-8"),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--vertical-sync"), "{}", stderr(&o));
 }

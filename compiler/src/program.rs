@@ -73,6 +73,10 @@ pub struct Program {
     /// (`pipec_runtime::dist::check`). Written only when true.
     #[serde(default, skip_serializing_if = "is_false")]
     pub per_micro_batch_step: bool,
+    /// PipeDream's vertical sync (§3.4): with per-micro-batch steps, every device's computes of
+    /// a micro-batch read one weight version (the verifier checks it). Written only when true.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub vertical_sync: bool,
 }
 
 fn is_false(x: &bool) -> bool {
@@ -636,6 +640,9 @@ pub fn verify(p: &Program) -> Result<()> {
             }
         }
     }
+    if p.vertical_sync {
+        vertical_sync(p)?;
+    }
     // 4. Every read buffer is produced first.
     dataflow(p)?;
     // 5. Deadlock freedom: replay.
@@ -723,6 +730,60 @@ fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
         return Err(Error::msg(format!(
             "schedule: device {dev}: the gradients accumulated at instruction {a} are never stepped (per-micro-batch updates)"
         )));
+    }
+    Ok(())
+}
+
+/// Per device, parameter and micro-batch: the optimizer steps the device ran before the version
+/// of the parameter that micro-batch's computes read (at its stash, else at its forward).
+pub fn read_versions(p: &Program, d: &DeviceProgram) -> BTreeMap<(String, u32), usize> {
+    let mut out = BTreeMap::new();
+    let Some(st) = p.stages.get(d.stage) else {
+        return out;
+    };
+    let mut steps = 0usize;
+    for ins in &d.instructions {
+        match ins {
+            Instr::Step => steps += 1,
+            Instr::Stash { mb, tensors } => {
+                for q in tensors {
+                    out.insert((q.clone(), *mb), steps);
+                }
+            }
+            Instr::Compute {
+                pass: PieceKind::Fwd,
+                mb,
+            } => {
+                for q in &st.params {
+                    out.entry((q.clone(), *mb)).or_insert(steps);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// PipeDream's vertical sync: every device reads one weight version per micro-batch (the
+/// number of steps before it, counted on each device: the stages step in lockstep per
+/// micro-batch). The error names the two devices and the versions.
+fn vertical_sync(p: &Program) -> Result<()> {
+    let mut seen: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
+    for d in &p.devices {
+        for ((q, mb), v) in read_versions(p, d) {
+            match seen.get(&mb) {
+                Some(&(od, ov)) if ov != v => {
+                    return Err(Error::msg(format!(
+                        "schedule: vertical sync: micro-batch {mb} reads weight version {ov} on device {od} but version {v} of '{q}' on device {}",
+                        d.device
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(mb, (d.device, v));
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -1090,6 +1151,7 @@ mod tests {
             ],
             reference: None,
             per_micro_batch_step: false,
+            vertical_sync: false,
         }
     }
 

@@ -33,6 +33,7 @@ fn options(micro_batch: u64) -> CompileOptions {
         optimizer: "sgd:lr=0.1".parse().unwrap(),
         optimizer_spec: "sgd:lr=0.1".into(),
         per_stage: None,
+        vertical_sync: false,
     }
 }
 

@@ -114,6 +114,11 @@ pub struct CompileArgs {
     /// analytic cost model.
     #[arg(long, value_name = "prof.json")]
     pub profile: Option<PathBuf>,
+    /// With `--schedule pipedream-async`: PipeDream's vertical sync (§3.4): every stage's
+    /// computes of a micro-batch read the weight version the input stage's forward of it read
+    /// (older versions are stashed for it), instead of each stage's newest at its forward.
+    #[arg(long = "vertical-sync")]
+    pub vertical_sync: bool,
 }
 
 /// Run `pipec compile`: check the flags, run [`driver::pipeline`] on the pass manager (its IR
@@ -137,6 +142,9 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
         a.dapple_reference.as_deref(),
     )?;
     let schedule = super::plan::parse_schedule(a.schedule.as_deref(), &planner_name)?;
+    if a.vertical_sync && !schedule.is_some_and(|k| k.per_micro_batch_step()) {
+        bail!("--vertical-sync: only with --schedule pipedream-async (it chooses which weight version each stage reads under asynchronous updates)");
+    }
     planners::by_name(&planner_name)?; // an unknown name fails before any work
     let cluster = resolve_cluster(&a.cluster, a.device_kind.as_deref(), a.devices)?;
     let spin = super::progress::spinner(format!("importing {}", a.model.display()));
@@ -144,6 +152,7 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     let mut opts = CompileOptions::new(&planner_name, cluster, a.batch);
     opts.micro_batch = micro_batch;
     opts.schedule = schedule;
+    opts.vertical_sync = a.vertical_sync;
     opts.loss = loss;
     opts.optimizer = optimizer;
     opts.optimizer_spec = a.optimizer.clone();

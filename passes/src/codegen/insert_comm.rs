@@ -63,6 +63,9 @@ pub struct Context<'a> {
     pub input_grads: Vec<Vec<(String, String)>>,
     /// Per stage: `(parameter, gradient output)`.
     pub param_grads: Vec<Vec<(String, String)>>,
+    /// PipeDream's vertical sync: every stage reads, for micro-batch `j`, the weight version
+    /// the input stage (the deepest from the sink) read.
+    pub vertical_sync: bool,
     /// GraphPipe's per-stage micro-batch sizes and kFkB groups (`gpp-per-stage`), with the
     /// warm-up of every stage; `None`: `micro_batch` everywhere, the schedule kind's order.
     pub per_stage: Option<PerStageOrder>,
@@ -473,7 +476,19 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     // Per stage: `(parameter, stage whose forward sets its version)` for the tied parameters it
     // holds but does not set.
     let mut tied_to: Vec<Vec<(String, usize)>> = vec![Vec::new(); cx.stage_devices.len()];
-    if cx.schedule.per_micro_batch_step() {
+    if cx.schedule.per_micro_batch_step() && cx.vertical_sync {
+        // Vertical sync: every parameter follows the input stage's versions.
+        let input = (0..cx.stage_devices.len()).max_by_key(|&t| (depth[t], std::cmp::Reverse(t)));
+        for (t, st) in cx.stages.iter().enumerate() {
+            if Some(t) != input {
+                tied_to[t] = st
+                    .params
+                    .iter()
+                    .map(|q| (q.clone(), input.unwrap_or(0)))
+                    .collect();
+            }
+        }
+    } else if cx.schedule.per_micro_batch_step() {
         for (p, devs) in cx.holders {
             let stages: BTreeSet<usize> = devs.iter().filter_map(|&d| stage_of_device(d)).collect();
             let Some(&first) = stages

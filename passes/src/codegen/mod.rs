@@ -75,6 +75,10 @@ pub struct CompileOptions {
     pub optimizer_spec: String,
     /// GraphPipe's per-stage micro-batch sizes and kFkB groups (`gpp-per-stage` plans).
     pub per_stage: Option<crate::sim::PerStage>,
+    /// PipeDream's vertical sync (§3.4, `--vertical-sync`, with `pipedream-async` only): every
+    /// stage's computes of a micro-batch read the weight version the input stage's forward of
+    /// it read.
+    pub vertical_sync: bool,
 }
 
 /// A compiled program with the modules and data its files hold.
@@ -767,6 +771,7 @@ pub fn communicate(
         holders: &sp.holders,
         input_grads: sp.built.iter().map(|p| p.input_grads.clone()).collect(),
         param_grads: sp.built.iter().map(|p| p.param_grads.clone()).collect(),
+        vertical_sync: opts.vertical_sync,
         per_stage: opts.per_stage.as_ref().map(|ps| {
             // The simulator's warm-ups (Appendix A.1's in-flight samples) on the stage DAG.
             let mut succ = vec![Vec::new(); ns];
@@ -799,6 +804,7 @@ pub fn communicate(
         devices,
         reference: Some(refp.program.clone()),
         per_micro_batch_step: opts.schedule.per_micro_batch_step(),
+        vertical_sync: opts.vertical_sync,
     })
 }
 

@@ -28,7 +28,7 @@ use super::{DistError, LoadedProgram, Result, RunResult};
 use crate::exec::Executor;
 use crate::tensor::{max_abs_diff, Tensor};
 use pipec_compiler::ir::DType;
-use pipec_compiler::program::{Instr, PieceKind, Program, ReferenceProgram};
+use pipec_compiler::program::{Program, ReferenceProgram};
 use std::collections::{BTreeMap, HashMap};
 
 /// The bound on `max_rel_diff`.
@@ -289,47 +289,21 @@ fn run_step(
 
 /// Per parameter and micro-batch: how many optimizer steps of the run (under per-micro-batch
 /// steps) came before the version the pipeline's computes of that micro-batch read — counted on
-/// the first device holding the parameter, at the [`Instr::Stash`] of the parameter for the
-/// micro-batch if there is one, else at its forward. (The verifier checks that its backward
-/// reads the same; a tied parameter's other holders stash the same version, else the
-/// comparison fails.)
+/// the first device holding the parameter ([`pipec_compiler::program::read_versions`]: at its
+/// stash for the micro-batch if there is one, else at the forward). The verifier checks that
+/// its backward reads the same; a tied parameter's other holders stash the same version, else
+/// the comparison fails.
 fn read_versions(p: &Program) -> HashMap<String, Vec<usize>> {
     let mut out: HashMap<String, Vec<usize>> = HashMap::new();
     for d in &p.devices {
         let Some(st) = p.stages.get(d.stage) else {
             continue;
         };
-        let mut steps = 0usize;
-        // (parameter, mb) -> steps at its stash; mb -> steps at its forward.
-        let mut at_stash: HashMap<(&str, u32), usize> = HashMap::new();
-        let mut at_fwd: HashMap<u32, usize> = HashMap::new();
-        for ins in &d.instructions {
-            match ins {
-                Instr::Step => steps += 1,
-                Instr::Stash { mb, tensors } => {
-                    for q in tensors {
-                        at_stash.insert((q.as_str(), *mb), steps);
-                    }
-                }
-                Instr::Compute {
-                    pass: PieceKind::Fwd,
-                    mb,
-                } => {
-                    at_fwd.entry(*mb).or_insert(steps);
-                }
-                _ => {}
-            }
-        }
+        let at = pipec_compiler::program::read_versions(p, d);
         for q in &st.params {
             out.entry(q.clone()).or_insert_with(|| {
                 (0..p.micro_batches as u32)
-                    .map(|m| {
-                        at_stash
-                            .get(&(q.as_str(), m))
-                            .or_else(|| at_fwd.get(&m))
-                            .copied()
-                            .unwrap_or(steps)
-                    })
+                    .map(|m| at.get(&(q.clone(), m)).copied().unwrap_or(0))
                     .collect()
             });
         }

@@ -433,6 +433,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
             ],
         }),
         per_micro_batch_step: false,
+        vertical_sync: false,
     };
     std::fs::write(outdir.join("schedule.json"), program.to_json())?;
     Ok(program)

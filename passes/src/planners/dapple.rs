@@ -1918,6 +1918,14 @@ impl Planner for Dapple {
             };
             let s = search_bounded(g, cluster, opts, mbs[x], &family, bound, &mut caches)?;
             if s.candidates.is_empty() && bound == f64::INFINITY {
+                // Under per-micro-batch updates a micro-batch may admit no plan (no stages
+                // whose replica counts divide it use every device); the others are tried.
+                if opts
+                    .schedule
+                    .is_some_and(ScheduleKind::per_micro_batch_step)
+                {
+                    continue;
+                }
                 return Err(Error::infeasible("dapple", "no plan found"));
             }
             time_limited |= s.time_limited;
@@ -1994,7 +2002,16 @@ impl Planner for Dapple {
                 }
             }
         }
-        let mut plan = best.ok_or_else(|| Error::infeasible("dapple", "no plan found"))?;
+        let mut plan = best.ok_or_else(|| {
+            Error::infeasible(
+                "dapple",
+                if opts.schedule.is_some_and(ScheduleKind::per_micro_batch_step) {
+                    "no plan found whose stages' replica counts divide the micro-batch (needed by per-micro-batch updates)"
+                } else {
+                    "no plan found"
+                },
+            )
+        })?;
         // ZB-H2 on the winner's stages only (one more simulation, not one per candidate): it
         // differs from zb-h1 by a longer warm-up and later weight passes, so it wins where the
         // stages already pipeline well, at up to twice the activations (kept only if they fit).

@@ -517,17 +517,17 @@ impl Planner for PipeDream {
         };
         let (mut objective, mut leaves) = solve(&self.options)?;
         // Per-micro-batch updates (`pipedream-async`) need every replica of a stage on each
-        // micro-batch: a given micro-batch that a stage's replica count does not divide (its
-        // replicas would take turns) is planned as a straight pipeline instead.
-        if let (Some(mb), true) = (
-            opts.micro_batch(),
-            opts.schedule
-                .is_some_and(ScheduleKind::per_micro_batch_step),
-        ) {
-            if leaves
+        // micro-batch: when no micro-batch (the given one, or one the planner may choose) is a
+        // multiple of every replica count, the plan is a straight pipeline instead.
+        let per_mb_step = opts
+            .schedule
+            .is_some_and(ScheduleKind::per_micro_batch_step);
+        if per_mb_step {
+            let turn = leaves
                 .iter()
-                .any(|(_, _, d)| !mb.is_multiple_of(d.len().max(1) as u64))
-            {
+                .map(|(_, _, d)| d.len().max(1) as u64)
+                .fold(1, lcm);
+            if async_micro_batch(opts, turn, 4 * leaves.len() as u64).is_none() {
                 let straight = PipeDreamOptions {
                     straight_pipeline: true,
                     ..self.options.clone()
@@ -536,7 +536,7 @@ impl Planner for PipeDream {
                     Error::infeasible(
                         "pipedream",
                         format!(
-                            "--schedule pipedream-async needs every stage's replica count to divide --micro-batch {mb}; the optimizer's plan does not, and no straight pipeline (one device per stage) of this graph fits {} devices",
+                            "--schedule pipedream-async needs a micro-batch that divides the batch and that every stage's replica count divides; the optimizer's plan has none, and no straight pipeline (one device per stage) of this graph fits {} devices",
                             cluster.len()
                         ),
                     )
@@ -562,7 +562,11 @@ impl Planner for PipeDream {
         // turn) a multiple of every stage's replica count, so no replica idles for want of one.
         let turn = specs.iter().map(|s| s.devices.len() as u64).fold(1, lcm);
         let want = 4 * specs.len() as u64;
-        let mb = opts.micro_batch_or(want.div_ceil(turn) * turn);
+        let mb = match per_mb_step {
+            true => async_micro_batch(opts, turn, want)
+                .unwrap_or_else(|| opts.micro_batch_or(want.div_ceil(turn) * turn)),
+            false => opts.micro_batch_or(want.div_ceil(turn) * turn),
+        };
         let search = t0.elapsed().as_secs_f64();
         Plan::assemble(
             self.name(),
@@ -576,6 +580,25 @@ impl Planner for PipeDream {
             search,
         )
     }
+}
+
+/// The micro-batch under per-micro-batch updates, where every stage's replicas split each
+/// micro-batch: the given one if `turn` (the replica counts' least common multiple) divides
+/// it; else the largest divisor of the batch that `turn` divides with at least `want`
+/// micro-batches, or failing that the one with the most; `None` when there is none.
+fn async_micro_batch(opts: &PlanOptions, turn: u64, want: u64) -> Option<u64> {
+    if let Some(mb) = opts.micro_batch() {
+        return mb.is_multiple_of(turn).then_some(mb);
+    }
+    let b = opts.batch.max(1);
+    let ok: Vec<u64> = (1..=b)
+        .filter(|mb| b.is_multiple_of(*mb) && mb.is_multiple_of(turn))
+        .collect();
+    ok.iter()
+        .rev()
+        .find(|&&mb| b / mb >= want)
+        .or(ok.first())
+        .copied()
 }
 
 /// Least common multiple (1 for an overflow, where no micro-batch count could be one).

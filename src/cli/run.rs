@@ -42,7 +42,9 @@ pub struct RunArgs {
     /// Seed of the random data.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Compare every parameter with the single-device reference run (exit 1 above 1e-4).
+    /// Compare every parameter with the single-device reference run (exit 1 above 1e-4); for a
+    /// `pipedream-async` program, with the single-device emulation of PipeDream's update rule
+    /// (each micro-batch on the weight versions the program's computes read).
     #[arg(long)]
     pub check: bool,
     /// Write a Chrome/Perfetto trace (one track per device, one event per instruction).

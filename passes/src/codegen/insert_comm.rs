@@ -815,6 +815,12 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                             mb,
                             tensors: dedup(names),
                         });
+                        if per_mb_step && st.step.is_some() {
+                            // Parameters no gradient reaches: still one update per micro-batch.
+                            update(&mut list, Some(mb));
+                            steps_done += 1;
+                            emit_tied(&mut list, &mut live, &mut tied_stashed, steps_done);
+                        }
                     }
                 } else {
                     let Some(bwd) = &st.bwd else { continue };
@@ -947,7 +953,10 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                         mb,
                         tensors: dedup(names),
                     });
-                    if per_mb_step && !param_grad_names.is_empty() {
+                    if per_mb_step && st.step.is_some() {
+                        // Every micro-batch is an update of all the stage's parameters, those
+                        // without a gradient too (their step with zero gradients, as the
+                        // single-device update rule takes it: weight decay, momentum).
                         update(&mut list, Some(mb));
                         steps_done += 1;
                         emit_tied(&mut list, &mut live, &mut tied_stashed, steps_done);

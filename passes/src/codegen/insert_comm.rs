@@ -470,7 +470,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     // all-reduce per micro-batch over all of them), and every holder's computes of micro-batch
     // `j` read the version its *first* reader's forward of `j` read (the holder stage deepest
     // from the sink): the others stash it right after that many of their own steps
-    // (`tied_version`), so the one parameter has one version per micro-batch, as in
+    // (`steps_before_forward`), so the one parameter has one version per micro-batch, as in
     // single-device training (PipeDream's vertical sync, for that parameter).
     let stage_of_device = |d: usize| cx.stage_devices.iter().position(|ds| ds.contains(&d));
     // Per stage: `(parameter, stage whose forward sets its version)` for the tied parameters it
@@ -552,6 +552,21 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             }
         }
         let param_grad_names: Vec<String> = cx.param_grads[s].iter().map(|x| x.1.clone()).collect();
+        // The parameters another stage's forward versions (`tied_to`), by `(steps, mb)`: every
+        // replica stashes them for `mb` once it has run `steps` steps.
+        let mut tied_stash: BTreeMap<(usize, u32), Vec<String>> = BTreeMap::new();
+        let mut forward_steps: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (q, first) in &tied_to[s] {
+            let steps = forward_steps
+                .entry(*first)
+                .or_insert_with(|| steps_before_forward(*first));
+            for (mb, &v) in steps.iter().enumerate() {
+                tied_stash
+                    .entry((v, mb as u32))
+                    .or_default()
+                    .push(q.clone());
+            }
+        }
         if cx.schedule.per_micro_batch_step() && r > 1 && mode == Replication::RoundRobin {
             return Err(Error::msg(format!(
                 "codegen: --schedule {} updates after every micro-batch, all replicas together, but stage {s}'s {r} replicas take micro-batches in turn (its micro-batch of {b} samples cannot be split {r} ways); use a micro-batch divisible by {r}",
@@ -598,31 +613,19 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                 })
                 .cloned()
                 .collect();
-            // Tied parameters another stage's forward versions: `(steps, mb, names)` — stash
-            // them for `mb` once this device has run `steps` steps.
-            let mut tied_stash: Vec<(usize, u32, Vec<String>)> = Vec::new();
-            for (q, first) in &tied_to[s] {
-                for (mb, v) in steps_before_forward(*first).into_iter().enumerate() {
-                    match tied_stash.iter_mut().find(|x| x.0 == v && x.1 == mb as u32) {
-                        Some(x) => x.2.push(q.clone()),
-                        None => tied_stash.push((v, mb as u32, vec![q.clone()])),
-                    }
-                }
-            }
-            tied_stash.sort();
             let mut steps_done = 0usize;
             let mut tied_stashed: BTreeSet<u32> = BTreeSet::new();
             let emit_tied = |list: &mut Vec<Instr>,
                              live: &mut HashMap<u32, Vec<String>>,
                              stashed: &mut BTreeSet<u32>,
                              steps: usize| {
-                for (_, mb, names) in tied_stash.iter().filter(|x| x.0 == steps) {
+                for (&(_, mb), names) in tied_stash.range((steps, 0)..=(steps, u32::MAX)) {
                     list.push(Instr::Stash {
-                        mb: *mb,
+                        mb,
                         tensors: names.clone(),
                     });
-                    live.entry(*mb).or_default().extend(names.iter().cloned());
-                    stashed.insert(*mb);
+                    live.entry(mb).or_default().extend(names.iter().cloned());
+                    stashed.insert(mb);
                 }
             };
             emit_tied(&mut list, &mut live, &mut tied_stashed, 0);

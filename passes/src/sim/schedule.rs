@@ -74,7 +74,8 @@
 //! the flush: after each backward the stage all-reduces that micro-batch's gradients over its
 //! replicas and steps its optimizer, so micro-batch `j`'s forward on stage `i` reads the
 //! parameters after the updates of the micro-batches whose backward ran there before it
-//! (`j − (S − i)` of them in steady state on a chain: PipeDream's staleness). **Weight
+//! (`j − (S − i) + 1` of them in steady state on a chain, stage `i` 0-based: PipeDream's
+//! staleness). **Weight
 //! stashing** ([`stashed`]) makes the backward of `j` use the version its forward read. One
 //! program covers `M` micro-batches; successive runs of it (`pipec run --steps`) drain the
 //! pipeline between them, so the steady state is the `M ≫ S` limit.

@@ -644,10 +644,10 @@ impl Ctx<'_> {
     }
 
     /// Whether the replicas on `mask` split the micro-batch evenly where they must
-    /// ([`Ctx::divides`]).
+    /// ([`Ctx::divides`]): they do not take it in turns ([`crate::sim::takes_turns`]).
     fn divisible(&self, mask: u128) -> bool {
         self.divides
-            .is_none_or(|mb| mb.is_multiple_of(u64::from(mask.count_ones()).max(1)))
+            .is_none_or(|mb| !crate::sim::takes_turns(mb as f64, mask.count_ones() as usize))
     }
 
     /// [`Ctx::fits`] with the stage's devices' memory `cap` ([`Ctx::cap`]) already looked up.
@@ -1982,7 +1982,7 @@ impl Planner for Dapple {
             if per_mb_step
                 && stages
                     .iter()
-                    .any(|(_, _, d)| !mb.is_multiple_of(d.len().max(1) as u64))
+                    .any(|(_, _, d)| crate::sim::takes_turns(mb as f64, d.len()))
             {
                 continue;
             }

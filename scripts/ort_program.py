@@ -189,7 +189,7 @@ def read_versions(prog):
                 at_fwd.setdefault(ins["mb"], steps)
         for p in st["params"]:
             if p not in out:
-                out[p] = [at_stash.get((p, m), at_fwd.get(m, steps)) for m in range(prog["micro_batches"])]
+                out[p] = [at_stash.get((p, m), at_fwd.get(m)) for m in range(prog["micro_batches"])]
     return out
 
 
@@ -204,6 +204,7 @@ def run_reference(outdir, prog, weights, data, steps):
     # PipeDream's update rule: micro-batch m reads each parameter at the version the program's
     # computes of m read, and its gradients update the newest parameters at once.
     versions = read_versions(prog) if prog.get("per_micro_batch_step") else None
+    updated = {target for _, target in ref["updates"]}
     losses = []
     updates = 0
 
@@ -230,7 +231,14 @@ def run_reference(outdir, prog, weights, data, steps):
                 feeds[d["name"]] = x
             if versions:
                 for p, h in hist.items():
-                    feeds[p] = h[min(versions.get(p, [len(h) - 1] * M)[m], len(h) - 1)]
+                    k = versions.get(p, [None] * M)[m]
+                    if k is None and p not in updated:
+                        k = len(h) - 1  # no step changes it: one version
+                    if k is None or k >= len(h):
+                        raise SystemExit(
+                            f"step {step} micro-batch {m}: the program reads version {k} of {p}, "
+                            f"but PipeDream's update rule has {len(h) - 1} updates before it")
+                    feeds[p] = h[k]
             look = lambda name: feeds[name] if name in feeds else g[name]
             outs = run_piece(train, look)
             loss += float(outs[ref["loss"][0]]) * ref["loss"][1]

@@ -219,7 +219,7 @@ fn the_verifier_refuses_a_backward_without_its_stash() {
         "{e}"
     );
     // A step moved after the next accumulation leaves two micro-batches' gradients summed.
-    let mut q = p;
+    let mut q = p.clone();
     let list = &mut q.devices[0].instructions;
     let k = list
         .iter()
@@ -231,6 +231,63 @@ fn the_verifier_refuses_a_backward_without_its_stash() {
         .position(|i| matches!(i, Instr::Accumulate { .. }))
         .expect("a later accumulation");
     list.insert(k + next + 1, step);
+    let e = program::verify(&q).expect_err("refused").to_string();
+    assert!(e.contains("not stepped"), "{e}");
+    // A stash moved after its micro-batch's forward would hold a later version than the
+    // forward read.
+    let mut q = p.clone();
+    let list = &mut q.devices[0].instructions;
+    let k = list
+        .iter()
+        .position(|i| matches!(i, Instr::Stash { mb: 2, .. }))
+        .expect("a stash of micro-batch 2");
+    let stash = list.remove(k);
+    let f = list
+        .iter()
+        .position(|i| {
+            matches!(
+                i,
+                Instr::Compute {
+                    pass: PieceKind::Fwd,
+                    mb: 2
+                }
+            )
+        })
+        .expect("the forward of micro-batch 2");
+    list.insert(f + 1, stash);
+    let e = program::verify(&q).expect_err("refused").to_string();
+    assert!(
+        e.contains("micro-batch 2 is stashed after its forward"),
+        "{e}"
+    );
+}
+
+/// A replica whose parameters get no gradient (none accumulated) still all-reduces and steps
+/// after every micro-batch: its all-reduce of zeros opens the update, which the step closes.
+/// Two all-reduces of one micro-batch with no step between them stay refused.
+#[test]
+fn an_update_without_gradients_opens_at_its_all_reduce() {
+    let (_t, p) = case("dlrm_tiny", "dapple", "8", "64", "8");
+    let d = p
+        .devices
+        .iter()
+        .position(|d| {
+            d.instructions
+                .iter()
+                .any(|i| matches!(i, Instr::AllReduce { .. }))
+        })
+        .expect("a replicated device");
+    let mut q = p.clone();
+    q.devices[d]
+        .instructions
+        .retain(|i| !matches!(i, Instr::Accumulate { .. }));
+    program::verify(&q).expect("all-reduces of zeros open their updates");
+    let list = &mut q.devices[d].instructions;
+    let k = list
+        .iter()
+        .position(|i| matches!(i, Instr::Step))
+        .expect("a step");
+    list.remove(k);
     let e = program::verify(&q).expect_err("refused").to_string();
     assert!(e.contains("not stepped"), "{e}");
 }

@@ -36,7 +36,7 @@
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Format version written to `schedule.json`.
 pub const PROGRAM_VERSION: u32 = 1;
@@ -652,17 +652,22 @@ pub fn verify(p: &Program) -> Result<()> {
 /// Rule 3 for [`Program::per_micro_batch_step`] (PipeDream's asynchronous 1F1B) on device `d`:
 /// - each [`Instr::Accumulate`] is followed by a [`Instr::Step`] before the next accumulation
 ///   or the end (every micro-batch's gradients are applied alone, none is dropped), and the
-///   all-reduces lie between an accumulation and its step;
+///   all-reduces lie between an accumulation and its step (or open the update themselves, on a
+///   holder no gradient reaches);
 /// - **weight stashing**: when optimizer steps run between the forward of a micro-batch and its
 ///   backward, a [`Instr::Stash`] of that micro-batch before the forward holds every parameter
-///   either piece reads, so both read the version the forward saw.
+///   either piece reads that a step updates, so both read the version the forward saw (a stash after the
+///   micro-batch's forward is refused: it would hold a later version than the forward read).
 fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
     let dev = d.device;
     let Some(st) = p.stages.get(d.stage) else {
         return Ok(());
     };
+    // Parameters a step updates: only they have versions (one no step changes reads alike).
+    let updated: BTreeSet<&str> = st.updates.iter().map(|(_, q)| q.as_str()).collect();
     let mut steps = 0usize;
     let mut open_acc: Option<usize> = None;
+    let mut reduced: BTreeSet<&str> = BTreeSet::new();
     let mut stashed: HashMap<u32, Vec<&String>> = HashMap::new();
     let mut fwd_at: HashMap<u32, usize> = HashMap::new();
     for (k, ins) in d.instructions.iter().enumerate() {
@@ -676,17 +681,31 @@ fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
             Instr::Accumulate { .. } => {
                 if let Some(a) = open_acc {
                     return fail(format!(
-                        "the gradients accumulated at instruction {a} are not stepped before it (per-micro-batch updates)"
+                        "the update opened at instruction {a} (its accumulation or all-reduce) is not stepped before it (per-micro-batch updates)"
                     ));
                 }
                 open_acc = Some(k);
             }
-            Instr::AllReduce { .. } if open_acc.is_none() => {
-                return fail("an all-reduce outside a micro-batch's update (between its accumulation and its step)".into());
+            // A holder no gradient reaches all-reduces zeros: its all-reduce opens the update.
+            // A gradient all-reduced twice in one update is two micro-batches' without a step.
+            Instr::AllReduce { tensors, .. } => {
+                open_acc.get_or_insert(k);
+                if let Some(x) = tensors.iter().find(|x| !reduced.insert(x.as_str())) {
+                    return fail(format!(
+                        "'{x}' is all-reduced twice in the update opened at instruction {} (not stepped between)",
+                        open_acc.unwrap_or(k)
+                    ));
+                }
             }
             Instr::Step => {
+                reduced.clear();
                 open_acc = None;
                 steps += 1;
+            }
+            Instr::Stash { mb, .. } if fwd_at.contains_key(mb) => {
+                return fail(format!(
+                    "micro-batch {mb} is stashed after its forward (the stash must hold the version the forward read)"
+                ));
             }
             Instr::Stash { mb, tensors } => {
                 stashed.entry(*mb).or_default().extend(tensors);
@@ -708,7 +727,7 @@ fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
                     st.piece(pass)
                         .into_iter()
                         .flat_map(|pc| pc.inputs.iter())
-                        .filter(|x| st.params.contains(x))
+                        .filter(|x| updated.contains(x.as_str()))
                         .collect::<Vec<_>>()
                 };
                 let have = stashed.get(mb);
@@ -766,11 +785,20 @@ pub fn read_versions(p: &Program, d: &DeviceProgram) -> BTreeMap<(String, u32), 
 
 /// PipeDream's vertical sync: every device reads one weight version per micro-batch (the
 /// number of steps before it, counted on each device: the stages step in lockstep per
-/// micro-batch). The error names the two devices and the versions.
+/// micro-batch). Only parameters a step updates have versions: one no step changes (held but
+/// not trained, or on a stage without a step) reads the same value at any count. The error
+/// names the two devices and the versions.
 fn vertical_sync(p: &Program) -> Result<()> {
     let mut seen: BTreeMap<u32, (usize, usize)> = BTreeMap::new();
     for d in &p.devices {
+        let Some(st) = p.stages.get(d.stage) else {
+            continue;
+        };
+        let updated: BTreeSet<&str> = st.updates.iter().map(|(_, q)| q.as_str()).collect();
         for ((q, mb), v) in read_versions(p, d) {
+            if !updated.contains(q.as_str()) {
+                continue;
+            }
             match seen.get(&mb) {
                 Some(&(od, ov)) if ov != v => {
                     return Err(Error::msg(format!(

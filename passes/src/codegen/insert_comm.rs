@@ -477,13 +477,15 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     // holds but does not set.
     let mut tied_to: Vec<Vec<(String, usize)>> = vec![Vec::new(); cx.stage_devices.len()];
     if cx.schedule.per_micro_batch_step() && cx.vertical_sync {
-        // Vertical sync: every parameter follows the input stage's versions.
+        // Vertical sync: every parameter a step updates follows the input stage's versions
+        // (one no step changes, held but not trained or on a stage without a step, has one).
         let input = (0..cx.stage_devices.len()).max_by_key(|&t| (depth[t], std::cmp::Reverse(t)));
         for (t, st) in cx.stages.iter().enumerate() {
-            if Some(t) != input {
+            if Some(t) != input && st.step.is_some() {
                 tied_to[t] = st
                     .params
                     .iter()
+                    .filter(|q| cx.holders.contains_key(*q))
                     .map(|q| (q.clone(), input.unwrap_or(0)))
                     .collect();
             }
@@ -603,12 +605,14 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             } else {
                 Vec::new()
             };
+            // Only what a step updates has versions to keep apart.
             let stash_params: Vec<String> = st
                 .params
                 .iter()
                 .filter(|q| {
-                    (st.fwd.inputs.contains(q)
-                        || st.bwd.as_ref().is_some_and(|b| b.inputs.contains(q)))
+                    cx.holders.contains_key(*q)
+                        && (st.fwd.inputs.contains(q)
+                            || st.bwd.as_ref().is_some_and(|b| b.inputs.contains(q)))
                         && !tied_to[s].iter().any(|(t, _)| t == *q)
                 })
                 .cloned()

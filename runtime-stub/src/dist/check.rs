@@ -146,6 +146,8 @@ pub fn reference_run(
     // Under per-micro-batch steps (PipeDream's asynchronous 1F1B): the parameter version each
     // micro-batch reads, as the program's devices read it.
     let versions = p.per_micro_batch_step.then(|| read_versions(p));
+    let updated: std::collections::HashSet<&str> =
+        r.updates.iter().map(|(_, q)| q.as_str()).collect();
     // The step piece reads the gradient as `grad/P` or by the train output's name.
     let by_out: HashMap<&str, &str> = r
         .grads
@@ -187,9 +189,25 @@ pub fn reference_run(
                     }
                 } else if let (Some(v), Some(h)) = (&versions, history.get(x)) {
                     // The version the pipeline's forward of `m` reads: `k` updates into the run.
-                    let k = v.get(x).and_then(|per_mb| per_mb.get(m)).copied();
-                    let k = k.unwrap_or(h.len() - 1).min(h.len() - 1);
-                    h[k].clone()
+                    // One the emulation cannot take is an error, not the nearest version.
+                    match v.get(x).and_then(|per_mb| per_mb.get(m)).copied().flatten() {
+                        Some(k) if k < h.len() => h[k].clone(),
+                        Some(k) => {
+                            return Err(err(format!(
+                                "step {} micro-batch {m}: the program reads version {k} of '{x}' (after {k} updates of this step), but only {} updates come before micro-batch {m} in PipeDream's update rule",
+                                s + 1,
+                                h.len() - 1
+                            )))
+                        }
+                        // A parameter no step updates has one version.
+                        None if !updated.contains(x.as_str()) => h[h.len() - 1].clone(),
+                        None => {
+                            return Err(err(format!(
+                                "step {} micro-batch {m}: no device's program reads a version of '{x}' for micro-batch {m}",
+                                s + 1
+                            )))
+                        }
+                    }
                 } else {
                     globals
                         .get(x)
@@ -292,9 +310,9 @@ fn run_step(
 /// the first device holding the parameter ([`pipec_compiler::program::read_versions`]: at its
 /// stash for the micro-batch if there is one, else at the forward). The verifier checks that
 /// its backward reads the same; a tied parameter's other holders stash the same version, else
-/// the comparison fails.
-fn read_versions(p: &Program) -> HashMap<String, Vec<usize>> {
-    let mut out: HashMap<String, Vec<usize>> = HashMap::new();
+/// the comparison fails. `None` where that device has no forward of the micro-batch.
+fn read_versions(p: &Program) -> HashMap<String, Vec<Option<usize>>> {
+    let mut out: HashMap<String, Vec<Option<usize>>> = HashMap::new();
     for d in &p.devices {
         let Some(st) = p.stages.get(d.stage) else {
             continue;
@@ -303,7 +321,7 @@ fn read_versions(p: &Program) -> HashMap<String, Vec<usize>> {
         for q in &st.params {
             out.entry(q.clone()).or_insert_with(|| {
                 (0..p.micro_batches as u32)
-                    .map(|m| at.get(&(q.clone(), m)).copied().unwrap_or(0))
+                    .map(|m| at.get(&(q.clone(), m)).copied())
                     .collect()
             });
         }

@@ -748,14 +748,19 @@ pub fn plan_trace(
 /// planners' plans as its candidates (those made on `g` itself and not cut short by
 /// `time_limit`), instead of planning them again. `each` is called with a planner's name before
 /// it runs.
+///
+/// With `best_schedule`, every plan is then given its best synchronous schedule
+/// ([`with_best_schedule`]); each row also carries the schedule its planner chose when that
+/// differs.
 pub fn compare(
     module: Option<&Module>,
     g: &CostGraph,
     cluster: &Cluster,
     opts: &PlanOptions,
     time_limit: Option<Duration>,
+    best_schedule: bool,
     each: &dyn Fn(&str),
-) -> Vec<(&'static str, std::result::Result<Plan, String>)> {
+) -> Vec<CompareRow> {
     let mut opts = opts.clone();
     let mut rows = Vec::new();
     let mut order: Vec<&'static str> = planners::PLANNER_NAMES.to_vec();
@@ -775,24 +780,104 @@ pub fn compare(
         } else {
             plan_model(name, module, g.clone(), cluster, &opts)
         };
+        let mut own = None;
         let result = planned
             .and_then(|(p, g2, rewritten)| {
                 p.verify(&g2, cluster)?;
                 if rewritten.is_none() && opts.deadline.is_none() {
                     made.push((name.to_string(), p.clone()));
                 }
-                Ok(p)
+                if !best_schedule {
+                    return Ok(p);
+                }
+                let best = with_best_schedule(&p, &g2, cluster, &opts);
+                if best.schedule != p.schedule {
+                    best.verify(&g2, cluster)?;
+                    own = Some(p.schedule);
+                }
+                Ok(best)
             })
             .map_err(|e| format!("{e:#}"));
-        rows.push((name, result));
+        rows.push(CompareRow {
+            planner: name,
+            result,
+            own_schedule: own,
+        });
     }
     rows.sort_by_key(|r| {
         planners::PLANNER_NAMES
             .iter()
-            .position(|n| *n == r.0)
+            .position(|n| *n == r.planner)
             .unwrap_or(usize::MAX)
     });
     rows
+}
+
+/// One planner's row of [`compare`].
+#[derive(Clone, Debug)]
+pub struct CompareRow {
+    pub planner: &'static str,
+    /// The verified plan, or the planner's error as text.
+    pub result: std::result::Result<Plan, String>,
+    /// With `best_schedule`: the schedule the planner chose, where another one won.
+    pub own_schedule: Option<ScheduleKind>,
+}
+
+/// The synchronous schedules [`with_best_schedule`] tries: every kind that runs any plan's
+/// stages at its one micro-batch size and ends the iteration with the flush, so the training is
+/// the same (`run --check` holds for each) and only time and memory differ. Left out: `dapple-a`
+/// and `gpp` (1F1B's order under other names), `1f1b-rr` (round-robin replicas change the split
+/// of micro-batches), `gpp-per-stage` (per-stage micro-batch sizes, a planner's own decision)
+/// and `pipedream-async` (other numerics).
+pub const BEST_SCHEDULE_CANDIDATES: [ScheduleKind; 9] = [
+    ScheduleKind::OneFOneB,
+    ScheduleKind::GPipe,
+    ScheduleKind::DappleB,
+    ScheduleKind::OneFOneBSo,
+    ScheduleKind::Kfkb(2),
+    ScheduleKind::GPipeRecompute,
+    ScheduleKind::OneFOneBRecompute,
+    ScheduleKind::ZbH1,
+    ScheduleKind::ZbH2,
+];
+
+/// `plan`'s stages and micro-batch under the fastest of [`BEST_SCHEDULE_CANDIDATES`] that the
+/// simulator finds ([`Plan::beats`]: fitting in memory first, then faster by more than
+/// rounding), or `plan` itself when none beats its own schedule. A plan whose schedule is a
+/// planner's structural decision (`gpp-per-stage`, `1f1b-rr`) or changes the numerics
+/// (`pipedream-async`) is returned as it is. The search time reported adds the re-simulations to
+/// the planner's.
+pub fn with_best_schedule(
+    plan: &Plan,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+) -> Plan {
+    if matches!(
+        plan.schedule,
+        ScheduleKind::GppPerStage | ScheduleKind::OneFOneBRr | ScheduleKind::PipeDreamAsync
+    ) {
+        return plan.clone();
+    }
+    let t0 = std::time::Instant::now();
+    let mut best = plan.clone();
+    for kind in BEST_SCHEDULE_CANDIDATES {
+        if kind == plan.schedule {
+            continue;
+        }
+        if let Ok(p) = plan.rescheduled(&plan.planner, g, cluster, opts, kind) {
+            if p.beats(&best) {
+                best = p;
+            }
+        }
+    }
+    if best.schedule != plan.schedule {
+        best.search_time_s = plan.search_time_s + t0.elapsed().as_secs_f64();
+        best.time_limited = plan.time_limited;
+        best.search_capped = plan.search_capped;
+        best.intra_splits = plan.intra_splits.clone();
+    }
+    best
 }
 
 /// The memory model's optimizer class of an optimizer (state tensors per parameter).

@@ -120,3 +120,92 @@ fn compare_gpp_row_is_plan_gpp() {
     }
     assert_eq!(row, plan);
 }
+
+/// `--best-schedule`: every planner keeps its stages and micro-batch and gets the fastest
+/// synchronous schedule the simulator finds, never slower than its own; for `straight` (whose
+/// stages do not depend on the schedule) that is the fastest `plan --schedule K` over the
+/// candidates, and the table names the planner's own choice where another won.
+#[test]
+fn compare_best_schedule_keeps_stages_and_is_never_slower() {
+    let model = path("onnx-models/gpt2_tiny.onnx");
+    let cfg = ["--cluster", "cpu", "--devices", "4", "--batch", "32"];
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["compare", model.as_str(), "--json"];
+        args.extend_from_slice(&cfg);
+        args.extend_from_slice(extra);
+        let o = pipec(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("json")
+    };
+    let own = run(&[]);
+    let best = run(&["--best-schedule"]);
+    let (own, best) = (own.as_array().unwrap(), best.as_array().unwrap());
+    assert_eq!(own.len(), best.len());
+    // The stages' nodes and devices (their times and memory depend on the schedule).
+    let layout = |p: &serde_json::Value| -> Vec<(serde_json::Value, serde_json::Value)> {
+        p["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["nodes"].clone(), s["devices"].clone()))
+            .collect()
+    };
+    for (a, b) in own.iter().zip(best) {
+        assert_eq!(a["planner"], b["planner"]);
+        assert_eq!(layout(a), layout(b), "{}", a["planner"]);
+        assert_eq!(a["micro_batch"], b["micro_batch"], "{}", a["planner"]);
+        let (ta, tb) = (
+            a["iteration_time_s"].as_f64().unwrap(),
+            b["iteration_time_s"].as_f64().unwrap(),
+        );
+        assert!(tb <= ta, "{}: {tb} > {ta}", a["planner"]);
+        if a["out_of_memory"] == false {
+            assert_eq!(b["out_of_memory"], false, "{}", a["planner"]);
+        }
+    }
+    let straight = best
+        .iter()
+        .find(|p| p["planner"] == "straight")
+        .expect("straight row");
+    let mut fastest = f64::INFINITY;
+    for k in [
+        "1f1b",
+        "gpipe",
+        "dapple-b",
+        "1f1b-so",
+        "kfkb-2",
+        "gpipe-recompute",
+        "1f1b-recompute",
+        "zb-h1",
+        "zb-h2",
+    ] {
+        let mut args = vec!["plan", model.as_str(), "--planner", "straight", "--json"];
+        args.extend_from_slice(&cfg);
+        args.extend_from_slice(&["--schedule", k]);
+        let o = pipec(&args);
+        assert!(
+            o.status.success(),
+            "{k}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let p: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(layout(&p), layout(straight), "{k}");
+        fastest = fastest.min(p["iteration_time_s"].as_f64().unwrap());
+    }
+    let got = straight["iteration_time_s"].as_f64().unwrap();
+    assert!(
+        (got - fastest).abs() <= 1e-12 * fastest,
+        "{got} vs {fastest}"
+    );
+    let mut args = vec!["compare", model.as_str(), "--best-schedule"];
+    args.extend_from_slice(&cfg);
+    let o = pipec(&args);
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("straight "))
+        .expect("straight row");
+    if straight["schedule"] != "1f1b" {
+        assert!(row.contains("(own 1f1b)"), "{row}");
+    }
+}

@@ -1,4 +1,5 @@
-//! `pipec compare MODEL --cluster C [--devices N] [--batch B] [--json]` (cli.md): run every
+//! `pipec compare MODEL --cluster C [--devices N] [--batch B] [--best-schedule] [--json]`
+//! (cli.md): run every
 //! registered planner on the same model and cluster and print one row each (planner, stages,
 //! depth, replicas per stage, simulated iteration time, speed-up over `dp`, peak memory, search
 //! time). A planner that fails prints its error in its row; the command still succeeds. `--json`
@@ -7,6 +8,7 @@
 use super::plan::{apply_measured_profile, is_profile_path, load_cost_graph, resolve_cluster};
 use anyhow::{anyhow, bail, Result};
 use clap::Args;
+use pipec::driver::CompareRow;
 use pipec_passes::cost::Optimizer;
 use pipec_passes::plan::{Plan, PlanOptions};
 use pipec_passes::planners;
@@ -53,23 +55,23 @@ pub struct CompareArgs {
     /// Print a JSON list of `plan --json` objects.
     #[arg(long)]
     pub json: bool,
+    /// Give every planner's stages their best synchronous schedule (1f1b, gpipe, dapple-b,
+    /// 1f1b-so, kfkb-2, the re-computing and the zero-bubble kinds): the fastest the simulator
+    /// finds that fits in memory. The schedule column then names the planner's own choice where
+    /// another one won (`zb-h1 (own 1f1b)`); the training is the same under each.
+    #[arg(long = "best-schedule")]
+    pub best_schedule: bool,
     /// A measured profile of MODEL (`pipec profile -o prof.json`): plan with its seconds
     /// instead of the analytic model.
     #[arg(long, value_name = "PROF.json")]
     pub profile: Option<PathBuf>,
 }
 
-/// One planner's outcome.
-struct Row {
-    name: &'static str,
-    result: std::result::Result<Plan, String>,
-}
-
 /// Render the comparison table.
-fn table(rows: &[Row]) -> String {
+fn table(rows: &[CompareRow]) -> String {
     let dp_time = rows
         .iter()
-        .find(|r| r.name == "dp")
+        .find(|r| r.planner == "dp")
         .and_then(|r| r.result.as_ref().ok())
         .map(|p| p.iteration_time_s);
     let mut s = format!(
@@ -100,8 +102,8 @@ fn table(rows: &[Row]) -> String {
                     _ => "-".into(),
                 };
                 s.push_str(&format!(
-                    "{:<10} {:>6} {:>5} {:<24} {:>12.6} {:>9} {:>10.2} {:>10.3}  {}{}\n",
-                    r.name,
+                    "{:<10} {:>6} {:>5} {:<24} {:>12.6} {:>9} {:>10.2} {:>10.3}  {}{}{}\n",
+                    r.planner,
                     p.stages.len(),
                     p.pipeline_depth,
                     reps,
@@ -110,6 +112,9 @@ fn table(rows: &[Row]) -> String {
                     p.peak_memory_bytes as f64 / 1e9,
                     p.search_time_s * 1e3,
                     p.schedule.label(),
+                    r.own_schedule
+                        .map(|k| format!(" (own {})", k.label()))
+                        .unwrap_or_default(),
                     if p.out_of_memory {
                         "  (out of memory)"
                     } else {
@@ -117,7 +122,7 @@ fn table(rows: &[Row]) -> String {
                     }
                 ));
             }
-            Err(e) => s.push_str(&format!("{:<10} error: {e}\n", r.name)),
+            Err(e) => s.push_str(&format!("{:<10} error: {e}\n", r.planner)),
         }
     }
     s
@@ -166,10 +171,15 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         }
         bar.set_message(format!("compare on {} devices: {name}", cluster.len()));
     };
-    let rows: Vec<Row> = pipec::driver::compare(module.as_ref(), &g, &cluster, &opts, limit, &each)
-        .into_iter()
-        .map(|(name, result)| Row { name, result })
-        .collect();
+    let rows = pipec::driver::compare(
+        module.as_ref(),
+        &g,
+        &cluster,
+        &opts,
+        limit,
+        a.best_schedule,
+        &each,
+    );
     drop(bar);
     if a.json {
         let plans: Vec<&Plan> = rows.iter().filter_map(|r| r.result.as_ref().ok()).collect();

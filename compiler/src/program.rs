@@ -656,7 +656,8 @@ pub fn verify(p: &Program) -> Result<()> {
 ///   holder no gradient reaches);
 /// - **weight stashing**: when optimizer steps run between the forward of a micro-batch and its
 ///   backward, a [`Instr::Stash`] of that micro-batch before the forward holds every parameter
-///   either piece reads that a step updates, so both read the version the forward saw (a stash after the
+///   the backward reads that a step updates (the forward reads the live version, or the stash
+///   where there is one), so both read the version the forward saw (a stash after the
 ///   micro-batch's forward is refused: it would hold a later version than the forward read).
 fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
     let dev = d.device;
@@ -731,9 +732,8 @@ fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
                         .collect::<Vec<_>>()
                 };
                 let have = stashed.get(mb);
-                if let Some(q) = read(PieceKind::Fwd)
+                if let Some(q) = read(*pass)
                     .into_iter()
-                    .chain(read(*pass))
                     .find(|q| !have.is_some_and(|h| h.contains(q)))
                 {
                     return fail(format!(

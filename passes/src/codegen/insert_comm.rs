@@ -605,14 +605,14 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
             } else {
                 Vec::new()
             };
-            // Only what a step updates has versions to keep apart.
+            // Only what a step updates has versions to keep apart, and only the backward
+            // needs a copy: the forward reads the live version, the one the copy holds.
             let stash_params: Vec<String> = st
                 .params
                 .iter()
                 .filter(|q| {
                     cx.holders.contains_key(*q)
-                        && (st.fwd.inputs.contains(q)
-                            || st.bwd.as_ref().is_some_and(|b| b.inputs.contains(q)))
+                        && st.bwd.as_ref().is_some_and(|b| b.inputs.contains(q))
                         && !tied_to[s].iter().any(|(t, _)| t == *q)
                 })
                 .cloned()

@@ -604,6 +604,7 @@ pub fn from_module(m: &Module, opts: &AnalyticOptions, file: &str) -> Result<Cos
             readers,
             name: g.name(v).to_string(),
             accumulate: Vec::new(),
+            backward_readers: None,
         })
         .collect();
     Ok(cg)
@@ -1029,6 +1030,59 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             *bwd_fixed_bytes = ks.iter().map(|k| k.fixed_bytes).sum();
             *bwd_kernels = ks;
         }
+    }
+    // Trainable parameters that no op of the backward (nor of the loss) reads, at the node
+    // that counts their bytes (the first forward op reading them): weight stashing need not
+    // copy them, since the forward reads them before any later step. Conservative: every op
+    // that is not a forward op counts as a reader.
+    let read_after_forward: HashSet<Value> = tgr
+        .order
+        .iter()
+        .zip(&roles)
+        .filter(|(_, r)| !matches!(r, Role::Fwd(_)))
+        .flat_map(|(&op, _)| tgr.ops[op].inputs.iter().flatten().copied())
+        .filter(|&v| is_param(v))
+        .collect();
+    let mut forward_only: Vec<(usize, f64)> = Vec::new();
+    for &(p, _) in &tg.grads {
+        if !is_param(p) || read_after_forward.contains(&p) {
+            continue;
+        }
+        let Some(n) = fwd_ops
+            .iter()
+            .position(|&op| m.graph.ops[op].inputs.contains(&Some(p)))
+        else {
+            continue;
+        };
+        let b = bytes_of(tgr.ty(p), env1);
+        if b > 0.0 {
+            forward_only.push((n, b));
+        }
+    }
+    g.forward_only_params = forward_only;
+    // Per tied parameter, the nodes whose backward reads it.
+    let mut bwd_readers: HashMap<&str, BTreeSet<usize>> = HashMap::new();
+    for (&op, role) in tgr.order.iter().zip(&roles) {
+        if let Role::Bwd(n) = role {
+            for v in tgr.ops[op].inputs.iter().flatten() {
+                if is_param(*v) {
+                    bwd_readers.entry(tgr.name(*v)).or_default().insert(*n);
+                }
+            }
+        }
+    }
+    let found: Vec<Vec<usize>> = g
+        .tied
+        .iter()
+        .map(|t| {
+            bwd_readers
+                .get(t.name.as_str())
+                .map(|r| r.iter().copied().collect())
+                .unwrap_or_default()
+        })
+        .collect();
+    for (t, r) in g.tied.iter_mut().zip(found) {
+        t.backward_readers = Some(r);
     }
     Ok(())
 }

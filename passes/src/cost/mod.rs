@@ -336,6 +336,11 @@ pub struct CostGraph {
     /// Parameter bytes counted at a node that get no gradient (`(node, bytes)`): held by its
     /// stage, but not stepped, accumulated or all-reduced (codegen emits them none).
     pub untrained: Vec<(NodeId, f64)>,
+    /// Trainable parameter bytes counted at a node that only forward ops read (`(node,
+    /// bytes)`, an embedding table whose gradient is a scatter of `dY`): weight stashing
+    /// (`pipedream-async`) does not copy them, as the backward never reads them. Empty for
+    /// graphs from profiles (then every parameter is stashed).
+    pub forward_only_params: Vec<(NodeId, f64)>,
 }
 
 /// The sum of the cotangent contributions of one forward value that autodiff of the whole model
@@ -420,6 +425,9 @@ pub struct TiedParameter {
     /// where one stage holds every reader: split over stages, each keeps its own share and the
     /// all-reduce sums them ([`CostGraph::group_cost`] adds it to such a stage).
     pub accumulate: Vec<Kernel>,
+    /// The nodes whose backward reads it, in node order (an embedding's lookup does not, the
+    /// LM head's matmul does); `None` when unknown (every reader is then taken to).
+    pub backward_readers: Option<Vec<NodeId>>,
 }
 
 impl CostGraph {
@@ -533,6 +541,7 @@ impl CostGraph {
             data_inputs: Vec::new(),
             cotangent_sums: Vec::new(),
             untrained: Vec::new(),
+            forward_only_params: Vec::new(),
         })
     }
 

@@ -912,9 +912,23 @@ pub fn simulate(
             if let Some((k, t)) = compute {
                 let before = match ins {
                     Instr::Backward { mb, .. } => partial_sums_s + join_s(*mb, true),
-                    Instr::Forward { mb, .. } if stash[d].get(*mb).copied().unwrap_or(false) => {
-                        // Weight stashing copies the parameters (read and write).
-                        join_s(*mb, false) + 2.0 * accumulate_s / 3.0
+                    Instr::Forward { mb, .. } if per_mb_step => {
+                        // Weight stashing copies the parameters (read and write): the ones
+                        // the backward reads where the micro-batch needs it, the tied ones
+                        // another stage versions for every micro-batch (codegen copies
+                        // those after a step; the time is the same).
+                        let (own, tied) = stash_bytes(sg, s);
+                        let own = if stash[d].get(*mb).copied().unwrap_or(false) {
+                            own
+                        } else {
+                            0.0
+                        };
+                        let copy = if mem_bw > 0.0 {
+                            2.0 * (own + tied) / mem_bw
+                        } else {
+                            0.0
+                        };
+                        join_s(*mb, false) + copy
                     }
                     Instr::Forward { mb, .. } => join_s(*mb, false),
                     _ => 0.0,
@@ -1056,6 +1070,12 @@ pub fn simulate(
     // the (empty) global buffer, held to the device's step, and each later one is added to it.
     let mut grads_from = vec![f64::INFINITY; ndev];
     let mut grads_to = vec![f64::NEG_INFINITY; ndev];
+    // Under per-micro-batch updates: per device, when each step and each micro-batch's
+    // backward end (for the stashes of tied parameters another stage versions).
+    let mut step_end: Vec<Vec<f64>> = vec![Vec::new(); ndev];
+    let mut backward_end: Vec<FxHashMap<usize, f64>> = vec![FxHashMap::default(); ndev];
+    let mut forward_end: Vec<FxHashMap<usize, f64>> = vec![FxHashMap::default(); ndev];
+    let own_stash_bytes = |s: usize| stash_bytes(sg, s).0;
     for i in 0..n {
         let dt = end[i] - start[i];
         match &kinds[i] {
@@ -1063,9 +1083,13 @@ pub fn simulate(
                 devices[*device].busy_s += dt;
                 mem_events[*device].push((start[i], sg.stages[*stage].saved_bytes));
                 if stash[*device].get(*mb).copied().unwrap_or(false) {
-                    // Weight stashing: a copy of the parameters from the forward to the
-                    // backward ([`schedule::stashed`]).
-                    mem_events[*device].push((start[i], sg.stages[*stage].parameter_bytes));
+                    // Weight stashing: a copy of the parameters the backward reads, from the
+                    // forward to the backward ([`schedule::stashed`]), but the tied ones
+                    // another stage versions (stashed for every micro-batch, below).
+                    mem_events[*device].push((start[i], own_stash_bytes(*stage)));
+                }
+                if per_mb_step {
+                    forward_end[*device].insert(*mb, end[i]);
                 }
                 // The data inputs only the forward reads, loaded for it and dropped after it.
                 let load = sg.stages[*stage].load_bytes;
@@ -1091,7 +1115,10 @@ pub fn simulate(
                 devices[*device].busy_s += dt;
                 let st = &sg.stages[*stage];
                 if stash[*device].get(*mb).copied().unwrap_or(false) {
-                    mem_events[*device].push((end[i], -st.parameter_bytes));
+                    mem_events[*device].push((end[i], -own_stash_bytes(*stage)));
+                }
+                if per_mb_step {
+                    backward_end[*device].insert(*mb, end[i]);
                 }
                 if per_mb_step {
                     // Its gradients move into the global buffer until the step that follows.
@@ -1112,6 +1139,7 @@ pub fn simulate(
             TaskKind::Step { device, stage } => {
                 devices[*device].busy_s += dt;
                 grads_to[*device] = grads_to[*device].max(end[i]);
+                step_end[*device].push(end[i]);
                 if per_mb_step && grads_from[*device].is_finite() {
                     // One micro-batch's gradients, from its backward to this step.
                     let b = sg.stages[*stage].parameter_bytes;
@@ -1127,6 +1155,19 @@ pub fn simulate(
             }
             TaskKind::Transfer { .. } | TaskKind::Memory { .. } => {}
         }
+    }
+    if per_mb_step {
+        for t in step_end.iter_mut() {
+            t.sort_by(f64::total_cmp);
+        }
+        tied_stash_memory(
+            sg,
+            sched,
+            &place,
+            &step_end,
+            [&forward_end, &backward_end],
+            &mut mem_events,
+        );
     }
     for (d, p) in place.iter().enumerate() {
         if let Some((s, _)) = p {
@@ -1193,6 +1234,85 @@ pub fn simulate(
         stage_in_flight,
         tasks,
     })
+}
+
+/// Weight stashing's bytes on stage `s` per micro-batch: `(own, tied)`, the parameters the
+/// backward reads that the stage versions itself (copied for the micro-batches that see a step
+/// between forward and backward, [`schedule::stashed`]) and the tied ones another holder's
+/// forward versions ([`StageGraph::tied_stash`], copied for every micro-batch).
+fn stash_bytes(sg: &StageGraph, s: usize) -> (f64, f64) {
+    let tied: f64 = sg
+        .tied_stash
+        .get(s)
+        .map_or(0.0, |v| v.iter().map(|x| x.1).sum());
+    let unstashed = sg.unstashed.get(s).copied().unwrap_or(0.0);
+    (
+        (sg.stages[s].parameter_bytes - tied - unstashed).max(0.0),
+        tied,
+    )
+}
+
+/// Under per-micro-batch updates: the stashes of tied parameters whose version another
+/// holder's forward sets ([`StageGraph::tied_stash`]). As codegen emits them, a follower stashes
+/// them for micro-batch `j` right after its own step number `v`, with `v` the backwards that
+/// holder ran before its forward of `j` (at the start for `v = 0`), and the copy lives until
+/// its last reader: the follower's backward of `j` if that reads it, else its forward.
+fn tied_stash_memory(
+    sg: &StageGraph,
+    sched: &Schedule,
+    place: &[Option<(usize, usize)>],
+    step_end: &[Vec<f64>],
+    [forward_end, backward_end]: [&[FxHashMap<usize, f64>]; 2],
+    mem_events: &mut [Vec<(f64, f64)>],
+) {
+    // Per stage: the backwards its first replica ran before each micro-batch's forward.
+    let mut before: FxHashMap<usize, FxHashMap<usize, usize>> = FxHashMap::default();
+    let mut steps_before = |owner: usize| -> FxHashMap<usize, usize> {
+        before
+            .entry(owner)
+            .or_insert_with(|| {
+                let mut out = FxHashMap::default();
+                let Some(d) = place.iter().position(|p| *p == Some((owner, 0))) else {
+                    return out;
+                };
+                let mut done = 0;
+                for ins in sched.programs.get(d).into_iter().flatten() {
+                    match ins {
+                        Instr::Forward { mb, .. } => {
+                            out.entry(*mb).or_insert(done);
+                        }
+                        Instr::Backward { .. } => done += 1,
+                        _ => {}
+                    }
+                }
+                out
+            })
+            .clone()
+    };
+    for (d, p) in place.iter().enumerate() {
+        let Some((s, _)) = *p else { continue };
+        for &(owner, bytes, backward) in sg.tied_stash.get(s).into_iter().flatten() {
+            let ends = if backward {
+                &backward_end[d]
+            } else {
+                &forward_end[d]
+            };
+            for (mb, v) in steps_before(owner) {
+                let Some(&until) = ends.get(&mb) else {
+                    continue;
+                };
+                let from = match v {
+                    0 => 0.0,
+                    v => match step_end[d].get(v - 1) {
+                        Some(&t) => t,
+                        None => continue,
+                    },
+                };
+                mem_events[d].push((from.min(until), bytes));
+                mem_events[d].push((until, -bytes));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

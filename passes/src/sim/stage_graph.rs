@@ -112,6 +112,15 @@ pub struct StageGraph {
     /// The all-reduces of tied parameters held by several stages, one per set of holding
     /// devices, ascending by that set.
     pub tied: Vec<TiedGroup>,
+    /// Per stage: `(stage, bytes, backward)` of the tied parameters it holds whose version,
+    /// under per-micro-batch updates (`pipedream-async`), another holder's forward sets (the
+    /// holder deepest from a sink, as codegen picks it): the stage stashes them for every
+    /// micro-batch, from its step that brings it to that version until the micro-batch's
+    /// backward (`backward`: the stage's backward reads them) or forward. Empty: none.
+    pub tied_stash: Vec<Vec<(usize, f64, bool)>>,
+    /// Per stage: parameter bytes weight stashing leaves out, those only forward ops read
+    /// ([`crate::cost::CostGraph::forward_only_params`]). Empty: none.
+    pub unstashed: Vec<f64>,
 }
 
 /// Tied parameters ([`crate::cost::TiedParameter`]) held by several stages: codegen keeps a
@@ -178,6 +187,8 @@ impl StageGraph {
             per_stage: None,
             round_robin: Vec::new(),
             tied: Vec::new(),
+            tied_stash: Vec::new(),
+            unstashed: Vec::new(),
         }
     }
 
@@ -343,6 +354,9 @@ impl StageGraph {
         let mut extra = vec![0.0f64; specs.len()];
         let mut tied_in = vec![0.0f64; specs.len()];
         let mut tied: std::collections::BTreeMap<Vec<usize>, f64> = Default::default();
+        // Per tied parameter read in several stages: its holder stages, bytes and the stages
+        // whose backward reads it (`None`: unknown, all).
+        let mut tied_holders: Vec<(Vec<usize>, f64, Option<Vec<usize>>)> = Vec::new();
         for t in &g.tied {
             let mut holders: Vec<usize> = t
                 .readers
@@ -369,6 +383,13 @@ impl StageGraph {
                 tied_in[s] += t.bytes;
             }
             *tied.entry(devices).or_default() += t.bytes;
+            let bwd = t.backward_readers.as_ref().map(|r| {
+                r.iter()
+                    .map(|&n| stage_of[n])
+                    .filter(|&s| s != usize::MAX)
+                    .collect()
+            });
+            tied_holders.push((holders, t.bytes, bwd));
         }
         // Per side computation: the stages that run it (those whose pieces read it, directly
         // or through other side computations; codegen recomputes it in each).
@@ -638,6 +659,36 @@ impl StageGraph {
             .into_iter()
             .map(|(devices, bytes)| TiedGroup { devices, bytes })
             .collect();
+        if !g.forward_only_params.is_empty() {
+            let mut u = vec![0.0f64; sg.stages.len()];
+            for &(n, b) in &g.forward_only_params {
+                if let Some(x) = stage_of.get(n).and_then(|&s| u.get_mut(s)) {
+                    *x += b;
+                }
+            }
+            sg.unstashed = u;
+        }
+        if !tied_holders.is_empty() {
+            let depth = sg.depth_to_sink();
+            let mut follow: Vec<std::collections::BTreeMap<(usize, bool), f64>> =
+                vec![Default::default(); sg.stages.len()];
+            for (holders, bytes, bwd) in tied_holders {
+                let Some(&first) = holders
+                    .iter()
+                    .max_by_key(|&&t| (depth[t], std::cmp::Reverse(t)))
+                else {
+                    continue;
+                };
+                for &t in holders.iter().filter(|&&t| t != first) {
+                    let backward = bwd.as_ref().is_none_or(|b: &Vec<usize>| b.contains(&t));
+                    *follow[t].entry((first, backward)).or_default() += bytes;
+                }
+            }
+            sg.tied_stash = follow
+                .into_iter()
+                .map(|m| m.into_iter().map(|((o, b), x)| (o, x, b)).collect())
+                .collect();
+        }
         sg
     }
 

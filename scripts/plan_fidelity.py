@@ -10,7 +10,7 @@ per case, a summary (worst ratios per planner) and, with --md, a markdown table.
 
 usage: python3 scripts/plan_fidelity.py [--pipec target/release/pipec] [--models a,b]
            [--planners gpp,dapple,...] [--clusters summit,dapple-a,...] [--devices 4,8,16,32]
-           [--batch 64] [--jobs 2] [--json out.json] [--md out.md]
+           [--batch 64] [--schedule S [--vertical-sync]] [--jobs 2] [--json out.json] [--md out.md]
 Models are names in onnx-models/ or paths. A case the planner or the compiler refuses (a model
 too small for the devices, out of memory) is listed with its first error line, not counted.
 """
@@ -54,13 +54,21 @@ def case(a, model, planner, cluster, devices):
         # `compile` without --micro-batch takes the planner's: the program of this very plan.
         # (With `--micro-batch MB` it would plan again at MB, and DAPPLE's search at a fixed
         # micro-batch can return another plan than its free search at that size.)
-        _, err = run([a.pipec, "compile", path, *base, "-o", od], a.timeout)
+        extra = ["--vertical-sync"] if a.vertical_sync else []
+        _, err = run([a.pipec, "compile", path, *base, *extra, "-o", od], a.timeout)
         if err:
             out["error"] = "compile: " + err
             return out
         with open(os.path.join(od, "plan.json")) as f:
             compiled = json.load(f)
-        if (compiled["micro_batch"] != plan["micro_batch"]
+        if a.vertical_sync:
+            # The same stages, simulated with vertical sync's stashes: compare against those.
+            layout = lambda p: [(s["nodes"], s["devices"]) for s in p["stages"]]
+            if compiled["micro_batch"] != plan["micro_batch"] or layout(compiled) != layout(plan):
+                out["error"] = "compile: planned other stages than `plan` did"
+                return out
+            plan = compiled
+        elif (compiled["micro_batch"] != plan["micro_batch"]
                 or abs(compiled["iteration_time_s"] / plan["iteration_time_s"] - 1) > 1e-9):
             out["error"] = (f"compile: planned another plan ({compiled['iteration_time_s']} s, "
                             f"micro-batch {compiled['micro_batch']}) than `plan` did")
@@ -128,6 +136,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--schedule", help="--schedule for every plan (default: each planner's own)")
+    ap.add_argument("--vertical-sync", action="store_true",
+                    help="compile with --vertical-sync (with --schedule pipedream-async); the "
+                         "compiled plan.json, the same stages simulated with its stashes, is the plan")
     ap.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 5%%)")
     ap.add_argument("--json")
     ap.add_argument("--md")

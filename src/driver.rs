@@ -676,8 +676,23 @@ fn plan_imported(
         cluster.len()
     ));
     popts.deadline = deadline(opts.time_limit);
-    let (plan, g, rewritten) = plan_model(&opts.planner, with_module, g, &cluster, &popts)
+    let (mut plan, g, rewritten) = plan_model(&opts.planner, with_module, g, &cluster, &popts)
         .with_context(|| format!("{name}: planner '{label}' failed"))?;
+    if opts.vertical_sync && plan.schedule.per_micro_batch_step() {
+        // The planner chose its stages without vertical sync; the plan reports the program's
+        // time and memory with it (every stage's stashes of the input stage's versions).
+        popts.vertical_sync = true;
+        let vs = plan
+            .rescheduled(&plan.planner, &g, &cluster, &popts, plan.schedule)
+            .with_context(|| format!("{name}: the plan with --vertical-sync"))?;
+        plan = Plan {
+            search_time_s: plan.search_time_s,
+            time_limited: plan.time_limited,
+            search_capped: plan.search_capped,
+            intra_splits: std::mem::take(&mut plan.intra_splits),
+            ..vs
+        };
+    }
     Ok(Planned {
         imported: m,
         rewritten,

@@ -469,10 +469,18 @@ fn vertical_sync_reads_one_version_per_micro_batch() {
 /// within 2% of the replayed peak of its device, on GPT-2 (whose tied embedding the LM-head
 /// stage stashes for every micro-batch, from its step that reaches the embedding stage's
 /// version until its forward, the last reader there) and on mlp4 (whose first stage stashes
-/// nothing: its backward computes no input gradient and never reads its weight).
+/// nothing: its backward computes no input gradient and never reads its weight); and under
+/// `--vertical-sync`, where every stage but the input stage stashes all its trained parameters
+/// for every micro-batch from the step that reaches the input stage's version.
 #[test]
 fn planned_memory_counts_the_stashes_the_program_holds() {
-    for (model, devices) in [("gpt2_tiny", "8"), ("gpt2_tiny", "4"), ("mlp4", "4")] {
+    for (model, devices, extra) in [
+        ("gpt2_tiny", "8", None),
+        ("gpt2_tiny", "4", None),
+        ("mlp4", "4", None),
+        ("gpt2_tiny", "8", Some("--vertical-sync")),
+        ("inception_mini", "8", Some("--vertical-sync")),
+    ] {
         let t = tempdir();
         let out = t.path().join("o");
         compile(
@@ -489,7 +497,10 @@ fn planned_memory_counts_the_stashes_the_program_holds() {
                 "64",
                 "--schedule",
                 "pipedream-async",
-            ],
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect::<Vec<_>>(),
         );
         let o = out.to_str().expect("utf-8");
         let sim: serde_json::Value =
@@ -511,7 +522,7 @@ fn planned_memory_counts_the_stashes_the_program_holds() {
                 .expect("replayed peak");
             assert!(
                 (replayed / planned - 1.0).abs() < 0.02,
-                "{model} on {devices}: stage {s} planned {planned} vs replayed {replayed}"
+                "{model} on {devices} {extra:?}: stage {s} planned {planned} vs replayed {replayed}"
             );
         }
     }

@@ -213,6 +213,11 @@ pub struct PlanOptions {
     /// `--time-limit`: planners that can stop early return the best plan found by then, marked
     /// [`Plan::time_limited`]. `None`: search to the end.
     pub deadline: Option<std::time::Instant>,
+    /// PipeDream's vertical sync under per-micro-batch updates (`--vertical-sync`): the plan's
+    /// simulation holds every stage's stashes as codegen emits them
+    /// ([`crate::sim::StageGraph::with_vertical_sync`]). The planners' own searches do not
+    /// see it; [`Plan::assemble`] does.
+    pub vertical_sync: bool,
 }
 
 impl PlanOptions {
@@ -225,6 +230,7 @@ impl PlanOptions {
             optimizer: Optimizer::Sgd,
             allreduce: AllReduceAlgo::Auto,
             deadline: None,
+            vertical_sync: false,
         }
     }
 
@@ -493,7 +499,7 @@ impl Plan {
         stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
         let m = micro_batches(batch, micro_batch)?;
-        let sg = StageGraph::from_specs_for(
+        let mut sg = StageGraph::from_specs_for(
             g,
             cluster,
             &specs,
@@ -501,6 +507,9 @@ impl Plan {
             opts.optimizer,
             schedule,
         );
+        if opts.vertical_sync && schedule.per_micro_batch_step() {
+            sg.with_vertical_sync();
+        }
         let sched = sim::schedule::generate(&sg, schedule, m as usize);
         if cutoff.is_finite() {
             let bound = sim::compute_bound(&sg, cluster, opts.allreduce, schedule, m as usize)

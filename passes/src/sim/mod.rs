@@ -815,6 +815,12 @@ pub fn simulate(
     // every member (one per iteration, or one per micro-batch under `pipedream-async`).
     let mut collectives: FxHashMap<(usize, usize), u32> = FxHashMap::default();
     let per_mb_step = sched.kind.per_micro_batch_step();
+    // Per stage followed for a tied parameter's versions: the steps before each micro-batch.
+    let versions = if per_mb_step {
+        version_steps(sg, sched, &place)
+    } else {
+        FxHashMap::default()
+    };
     // Per device, the micro-batches whose parameters it stashes ([`schedule::stashed`]).
     let mut stash: Vec<Vec<bool>> = vec![Vec::new(); ndev];
     let mut sends_seen: FxHashSet<TransferKey> = FxHashSet::default();
@@ -864,9 +870,38 @@ pub fn simulate(
                 .collect();
             stash[d] = schedule::stashed(&order);
         }
+        // The tied-parameter copies codegen emits after each of the device's steps (at the
+        // start for none): bytes by step count.
+        let mut tied_copies: std::collections::BTreeMap<usize, f64> = Default::default();
+        for &(owner, bytes, _) in sg.tied_stash.get(s).into_iter().flatten() {
+            for &v in versions.get(&owner).into_iter().flat_map(|m| m.values()) {
+                *tied_copies.entry(v).or_default() += bytes;
+            }
+        }
         let mut reductions_seen: FxHashMap<usize, usize> = FxHashMap::default();
         let mut backwards_seen = 0usize;
-        let mut prev_stream: Option<u32> = None;
+        let mut steps_seen = 0usize;
+        // Codegen's copies of tied parameters after `steps` steps: one memory task on the
+        // device's stream after that step (at the start for none).
+        let copy_tied = |tb: &mut Builder,
+                         copies: &mut std::collections::BTreeMap<usize, f64>,
+                         steps: usize,
+                         after: Option<u32>| {
+            let bytes = copies.remove(&steps)?;
+            if mem_bw <= 0.0 {
+                return None;
+            }
+            let c = tb.task(
+                TaskKind::Memory { device: d },
+                2.0 * bytes / mem_bw,
+                Vec::new(),
+            );
+            if let Some(p) = after {
+                tb.edge(p, c);
+            }
+            Some(c)
+        };
+        let mut prev_stream: Option<u32> = copy_tied(&mut tb, &mut tied_copies, 0, None);
         let mut last_compute: Option<u32> = None;
         let mut pending: Vec<u32> = Vec::new();
         for ins in prog {
@@ -913,18 +948,16 @@ pub fn simulate(
                 let before = match ins {
                     Instr::Backward { mb, .. } => partial_sums_s + join_s(*mb, true),
                     Instr::Forward { mb, .. } if per_mb_step => {
-                        // Weight stashing copies the parameters (read and write): the ones
-                        // the backward reads where the micro-batch needs it, the tied ones
-                        // another stage versions for every micro-batch (codegen copies
-                        // those after a step; the time is the same).
-                        let (own, tied) = stash_bytes(sg, s);
+                        // Weight stashing copies the parameters the backward reads (read and
+                        // write), where the micro-batch needs it (the tied ones another stage
+                        // versions are copied after the steps, below).
                         let own = if stash[d].get(*mb).copied().unwrap_or(false) {
-                            own
+                            stash_bytes(sg, s).0
                         } else {
                             0.0
                         };
                         let copy = if mem_bw > 0.0 {
-                            2.0 * (own + tied) / mem_bw
+                            2.0 * own / mem_bw
                         } else {
                             0.0
                         };
@@ -952,6 +985,12 @@ pub fn simulate(
                 }
                 prev_stream = Some(id);
                 last_compute = Some(id);
+                if matches!(ins, Instr::OptimizerStep { .. }) {
+                    steps_seen += 1;
+                    if let Some(p) = copy_tied(&mut tb, &mut tied_copies, steps_seen, Some(id)) {
+                        prev_stream = Some(p);
+                    }
+                }
                 // The micro-batch's gradients are complete after its backward, or after its
                 // weight-gradient part when split.
                 let grads_done = match ins {
@@ -1162,7 +1201,7 @@ pub fn simulate(
         }
         tied_stash_memory(
             sg,
-            sched,
+            &versions,
             &place,
             &step_end,
             [&forward_end, &backward_end],
@@ -1252,6 +1291,37 @@ fn stash_bytes(sg: &StageGraph, s: usize) -> (f64, f64) {
     )
 }
 
+/// Per stage that sets a version others follow ([`StageGraph::tied_stash`]): for each
+/// micro-batch, the backwards its first replica runs before its forward of it (the steps, under
+/// per-micro-batch updates, that version comes after).
+fn version_steps(
+    sg: &StageGraph,
+    sched: &Schedule,
+    place: &[Option<(usize, usize)>],
+) -> FxHashMap<usize, FxHashMap<usize, usize>> {
+    let mut out: FxHashMap<usize, FxHashMap<usize, usize>> = FxHashMap::default();
+    for &(owner, _, _) in sg.tied_stash.iter().flatten() {
+        out.entry(owner).or_insert_with(|| {
+            let mut at = FxHashMap::default();
+            let Some(d) = place.iter().position(|p| *p == Some((owner, 0))) else {
+                return at;
+            };
+            let mut done = 0;
+            for ins in sched.programs.get(d).into_iter().flatten() {
+                match ins {
+                    Instr::Forward { mb, .. } => {
+                        at.entry(*mb).or_insert(done);
+                    }
+                    Instr::Backward { .. } => done += 1,
+                    _ => {}
+                }
+            }
+            at
+        });
+    }
+    out
+}
+
 /// Under per-micro-batch updates: the stashes of tied parameters whose version another
 /// holder's forward sets ([`StageGraph::tied_stash`]). As codegen emits them, a follower stashes
 /// them for micro-batch `j` right after its own step number `v`, with `v` the backwards that
@@ -1259,36 +1329,14 @@ fn stash_bytes(sg: &StageGraph, s: usize) -> (f64, f64) {
 /// its last reader: the follower's backward of `j` if that reads it, else its forward.
 fn tied_stash_memory(
     sg: &StageGraph,
-    sched: &Schedule,
+    versions: &FxHashMap<usize, FxHashMap<usize, usize>>,
     place: &[Option<(usize, usize)>],
     step_end: &[Vec<f64>],
     [forward_end, backward_end]: [&[FxHashMap<usize, f64>]; 2],
     mem_events: &mut [Vec<(f64, f64)>],
 ) {
-    // Per stage: the backwards its first replica ran before each micro-batch's forward.
-    let mut before: FxHashMap<usize, FxHashMap<usize, usize>> = FxHashMap::default();
-    let mut steps_before = |owner: usize| -> FxHashMap<usize, usize> {
-        before
-            .entry(owner)
-            .or_insert_with(|| {
-                let mut out = FxHashMap::default();
-                let Some(d) = place.iter().position(|p| *p == Some((owner, 0))) else {
-                    return out;
-                };
-                let mut done = 0;
-                for ins in sched.programs.get(d).into_iter().flatten() {
-                    match ins {
-                        Instr::Forward { mb, .. } => {
-                            out.entry(*mb).or_insert(done);
-                        }
-                        Instr::Backward { .. } => done += 1,
-                        _ => {}
-                    }
-                }
-                out
-            })
-            .clone()
-    };
+    let none = FxHashMap::default();
+    let steps_before = |owner: usize| versions.get(&owner).unwrap_or(&none);
     for (d, p) in place.iter().enumerate() {
         let Some((s, _)) = *p else { continue };
         for &(owner, bytes, backward) in sg.tied_stash.get(s).into_iter().flatten() {
@@ -1297,7 +1345,7 @@ fn tied_stash_memory(
             } else {
                 &forward_end[d]
             };
-            for (mb, v) in steps_before(owner) {
+            for (&mb, &v) in steps_before(owner) {
                 let Some(&until) = ends.get(&mb) else {
                     continue;
                 };

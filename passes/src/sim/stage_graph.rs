@@ -692,6 +692,37 @@ impl StageGraph {
         sg
     }
 
+    /// PipeDream's **vertical sync** (§3.4) under per-micro-batch updates: every stage but the
+    /// input stage (the one deepest from a sink) reads, for each micro-batch, the version the
+    /// input stage's forward read, so it stashes all its trained parameters for every
+    /// micro-batch, from its step that reaches that version until their last reader (the
+    /// backward for those it reads, [`StageGraph::unstashed`] until the forward), as codegen
+    /// emits it. The input stage stashes as without vertical sync.
+    pub fn with_vertical_sync(&mut self) {
+        let depth = self.depth_to_sink();
+        let n = self.stages.len();
+        let Some(input) = (0..n).max_by_key(|&t| (depth[t], std::cmp::Reverse(t))) else {
+            return;
+        };
+        self.tied_stash = (0..n)
+            .map(|s| {
+                if s == input {
+                    return self.tied_stash.get(s).cloned().unwrap_or_default();
+                }
+                // Tied parameters keep their last reader; the rest split by theirs.
+                let tied = self.tied_stash.get(s).cloned().unwrap_or_default();
+                let tied_bytes: f64 = tied.iter().map(|x| x.1).sum();
+                let fwd_only = self.unstashed.get(s).copied().unwrap_or(0.0);
+                let bwd = (self.stages[s].parameter_bytes - tied_bytes - fwd_only).max(0.0);
+                tied.into_iter()
+                    .map(|(_, b, backward)| (input, b, backward))
+                    .chain([(input, bwd, true), (input, fwd_only, false)])
+                    .filter(|x| x.1 > 0.0)
+                    .collect()
+            })
+            .collect();
+    }
+
     /// The same stages with **re-computation** (GPipe's rematerialisation, DAPPLE's "RC"): a stage
     /// keeps only its input (the boundary activations it received, or nothing for a source stage)
     /// per in-flight micro-batch, and re-runs its forward before each backward, so

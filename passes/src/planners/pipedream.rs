@@ -42,9 +42,12 @@
 //! Execution: replicated stages take whole micro-batches round robin, PipeDream's 1F1B-RR (§3.3):
 //! the default schedule is `1f1b-rr` ([`ScheduleKind::OneFOneBRr`]: replica `k` of a stage with
 //! `r` replicas runs micro-batches `m ≡ k (mod r)` at the full micro-batch size), so a stage
-//! accepts one micro-batch every `T/r`, the optimizer's stage time. The simulation is the
-//! synchronous flush variant (gradients all-reduced after the last backward; no weight stashing).
-//! Default micro-batch: `M ≥ 4·stages`.
+//! accepts one micro-batch every `T/r`, the optimizer's stage time. The plan is simulated as the
+//! synchronous flush variant (gradients all-reduced after the last backward; no weight
+//! stashing) unless `--schedule pipedream-async` asks for PipeDream's own runtime: an update
+//! after every micro-batch and weight stashing, whose copies the simulator then holds
+//! (`crate::sim::schedule::stashed`, `StageGraph::tied_stash`). Default micro-batch:
+//! `M ≥ 4·stages`.
 
 use super::planner::Planner;
 use crate::cost::antichain::{pipedream_exclusions, stage_of_nodes, Linearization};

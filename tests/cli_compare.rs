@@ -162,6 +162,12 @@ fn compare_best_schedule_keeps_stages_and_is_never_slower() {
         if a["out_of_memory"] == false {
             assert_eq!(b["out_of_memory"], false, "{}", a["planner"]);
         }
+        // A replaced schedule names the planner's own; an unchanged one does not.
+        if a["schedule"] == b["schedule"] {
+            assert!(b.get("own_schedule").is_none(), "{b}");
+        } else {
+            assert_eq!(b["own_schedule"], a["schedule"], "{}", a["planner"]);
+        }
     }
     let straight = best
         .iter()

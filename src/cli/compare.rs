@@ -58,7 +58,8 @@ pub struct CompareArgs {
     /// Give every planner's stages their best synchronous schedule (1f1b, gpipe, dapple-b,
     /// 1f1b-so, kfkb-2, the re-computing and the zero-bubble kinds): the fastest the simulator
     /// finds that fits in memory. The schedule column then names the planner's own choice where
-    /// another one won (`zb-h1 (own 1f1b)`); the training is the same under each.
+    /// another one won (`zb-h1 (own 1f1b)`; `own_schedule` in `--json`); the training is the
+    /// same under each.
     #[arg(long = "best-schedule")]
     pub best_schedule: bool,
     /// A measured profile of MODEL (`pipec profile -o prof.json`): plan with its seconds
@@ -182,7 +183,25 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
     );
     drop(bar);
     if a.json {
-        let plans: Vec<&Plan> = rows.iter().filter_map(|r| r.result.as_ref().ok()).collect();
+        // With --best-schedule, a plan whose schedule another replaced also names its
+        // planner's own (`own_schedule`, after the plan's fields).
+        #[derive(serde::Serialize)]
+        struct JsonRow<'a> {
+            #[serde(flatten)]
+            plan: &'a Plan,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            own_schedule: Option<String>,
+        }
+        let plans: Vec<JsonRow> = rows
+            .iter()
+            .filter_map(|r| {
+                let plan = r.result.as_ref().ok()?;
+                Some(JsonRow {
+                    plan,
+                    own_schedule: r.own_schedule.map(|k| k.label()),
+                })
+            })
+            .collect();
         println!("{}", serde_json::to_string_pretty(&plans)?);
     } else {
         println!(

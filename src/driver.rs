@@ -685,13 +685,7 @@ fn plan_imported(
         let vs = plan
             .rescheduled(&plan.planner, &g, &cluster, &popts, plan.schedule)
             .with_context(|| format!("{name}: the plan with --vertical-sync"))?;
-        plan = Plan {
-            search_time_s: plan.search_time_s,
-            time_limited: plan.time_limited,
-            search_capped: plan.search_capped,
-            intra_splits: std::mem::take(&mut plan.intra_splits),
-            ..vs
-        };
+        plan = with_search_of(&plan, vs, 0.0);
     }
     Ok(Planned {
         imported: m,
@@ -886,13 +880,23 @@ pub fn with_best_schedule(
             }
         }
     }
-    if best.schedule != plan.schedule {
-        best.search_time_s = plan.search_time_s + t0.elapsed().as_secs_f64();
-        best.time_limited = plan.time_limited;
-        best.search_capped = plan.search_capped;
-        best.intra_splits = plan.intra_splits.clone();
+    if best.schedule == plan.schedule {
+        return best;
     }
-    best
+    with_search_of(plan, best, t0.elapsed().as_secs_f64())
+}
+
+/// `resimulated` (the planner's stages re-simulated, [`Plan::rescheduled`]) with what the
+/// planner's search found and reported kept from `planned`: its search time (plus `extra_s`
+/// seconds of re-simulation), time limit and cap flags, and BaPipe's intra-layer splits.
+fn with_search_of(planned: &Plan, resimulated: Plan, extra_s: f64) -> Plan {
+    Plan {
+        search_time_s: planned.search_time_s + extra_s,
+        time_limited: planned.time_limited,
+        search_capped: planned.search_capped,
+        intra_splits: planned.intra_splits.clone(),
+        ..resimulated
+    }
 }
 
 /// The memory model's optimizer class of an optimizer (state tensors per parameter).

@@ -141,6 +141,13 @@ pub struct StageProgram {
 }
 
 impl StageProgram {
+    /// The global buffers its step replaces (the targets of [`StageProgram::updates`]:
+    /// parameters and optimizer state). Under per-micro-batch updates the parameters among
+    /// them are the ones with versions; any other reads alike at every step count.
+    pub fn updated(&self) -> BTreeSet<&str> {
+        self.updates.iter().map(|(_, q)| q.as_str()).collect()
+    }
+
     /// The piece a [`Instr::Compute`] of `pass` runs, if the stage has it.
     pub fn piece(&self, pass: PieceKind) -> Option<&Piece> {
         match pass {
@@ -665,7 +672,7 @@ fn per_micro_batch_order(p: &Program, d: &DeviceProgram) -> Result<()> {
         return Ok(());
     };
     // Parameters a step updates: only they have versions (one no step changes reads alike).
-    let updated: BTreeSet<&str> = st.updates.iter().map(|(_, q)| q.as_str()).collect();
+    let updated = st.updated();
     let mut steps = 0usize;
     let mut open_acc: Option<usize> = None;
     let mut reduced: BTreeSet<&str> = BTreeSet::new();
@@ -794,7 +801,7 @@ fn vertical_sync(p: &Program) -> Result<()> {
         let Some(st) = p.stages.get(d.stage) else {
             continue;
         };
-        let updated: BTreeSet<&str> = st.updates.iter().map(|(_, q)| q.as_str()).collect();
+        let updated = st.updated();
         for ((q, mb), v) in read_versions(p, d) {
             if !updated.contains(q.as_str()) {
                 continue;

@@ -26,9 +26,10 @@
 
 use super::layout::{concrete_dims, cot_name, layout, Layout};
 use crate::sim::schedule::{
-    fb_order_grouped, round_robin_micro_batches, stashed, weight_lag, with_weight_passes, Pass,
+    fb_order_grouped, round_robin_micro_batches, stashed, steps_before_forward, weight_lag,
+    with_weight_passes, Pass,
 };
-use crate::sim::{heaviest_path_to_sink, ScheduleKind};
+use crate::sim::{deepest_stage, heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
 use pipec_compiler::program::{
     piece_name, DataInput, DeviceProgram, Instr, PieceKind, Slice, StageProgram,
@@ -470,7 +471,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     // all-reduce per micro-batch over all of them), and every holder's computes of micro-batch
     // `j` read the version its *first* reader's forward of `j` read (the holder stage deepest
     // from the sink): the others stash it right after that many of their own steps
-    // (`steps_before_forward`), so the one parameter has one version per micro-batch, as in
+    // (`forward_versions`), so the one parameter has one version per micro-batch, as in
     // single-device training (PipeDream's vertical sync, for that parameter).
     let stage_of_device = |d: usize| cx.stage_devices.iter().position(|ds| ds.contains(&d));
     // Per stage: `(parameter, stage whose forward sets its version)` for the tied parameters it
@@ -479,7 +480,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     if cx.schedule.per_micro_batch_step() && cx.vertical_sync {
         // Vertical sync: every parameter a step updates follows the input stage's versions
         // (one no step changes, held but not trained or on a stage without a step, has one).
-        let input = (0..cx.stage_devices.len()).max_by_key(|&t| (depth[t], std::cmp::Reverse(t)));
+        let input = deepest_stage(&depth, 0..cx.stage_devices.len());
         for (t, st) in cx.stages.iter().enumerate() {
             if Some(t) != input && st.step.is_some() {
                 tied_to[t] = st
@@ -493,10 +494,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     } else if cx.schedule.per_micro_batch_step() {
         for (p, devs) in cx.holders {
             let stages: BTreeSet<usize> = devs.iter().filter_map(|&d| stage_of_device(d)).collect();
-            let Some(&first) = stages
-                .iter()
-                .max_by_key(|&&t| (depth[t], std::cmp::Reverse(t)))
-            else {
+            let Some(first) = deepest_stage(&depth, stages.iter().copied()) else {
                 continue;
             };
             for &t in stages.iter().filter(|&&t| t != first) {
@@ -506,19 +504,10 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     }
     // Per stage and micro-batch: the optimizer steps a stage runs before its forward of it
     // (one after each backward under per-micro-batch steps).
-    let steps_before_forward = |t: usize| -> Vec<usize> {
+    let forward_versions = |t: usize| -> Vec<usize> {
         let nmb = cx.micro_batches as usize;
         let k = cx.schedule.warmup(depth[t], nmb);
-        let mut out = vec![0; nmb];
-        let mut done = 0;
-        for (fwd, mb) in fb_order_grouped(k, cx.schedule.group(), nmb) {
-            if fwd {
-                out[mb] = done;
-            } else {
-                done += 1;
-            }
-        }
-        out
+        steps_before_forward(&fb_order_grouped(k, cx.schedule.group(), nmb))
     };
     let group_tags: Vec<(Vec<usize>, Vec<String>, u32)> = groups
         .into_iter()
@@ -561,7 +550,7 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
         for (q, first) in &tied_to[s] {
             let steps = forward_steps
                 .entry(*first)
-                .or_insert_with(|| steps_before_forward(*first));
+                .or_insert_with(|| forward_versions(*first));
             for (mb, &v) in steps.iter().enumerate() {
                 tied_stash
                     .entry((v, mb as u32))

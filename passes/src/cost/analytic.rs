@@ -1031,58 +1031,50 @@ pub fn with_autodiff_backward(g: &mut CostGraph, m: &Module, opts: &AnalyticOpti
             *bwd_kernels = ks;
         }
     }
-    // Trainable parameters that no op of the backward (nor of the loss) reads, at the node
-    // that counts their bytes (the first forward op reading them): weight stashing need not
-    // copy them, since the forward reads them before any later step. Conservative: every op
-    // that is not a forward op counts as a reader.
-    let read_after_forward: HashSet<Value> = tgr
-        .order
-        .iter()
-        .zip(&roles)
-        .filter(|(_, r)| !matches!(r, Role::Fwd(_)))
-        .flat_map(|(&op, _)| tgr.ops[op].inputs.iter().flatten().copied())
-        .filter(|&v| is_param(v))
-        .collect();
-    let mut forward_only: Vec<(usize, f64)> = Vec::new();
-    for &(p, _) in &tg.grads {
-        if !is_param(p) || read_after_forward.contains(&p) {
-            continue;
-        }
-        let Some(n) = fwd_ops
-            .iter()
-            .position(|&op| m.graph.ops[op].inputs.contains(&Some(p)))
-        else {
-            continue;
-        };
-        let b = bytes_of(tgr.ty(p), env1);
-        if b > 0.0 {
-            forward_only.push((n, b));
-        }
-    }
-    g.forward_only_params = forward_only;
-    // Per tied parameter, the nodes whose backward reads it.
-    let mut bwd_readers: HashMap<&str, BTreeSet<usize>> = HashMap::new();
+    // Parameters read after the forward, by every op that is not a forward op (conservative:
+    // the loss's too), with the nodes whose backward ops read them.
+    let mut read_after_forward: HashMap<Value, BTreeSet<usize>> = HashMap::new();
     for (&op, role) in tgr.order.iter().zip(&roles) {
-        if let Role::Bwd(n) = role {
-            for v in tgr.ops[op].inputs.iter().flatten() {
-                if is_param(*v) {
-                    bwd_readers.entry(tgr.name(*v)).or_default().insert(*n);
+        if matches!(role, Role::Fwd(_)) {
+            continue;
+        }
+        for &v in tgr.ops[op].inputs.iter().flatten() {
+            if is_param(v) {
+                let readers = read_after_forward.entry(v).or_default();
+                if let Role::Bwd(n) = role {
+                    readers.insert(*n);
                 }
             }
         }
     }
-    let found: Vec<Vec<usize>> = g
-        .tied
+    // Trainable parameters no such op reads, at the node that counts their bytes (the first
+    // forward op reading them): weight stashing need not copy them, since the forward reads
+    // them before any later step.
+    let mut first_reader: HashMap<Value, usize> = HashMap::new();
+    for (n, &op) in fwd_ops.iter().enumerate() {
+        for &v in m.graph.ops[op].inputs.iter().flatten() {
+            first_reader.entry(v).or_insert(n);
+        }
+    }
+    g.forward_only_params = tg
+        .grads
         .iter()
-        .map(|t| {
-            bwd_readers
-                .get(t.name.as_str())
-                .map(|r| r.iter().copied().collect())
-                .unwrap_or_default()
-        })
+        .filter(|&&(p, _)| is_param(p) && !read_after_forward.contains_key(&p))
+        .filter_map(|&(p, _)| Some((*first_reader.get(&p)?, bytes_of(tgr.ty(p), env1))))
+        .filter(|&(_, b)| b > 0.0)
         .collect();
-    for (t, r) in g.tied.iter_mut().zip(found) {
-        t.backward_readers = Some(r);
+    // Per tied parameter, the nodes whose backward reads it.
+    let by_name: HashMap<&str, &BTreeSet<usize>> = read_after_forward
+        .iter()
+        .map(|(&v, r)| (tgr.name(v), r))
+        .collect();
+    for t in g.tied.iter_mut() {
+        let readers = by_name.get(t.name.as_str());
+        t.backward_readers = Some(
+            readers
+                .map(|r| r.iter().copied().collect())
+                .unwrap_or_default(),
+        );
     }
     Ok(())
 }

@@ -61,7 +61,8 @@ pub mod trace;
 pub use kind::ScheduleKind;
 pub use schedule::{Dir, Instr, Schedule};
 pub use stage_graph::{
-    heaviest_path_to_sink, takes_turns, PerStage, SimStage, StageEdge, StageGraph, TiedGroup,
+    deepest_stage, heaviest_path_to_sink, takes_turns, PerStage, SimStage, StageEdge, StageGraph,
+    TiedGroup,
 };
 
 use crate::cost::{comm, AllReduceAlgo, Cluster};
@@ -860,21 +861,13 @@ pub fn simulate(
         };
         let split_here = split[s];
         if per_mb_step {
-            let order: Vec<(bool, usize)> = prog
-                .iter()
-                .filter_map(|i| match i {
-                    Instr::Forward { mb, .. } => Some((true, *mb)),
-                    Instr::Backward { mb, .. } => Some((false, *mb)),
-                    _ => None,
-                })
-                .collect();
-            stash[d] = schedule::stashed(&order);
+            stash[d] = schedule::stashed(&fb_order(prog));
         }
         // The tied-parameter copies codegen emits after each of the device's steps (at the
         // start for none): bytes by step count.
         let mut tied_copies: std::collections::BTreeMap<usize, f64> = Default::default();
         for &(owner, bytes, _) in sg.tied_stash.get(s).into_iter().flatten() {
-            for &v in versions.get(&owner).into_iter().flat_map(|m| m.values()) {
+            for &v in versions.get(&owner).into_iter().flatten() {
                 *tied_copies.entry(v).or_default() += bytes;
             }
         }
@@ -952,7 +945,7 @@ pub fn simulate(
                         // write), where the micro-batch needs it (the tied ones another stage
                         // versions are copied after the steps, below).
                         let own = if stash[d].get(*mb).copied().unwrap_or(false) {
-                            stash_bytes(sg, s).0
+                            own_stash_bytes(sg, s)
                         } else {
                             0.0
                         };
@@ -1114,7 +1107,6 @@ pub fn simulate(
     let mut step_end: Vec<Vec<f64>> = vec![Vec::new(); ndev];
     let mut backward_end: Vec<FxHashMap<usize, f64>> = vec![FxHashMap::default(); ndev];
     let mut forward_end: Vec<FxHashMap<usize, f64>> = vec![FxHashMap::default(); ndev];
-    let own_stash_bytes = |s: usize| stash_bytes(sg, s).0;
     for i in 0..n {
         let dt = end[i] - start[i];
         match &kinds[i] {
@@ -1125,7 +1117,7 @@ pub fn simulate(
                     // Weight stashing: a copy of the parameters the backward reads, from the
                     // forward to the backward ([`schedule::stashed`]), but the tied ones
                     // another stage versions (stashed for every micro-batch, below).
-                    mem_events[*device].push((start[i], own_stash_bytes(*stage)));
+                    mem_events[*device].push((start[i], own_stash_bytes(sg, *stage)));
                 }
                 if per_mb_step {
                     forward_end[*device].insert(*mb, end[i]);
@@ -1154,7 +1146,7 @@ pub fn simulate(
                 devices[*device].busy_s += dt;
                 let st = &sg.stages[*stage];
                 if stash[*device].get(*mb).copied().unwrap_or(false) {
-                    mem_events[*device].push((end[i], -own_stash_bytes(*stage)));
+                    mem_events[*device].push((end[i], -own_stash_bytes(sg, *stage)));
                 }
                 if per_mb_step {
                     backward_end[*device].insert(*mb, end[i]);
@@ -1178,7 +1170,9 @@ pub fn simulate(
             TaskKind::Step { device, stage } => {
                 devices[*device].busy_s += dt;
                 grads_to[*device] = grads_to[*device].max(end[i]);
-                step_end[*device].push(end[i]);
+                if per_mb_step {
+                    step_end[*device].push(end[i]);
+                }
                 if per_mb_step && grads_from[*device].is_finite() {
                     // One micro-batch's gradients, from its backward to this step.
                     let b = sg.stages[*stage].parameter_bytes;
@@ -1275,48 +1269,47 @@ pub fn simulate(
     })
 }
 
-/// Weight stashing's bytes on stage `s` per micro-batch: `(own, tied)`, the parameters the
-/// backward reads that the stage versions itself (copied for the micro-batches that see a step
-/// between forward and backward, [`schedule::stashed`]) and the tied ones another holder's
-/// forward versions ([`StageGraph::tied_stash`], copied for every micro-batch).
-fn stash_bytes(sg: &StageGraph, s: usize) -> (f64, f64) {
+/// A device program's forwards and backwards in order, as `(is_forward, mb)`.
+fn fb_order(prog: &[Instr]) -> Vec<(bool, usize)> {
+    prog.iter()
+        .filter_map(|i| match i {
+            Instr::Forward { mb, .. } => Some((true, *mb)),
+            Instr::Backward { mb, .. } => Some((false, *mb)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Weight stashing's bytes on stage `s` per stashed micro-batch: the parameters the backward
+/// reads that the stage versions itself (copied for the micro-batches that see a step between
+/// forward and backward, [`schedule::stashed`]); not the tied ones another holder's forward
+/// versions ([`StageGraph::tied_stash`], copied for every micro-batch).
+fn own_stash_bytes(sg: &StageGraph, s: usize) -> f64 {
     let tied: f64 = sg
         .tied_stash
         .get(s)
         .map_or(0.0, |v| v.iter().map(|x| x.1).sum());
     let unstashed = sg.unstashed.get(s).copied().unwrap_or(0.0);
-    (
-        (sg.stages[s].parameter_bytes - tied - unstashed).max(0.0),
-        tied,
-    )
+    (sg.stages[s].parameter_bytes - tied - unstashed).max(0.0)
 }
 
-/// Per stage that sets a version others follow ([`StageGraph::tied_stash`]): for each
-/// micro-batch, the backwards its first replica runs before its forward of it (the steps, under
-/// per-micro-batch updates, that version comes after).
+/// Per stage that sets a version others follow ([`StageGraph::tied_stash`]): per micro-batch,
+/// the steps its first replica runs before its forward of it
+/// ([`schedule::steps_before_forward`]).
 fn version_steps(
     sg: &StageGraph,
     sched: &Schedule,
     place: &[Option<(usize, usize)>],
-) -> FxHashMap<usize, FxHashMap<usize, usize>> {
-    let mut out: FxHashMap<usize, FxHashMap<usize, usize>> = FxHashMap::default();
+) -> FxHashMap<usize, Vec<usize>> {
+    let mut out: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
     for &(owner, _, _) in sg.tied_stash.iter().flatten() {
         out.entry(owner).or_insert_with(|| {
-            let mut at = FxHashMap::default();
-            let Some(d) = place.iter().position(|p| *p == Some((owner, 0))) else {
-                return at;
-            };
-            let mut done = 0;
-            for ins in sched.programs.get(d).into_iter().flatten() {
-                match ins {
-                    Instr::Forward { mb, .. } => {
-                        at.entry(*mb).or_insert(done);
-                    }
-                    Instr::Backward { .. } => done += 1,
-                    _ => {}
-                }
-            }
-            at
+            place
+                .iter()
+                .position(|p| *p == Some((owner, 0)))
+                .and_then(|d| sched.programs.get(d))
+                .map(|prog| schedule::steps_before_forward(&fb_order(prog)))
+                .unwrap_or_default()
         });
     }
     out
@@ -1329,14 +1322,12 @@ fn version_steps(
 /// its last reader: the follower's backward of `j` if that reads it, else its forward.
 fn tied_stash_memory(
     sg: &StageGraph,
-    versions: &FxHashMap<usize, FxHashMap<usize, usize>>,
+    versions: &FxHashMap<usize, Vec<usize>>,
     place: &[Option<(usize, usize)>],
     step_end: &[Vec<f64>],
     [forward_end, backward_end]: [&[FxHashMap<usize, f64>]; 2],
     mem_events: &mut [Vec<(f64, f64)>],
 ) {
-    let none = FxHashMap::default();
-    let steps_before = |owner: usize| versions.get(&owner).unwrap_or(&none);
     for (d, p) in place.iter().enumerate() {
         let Some((s, _)) = *p else { continue };
         for &(owner, bytes, backward) in sg.tied_stash.get(s).into_iter().flatten() {
@@ -1345,7 +1336,7 @@ fn tied_stash_memory(
             } else {
                 &forward_end[d]
             };
-            for (&mb, &v) in steps_before(owner) {
+            for (mb, &v) in versions.get(&owner).into_iter().flatten().enumerate() {
                 let Some(&until) = ends.get(&mb) else {
                     continue;
                 };

@@ -260,6 +260,24 @@ pub fn stashed(order: &[(bool, usize)]) -> Vec<bool> {
     out
 }
 
+/// Under per-micro-batch updates (an optimizer step after every backward): per micro-batch of a
+/// stage's forward/backward `order` (`(is_forward, mb)`), the steps that run before its forward,
+/// i.e. the weight version the forward reads. `out[mb]`, sized as [`stashed`]'s. Codegen places
+/// a tied parameter's stashes by it and the simulator holds their copies by it.
+pub fn steps_before_forward(order: &[(bool, usize)]) -> Vec<usize> {
+    let m = order.iter().map(|&(_, mb)| mb + 1).max().unwrap_or(0);
+    let mut out = vec![0; m];
+    let mut done = 0;
+    for &(fwd, mb) in order {
+        if fwd {
+            out[mb] = done;
+        } else {
+            done += 1;
+        }
+    }
+    out
+}
+
 /// Generate the instruction lists of every device for `m` micro-batches.
 pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     if kind.round_robin() {

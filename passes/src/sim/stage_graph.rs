@@ -155,6 +155,15 @@ pub fn takes_turns(micro_batch: f64, replicas: usize) -> bool {
     replicas > 1 && (micro_batch / replicas as f64).fract() != 0.0
 }
 
+/// Of `stages`, the one deepest from a sink by `depth` (ties: the lowest index): under
+/// per-micro-batch updates, the holder of a tied parameter whose forward sets its version, and
+/// vertical sync's input stage. Codegen and the simulator pick it alike.
+pub fn deepest_stage(depth: &[usize], stages: impl IntoIterator<Item = usize>) -> Option<usize> {
+    stages
+        .into_iter()
+        .max_by_key(|&t| (depth[t], std::cmp::Reverse(t)))
+}
+
 /// Per node of a DAG given by successor lists, the largest sum of `weight` over a path from it
 /// to a sink, its own weight included: with weight 1 the depth in stages, with replica counts
 /// PipeDream's number of machines. (A node on a cycle, which no stage DAG has, keeps its own.)
@@ -673,10 +682,7 @@ impl StageGraph {
             let mut follow: Vec<std::collections::BTreeMap<(usize, bool), f64>> =
                 vec![Default::default(); sg.stages.len()];
             for (holders, bytes, bwd) in tied_holders {
-                let Some(&first) = holders
-                    .iter()
-                    .max_by_key(|&&t| (depth[t], std::cmp::Reverse(t)))
-                else {
+                let Some(first) = deepest_stage(&depth, holders.iter().copied()) else {
                     continue;
                 };
                 for &t in holders.iter().filter(|&&t| t != first) {
@@ -701,7 +707,7 @@ impl StageGraph {
     pub fn with_vertical_sync(&mut self) {
         let depth = self.depth_to_sink();
         let n = self.stages.len();
-        let Some(input) = (0..n).max_by_key(|&t| (depth[t], std::cmp::Reverse(t))) else {
+        let Some(input) = deepest_stage(&depth, 0..n) else {
             return;
         };
         self.tied_stash = (0..n)

@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use pipec_compiler::program::Program;
 use pipec_passes::codegen::Compiled;
 use pipec_passes::cost::Cluster;
-use pipec_passes::plan::Plan;
+use pipec_passes::plan::PlanReport;
 use std::path::{Path, PathBuf};
 
 /// The OUTDIR format this build writes (and the newest it reads).
@@ -42,8 +42,8 @@ const FORMAT_NAME: &str = "pipec-outdir";
 
 /// A compiled program: everything OUTDIR holds.
 pub struct Artifact {
-    /// The plan it was compiled from.
-    pub plan: Plan,
+    /// The plan it was compiled from, as `plan.json` records it.
+    pub plan: PlanReport,
     /// The cluster the plan was made for (its first `plan.devices` devices).
     pub cluster: Cluster,
     /// The program, its pieces and initial weights.
@@ -122,7 +122,7 @@ impl Artifact {
 /// OUTDIR's `plan.json`: the plan as `plan --json` prints it, less `search_time_s`. OUTDIR
 /// holds only what the inputs determine (two compiles give byte-identical files); the search
 /// time is a measurement, which `pipec plan --json` reports.
-fn plan_json(plan: &Plan) -> Result<String> {
+fn plan_json(plan: &PlanReport) -> Result<String> {
     let mut v = serde_json::to_value(plan)?;
     if let Some(o) = v.as_object_mut() {
         o.remove("search_time_s");
@@ -140,7 +140,7 @@ pub struct OutDir {
     /// `schedule.json`, parsed.
     pub program: Program,
     /// `plan.json`, when present and readable as this version's plan.
-    pub plan: Option<Plan>,
+    pub plan: Option<PlanReport>,
     /// `plan.json` as JSON, when present (for fields that an older plan may lack).
     pub plan_raw: Option<serde_json::Value>,
     /// `cluster.json`, when present (format 2 on).

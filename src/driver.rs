@@ -45,7 +45,7 @@ use pipec_passes::cost::profile::{load_profile, profile_batch_from_name};
 use pipec_passes::cost::{CostGraph, Optimizer as MemOptimizer};
 use pipec_passes::loss::LossKind;
 use pipec_passes::optimizer::OptimizerKind;
-use pipec_passes::plan::{MicroBatch, Plan, PlanOptions};
+use pipec_passes::plan::{MicroBatch, Plan, PlanOptions, PlanReport};
 use pipec_passes::planners::{self, bapipe, Planner};
 use pipec_passes::sim::{self, PerStage, ScheduleKind, StageGraph};
 use std::collections::BTreeMap;
@@ -313,12 +313,17 @@ impl<'a> CompileState<'a> {
             bail!("the compile pipeline did not finish");
         };
         let compiled = codegen::finish(planned.module(), program, pieces, reference)?;
-        let Planned { plan, cluster, .. } = planned;
-        // The plan's devices are the cluster's first `plan.devices` (GPP may use fewer than
-        // given), and its simulation ran on that cluster: the one recorded.
-        let cluster = cluster.take(plan.devices)?;
-        Ok(Artifact {
+        let Planned {
             plan,
+            cluster,
+            graph,
+            ..
+        } = planned;
+        // The plan's devices are the cluster's first `plan.devices()` (GPP may use fewer than
+        // given), and its simulation ran on that cluster: the one recorded.
+        let cluster = cluster.take(plan.devices())?;
+        Ok(Artifact {
+            plan: plan.report(&graph),
             cluster,
             compiled,
         })
@@ -450,7 +455,7 @@ pub mod steps {
             let planned =
                 plan_imported(m, name, &st.model, st.opts, st.progress).map_err(external)?;
             stats.add("stages", planned.plan.stages.len() as u64);
-            stats.add("devices", planned.plan.devices as u64);
+            stats.add("devices", planned.plan.devices() as u64);
             if !planned.plan.intra_splits.is_empty() {
                 st.ir.push(("split-layer".to_string(), IrRef::Rewritten));
             }
@@ -592,14 +597,14 @@ fn partition_step(st: &mut CompileState) -> Result<usize> {
     let plan = &planned.plan;
     plan.verify(&planned.graph, &planned.cluster)
         .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
-    let specs = plan.specs(&planned.graph)?;
+    let specs = plan.specs();
     let copts = codegen::CompileOptions {
         model_name: Path::new(&planned.name)
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
         planner: plan.planner.clone(),
-        micro_batch: MicroBatch::new(opts.batch, plan.micro_batch)?,
+        micro_batch: MicroBatch::new(opts.batch, plan.micro_batch.size())?,
         schedule: plan.schedule,
         loss: opts.loss.clone(),
         optimizer: opts.optimizer.clone(),
@@ -736,17 +741,17 @@ pub fn plan_trace(
     cluster: &Cluster,
     opts: &PlanOptions,
 ) -> Result<String> {
-    let specs = plan.specs(g)?;
+    let specs = plan.specs();
     let kind = plan.schedule;
     let sg = StageGraph::from_specs_for(
         g,
         cluster,
         &specs,
-        plan.micro_batch as f64,
+        plan.micro_batch.size() as f64,
         opts.optimizer,
         kind,
     );
-    let sched = sim::schedule::generate(&sg, kind, plan.micro_batches as usize);
+    let sched = sim::schedule::generate(&sg, kind, plan.micro_batches() as usize);
     let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
     Ok(serde_json::to_string(&sim::trace::chrome_trace(&res))?)
 }
@@ -797,15 +802,16 @@ pub fn compare(
                     made.push((name.to_string(), p.clone()));
                 }
                 if !best_schedule {
-                    return Ok(p);
+                    return Ok((p, g2));
                 }
                 let best = with_best_schedule(&p, &g2, cluster, &opts);
                 if best.schedule != p.schedule {
                     best.verify(&g2, cluster)?;
                     own = Some(p.schedule);
                 }
-                Ok(best)
+                Ok((best, g2))
             })
+            .map(|(p, g2)| p.report(&g2))
             .map_err(|e| format!("{e:#}"));
         rows.push(CompareRow {
             planner: name,
@@ -826,8 +832,9 @@ pub fn compare(
 #[derive(Clone, Debug)]
 pub struct CompareRow {
     pub planner: &'static str,
-    /// The verified plan, or the planner's error as text.
-    pub result: std::result::Result<Plan, String>,
+    /// The verified plan as reported (its nodes named in the graph it was made on), or the
+    /// planner's error as text.
+    pub result: std::result::Result<PlanReport, String>,
     /// With `best_schedule`: the schedule the planner chose, where another one won.
     pub own_schedule: Option<ScheduleKind>,
 }
@@ -912,8 +919,8 @@ pub fn memory_optimizer(o: &OptimizerKind) -> MemOptimizer {
 pub fn per_stage_of(plan: &Plan) -> Option<PerStage> {
     let micro_batch: Option<Vec<u64>> = plan.stages.iter().map(|s| s.micro_batch).collect();
     Some(PerStage {
-        batch: plan.batch,
-        base_micro_batch: plan.micro_batch,
+        batch: plan.batch(),
+        base_micro_batch: plan.micro_batch.size(),
         micro_batch: micro_batch?,
         group: plan.stages.iter().map(|s| s.group.unwrap_or(1)).collect(),
     })
@@ -979,20 +986,21 @@ pub fn plan_repeated(
     let Some(g0) = first else {
         return Ok((plan, g, m2, None));
     };
-    let strip = |p: &Plan| -> Result<serde_json::Value> {
-        let mut v = serde_json::to_value(p)?;
+    // Compared as reported (node names: BaPipe's rewritten graph is a new one every run).
+    let strip = |p: &Plan, g: &CostGraph| -> Result<serde_json::Value> {
+        let mut v = serde_json::to_value(p.report(g))?;
         if let Some(o) = v.as_object_mut() {
             o.remove("search_time_s");
         }
         Ok(v)
     };
-    let want = strip(&plan)?;
+    let want = strip(&plan, &g)?;
     let first_s = plan.search_time_s;
     let mut times = vec![first_s];
     for i in 1..repeat {
         progress(i + 1);
-        let (p, _, _) = plan_model(name, m, g0.clone(), cluster, opts).with_context(context)?;
-        if strip(&p)? != want {
+        let (p, gi, _) = plan_model(name, m, g0.clone(), cluster, opts).with_context(context)?;
+        if strip(&p, &gi)? != want {
             bail!(
                 "--repeat: run {} of planner '{}' returned another plan (not deterministic)",
                 i + 1,

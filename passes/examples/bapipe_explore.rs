@@ -44,12 +44,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let n: Vec<String> = p.stages.iter().map(|s| s.nodes.len().to_string()).collect();
             println!(
                 "{label}: mb {} {} nodes {} ms/stage [{}] iteration {:.6} s throughput {:.1}/s splits {:?}",
-                p.micro_batch,
+                p.micro_batch.size(),
                 p.schedule,
                 n.join(":"),
                 t.join(", "),
                 p.iteration_time_s,
-                p.throughput_samples_per_s,
+                p.throughput_samples_per_s(),
                 p.intra_splits
                     .iter()
                     .map(|s| format!("{} {:?} s{}->s{}", s.node, s.channels, s.from_stage, s.to_stage))

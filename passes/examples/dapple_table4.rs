@@ -49,10 +49,8 @@ fn positions(g: &CostGraph, fam: &dapple_cuts::Cuts, plan: &Plan) -> Stages {
     let mut at = 0;
     let mut out = Vec::new();
     for s in &plan.stages {
-        for n in &s.nodes {
-            if let Some(u) = g.node_by_name(n) {
-                down.insert(u);
-            }
+        for &u in &s.nodes {
+            down.insert(u);
         }
         let p = fam
             .down
@@ -88,7 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let c = Cluster::preset(preset).ok_or("preset")?;
             let o = PlanOptions::new(gbs);
             let plan = by_name("dapple")?.plan(&g, &c, &o)?;
-            let mb = plan.micro_batch;
+            let mb = plan.micro_batch.size();
             let fam = dapple::cuts(&g, &c);
             let st = positions(&g, &fam, &plan);
             let pure = dapple::Dapple {

@@ -60,12 +60,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "| {} | {m} | {:.2} | {:.1} | {:.1}{} |",
             kind.name(),
-            p.throughput_samples_per_s,
+            p.throughput_samples_per_s(),
             avg / 1e9,
             p.peak_memory_bytes as f64 / 1e9,
             if p.out_of_memory { " (OOM)" } else { "" }
         );
-        rows.push((kind, m, p.throughput_samples_per_s, avg));
+        rows.push((kind, m, p.throughput_samples_per_s(), avg));
     }
     // Re-computation (RC): the same plan with B' = B + F and only boundary inputs saved.
     for (kind, m) in [

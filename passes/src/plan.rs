@@ -1,10 +1,13 @@
-//! Plans: what a planner decides (stages, their nodes and devices) and what `pipec plan --json`
-//! prints (the fields of `shared/spec/cli.md`), plus a verifier of the basic invariants.
+//! Plans: what a planner decides (stages, their nodes and devices) with the shared simulator's
+//! figures for it ([`Plan`], typed: node indices of the cost graph, a checked [`MicroBatch`], a
+//! [`ScheduleKind`]), and what `pipec plan --json` prints ([`PlanReport`], the fields of
+//! `shared/spec/cli.md`: node names, plain numbers), plus verifiers of the basic invariants.
 //!
 //! A planner only has to decide a list of [`StageSpec`]s (nodes and devices per stage) and its own
 //! objective; [`Plan::assemble`] derives the stage DAG, builds the schedule, runs the shared
 //! simulator ([`crate::sim`]) and fills in every reported time and memory figure, so plans from
-//! different planners are comparable.
+//! different planners are comparable. [`Plan::report`] names the nodes for output;
+//! [`PlanReport::resolve`] reads a report back against its cost graph.
 
 use crate::cost::{AllReduceAlgo, Cluster, CostGraph, Optimizer};
 use crate::sim::{self, ScheduleKind, StageGraph};
@@ -12,9 +15,9 @@ use pipec_compiler::{Error, PlanOption, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
-/// One stage of a plan, as printed by `plan --json`.
+/// One stage of a plan, as printed by `plan --json` ([`PlannedStage`] with node names).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Stage {
+pub struct StageReport {
     pub id: usize,
     /// Node names (ONNX node names or profile node ids), in the graph's topological order.
     pub nodes: Vec<String>,
@@ -39,7 +42,7 @@ pub struct Stage {
     pub group: Option<u64>,
 }
 
-/// [`Plan::schedule`] in JSON: its label, the `--schedule` name ([`ScheduleKind::label`]).
+/// [`PlanReport::schedule`] in JSON: its label, the `--schedule` name ([`ScheduleKind::label`]).
 mod schedule_name {
     use crate::sim::ScheduleKind;
     use serde::{de::Error, Deserialize, Deserializer, Serializer};
@@ -55,9 +58,10 @@ mod schedule_name {
     }
 }
 
-/// A whole plan, as printed by `plan --json` (extra fields after the contract's).
+/// A whole plan, as printed by `plan --json` and written to OUTDIR's `plan.json` (extra fields
+/// after the contract's): [`Plan::report`] of a [`Plan`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
+pub struct PlanReport {
     pub planner: String,
     pub devices: usize,
     pub batch: u64,
@@ -67,7 +71,7 @@ pub struct Plan {
     /// unknown name fails.
     #[serde(with = "schedule_name")]
     pub schedule: ScheduleKind,
-    pub stages: Vec<Stage>,
+    pub stages: Vec<StageReport>,
     /// Number of stages on the longest path of the stage DAG.
     pub pipeline_depth: usize,
     pub iteration_time_s: f64,
@@ -98,6 +102,62 @@ pub struct Plan {
     /// each cut (`planners::dapple::BEAM`): a bounded search, not the exhaustive optimum
     /// (absent from the JSON when false).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub search_capped: bool,
+}
+
+/// One stage of a [`Plan`]: the planner's decision (nodes and devices) and the simulator's
+/// figures for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedStage {
+    /// Nodes of the cost graph (indices), in its topological order.
+    pub nodes: Vec<usize>,
+    /// Device indices of the cluster, one per replica (replica `k` on `devices[k]`).
+    pub devices: Vec<usize>,
+    /// Stages that feed this one, ascending.
+    pub predecessors: Vec<usize>,
+    /// Most micro-batches in flight on one replica (forward done, backward not) in the simulation.
+    pub in_flight: usize,
+    /// Forward + backward seconds of one micro-batch on one replica, on the slowest of its
+    /// devices ([`StageReport::compute_time_s`]).
+    pub compute_time_s: f64,
+    /// Peak memory of the stage's most loaded replica in the simulation.
+    pub peak_memory_bytes: u64,
+    /// The stage's own micro-batch size `b_s` (`gpp-per-stage` only; else the plan's).
+    pub micro_batch: Option<u64>,
+    /// `k_s` of the stage's `k_sFk_sB` order (`gpp-per-stage` only).
+    pub group: Option<u64>,
+}
+
+/// A planner's plan of a cost graph with the shared simulator's figures: what the compiler acts
+/// on. Its stages name nodes by index into the cost graph the planner was given (or the one it
+/// rewrote: BaPipe's intra-layer splits), so it is read against that graph; [`Plan::report`]
+/// turns it into the [`PlanReport`] that is printed and written.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub planner: String,
+    /// The micro-batch (and the mini-batch it divides).
+    pub micro_batch: MicroBatch,
+    pub schedule: ScheduleKind,
+    pub stages: Vec<PlannedStage>,
+    /// Number of stages on the longest path of the stage DAG.
+    pub pipeline_depth: usize,
+    pub iteration_time_s: f64,
+    pub peak_memory_bytes: u64,
+    /// Measured wall time of the planner's search.
+    pub search_time_s: f64,
+    /// The planner's own objective for this plan (seconds).
+    pub objective_s: f64,
+    /// Fraction of device-time the compute streams are idle in the simulation.
+    pub bubble_fraction: f64,
+    /// Cluster name.
+    pub cluster: String,
+    /// True when some device's peak memory exceeds its capacity.
+    pub out_of_memory: bool,
+    /// BaPipe's intra-layer splits that the stages realise ([`PlanReport::intra_splits`]).
+    pub intra_splits: Vec<IntraSplitReport>,
+    /// The search stopped at `--time-limit` ([`PlanReport::time_limited`]).
+    pub time_limited: bool,
+    /// DAPPLE's search passed its transition budget ([`PlanReport::search_capped`]).
     pub search_capped: bool,
 }
 
@@ -177,6 +237,13 @@ impl MicroBatch {
     /// and messages).
     pub fn new(batch: u64, size: u64) -> Result<MicroBatch> {
         check_micro_batch(batch, size)?;
+        Ok(MicroBatch { batch, size })
+    }
+
+    /// `size` samples per micro-batch of `batch` as a planner chooses it: only [`micro_batches`]'
+    /// rule (dividing the batch), not the per-iteration cap that user flags get.
+    pub fn dividing(batch: u64, size: u64) -> Result<MicroBatch> {
+        micro_batches(batch, size)?;
         Ok(MicroBatch { batch, size })
     }
 
@@ -356,12 +423,12 @@ fn stage_structure(
     Ok((stage_of, preds))
 }
 
-impl Plan {
-    /// Check a plan against its graph and cluster: stage ids are `0..n`, every node is in exactly
-    /// one stage, devices are in range and in at most one stage, `replicas` equals the device
-    /// count, the stage DAG is acyclic, and `predecessors` are exactly the stages that send to it.
+impl PlanReport {
+    /// Check a report against its graph and cluster: stage ids are `0..n`, every node is in
+    /// exactly one stage, devices are in range and in at most one stage, `replicas` equals the
+    /// device count, the stage DAG is acyclic, and `predecessors` are exactly the stages that
+    /// send to it.
     pub fn verify(&self, g: &CostGraph, cluster: &Cluster) -> Result<()> {
-        let mut specs = Vec::with_capacity(self.stages.len());
         for (i, st) in self.stages.iter().enumerate() {
             if st.id != i {
                 return Err(Error::msg(format!(
@@ -376,51 +443,189 @@ impl Plan {
                     st.devices.len()
                 )));
             }
-            let mut nodes = Vec::with_capacity(st.nodes.len());
-            for name in &st.nodes {
-                nodes.push(
-                    g.node_by_name(name).ok_or_else(|| {
-                        Error::msg(format!("stage {i} names unknown node '{name}'"))
-                    })?,
-                );
-            }
-            specs.push(StageSpec {
-                nodes,
-                devices: st.devices.clone(),
-            });
         }
-        let (_, preds) = stage_structure(g, cluster, &specs)?;
-        for (i, st) in self.stages.iter().enumerate() {
-            let mut p = st.predecessors.clone();
-            p.sort_unstable();
-            if p != preds[i] {
-                return Err(Error::msg(format!(
-                    "stage {i}: predecessors {:?} but its nodes' inputs come from stages {:?}",
-                    st.predecessors, preds[i]
-                )));
-            }
-        }
-        Ok(())
+        let specs = self.specs(g)?;
+        check_predecessors(
+            g,
+            cluster,
+            &specs,
+            self.stages.iter().map(|s| &s.predecessors),
+        )
     }
 
-    /// The stage specs of this plan, resolved against `g`.
+    /// The stage specs of this report, its node names resolved against `g`.
     pub fn specs(&self, g: &CostGraph) -> Result<Vec<StageSpec>> {
         self.stages
             .iter()
-            .map(|st| {
+            .enumerate()
+            .map(|(i, st)| {
                 Ok(StageSpec {
                     nodes: st
                         .nodes
                         .iter()
                         .map(|n| {
-                            g.node_by_name(n)
-                                .ok_or_else(|| Error::msg(format!("unknown node '{n}'")))
+                            g.node_by_name(n).ok_or_else(|| {
+                                Error::msg(format!("stage {i} names unknown node '{n}'"))
+                            })
                         })
                         .collect::<Result<_>>()?,
                     devices: st.devices.clone(),
                 })
             })
             .collect()
+    }
+
+    /// The typed plan this report describes, read against the cost graph `g` it names the
+    /// nodes of (after [`PlanReport::verify`]). `plan.report(g).resolve(g, cluster)` is `plan`.
+    pub fn resolve(&self, g: &CostGraph, cluster: &Cluster) -> Result<Plan> {
+        self.verify(g, cluster)?;
+        let specs = self.specs(g)?;
+        Ok(Plan {
+            planner: self.planner.clone(),
+            micro_batch: MicroBatch::dividing(self.batch, self.micro_batch)?,
+            schedule: self.schedule,
+            stages: self
+                .stages
+                .iter()
+                .zip(specs)
+                .map(|(st, spec)| PlannedStage {
+                    nodes: spec.nodes,
+                    devices: spec.devices,
+                    predecessors: st.predecessors.clone(),
+                    in_flight: st.in_flight,
+                    compute_time_s: st.compute_time_s,
+                    peak_memory_bytes: st.peak_memory_bytes,
+                    micro_batch: st.micro_batch,
+                    group: st.group,
+                })
+                .collect(),
+            pipeline_depth: self.pipeline_depth,
+            iteration_time_s: self.iteration_time_s,
+            peak_memory_bytes: self.peak_memory_bytes,
+            search_time_s: self.search_time_s,
+            objective_s: self.objective_s,
+            bubble_fraction: self.bubble_fraction,
+            cluster: self.cluster.clone(),
+            out_of_memory: self.out_of_memory,
+            intra_splits: self.intra_splits.clone(),
+            time_limited: self.time_limited,
+            search_capped: self.search_capped,
+        })
+    }
+}
+
+/// [`stage_structure`] of `specs`, and every stage's `predecessors` exactly the stages its
+/// nodes' inputs come from.
+fn check_predecessors<'a>(
+    g: &CostGraph,
+    cluster: &Cluster,
+    specs: &[StageSpec],
+    predecessors: impl Iterator<Item = &'a Vec<usize>>,
+) -> Result<()> {
+    let (_, preds) = stage_structure(g, cluster, specs)?;
+    for (i, given) in predecessors.enumerate() {
+        let mut p = given.clone();
+        p.sort_unstable();
+        if preds.get(i) != Some(&p) {
+            return Err(Error::msg(format!(
+                "stage {i}: predecessors {given:?} but its nodes' inputs come from stages {:?}",
+                preds.get(i).cloned().unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Plan {
+    /// The mini-batch (samples per iteration).
+    pub fn batch(&self) -> u64 {
+        self.micro_batch.batch()
+    }
+
+    /// Micro-batches per iteration (`M`).
+    pub fn micro_batches(&self) -> u64 {
+        self.micro_batch.count()
+    }
+
+    /// Devices the plan uses: every stage's replicas (the cluster's first ones).
+    pub fn devices(&self) -> usize {
+        self.stages.iter().map(|s| s.devices.len()).sum()
+    }
+
+    /// Samples per second of the simulated iteration (0 for an empty one).
+    pub fn throughput_samples_per_s(&self) -> f64 {
+        let t = self.iteration_time_s;
+        if t > 0.0 {
+            self.batch() as f64 / t
+        } else {
+            0.0
+        }
+    }
+
+    /// Check a plan against its graph and cluster: every node is in exactly one stage, devices
+    /// are in range and in at most one stage, the stage DAG is acyclic, and `predecessors` are
+    /// exactly the stages that send to it.
+    pub fn verify(&self, g: &CostGraph, cluster: &Cluster) -> Result<()> {
+        let specs = self.specs();
+        check_predecessors(
+            g,
+            cluster,
+            &specs,
+            self.stages.iter().map(|s| &s.predecessors),
+        )
+    }
+
+    /// The stage specs of this plan (nodes and devices per stage).
+    pub fn specs(&self) -> Vec<StageSpec> {
+        self.stages
+            .iter()
+            .map(|st| StageSpec {
+                nodes: st.nodes.clone(),
+                devices: st.devices.clone(),
+            })
+            .collect()
+    }
+
+    /// The plan as `plan --json` prints it: node names of `g`, the graph its stages index.
+    pub fn report(&self, g: &CostGraph) -> PlanReport {
+        let stages: Vec<StageReport> = self
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(s, st)| StageReport {
+                id: s,
+                nodes: st.nodes.iter().map(|&n| g.nodes[n].name.clone()).collect(),
+                devices: st.devices.clone(),
+                replicas: st.devices.len(),
+                predecessors: st.predecessors.clone(),
+                in_flight: st.in_flight,
+                compute_time_s: st.compute_time_s,
+                peak_memory_bytes: st.peak_memory_bytes,
+                micro_batch: st.micro_batch,
+                group: st.group,
+            })
+            .collect();
+        PlanReport {
+            planner: self.planner.clone(),
+            devices: self.devices(),
+            batch: self.batch(),
+            micro_batch: self.micro_batch.size(),
+            micro_batches: self.micro_batches(),
+            schedule: self.schedule,
+            stages,
+            pipeline_depth: self.pipeline_depth,
+            iteration_time_s: self.iteration_time_s,
+            throughput_samples_per_s: self.throughput_samples_per_s(),
+            peak_memory_bytes: self.peak_memory_bytes,
+            search_time_s: self.search_time_s,
+            objective_s: self.objective_s,
+            bubble_fraction: self.bubble_fraction,
+            cluster: self.cluster.clone(),
+            out_of_memory: self.out_of_memory,
+            intra_splits: self.intra_splits.clone(),
+            time_limited: self.time_limited,
+            search_capped: self.search_capped,
+        }
     }
 
     /// The same stages and micro-batch under `schedule`, simulated again (`planner` names the
@@ -438,8 +643,8 @@ impl Plan {
             g,
             cluster,
             opts,
-            self.specs(g)?,
-            self.micro_batch,
+            self.specs(),
+            self.micro_batch.size(),
             schedule,
             self.objective_s,
             0.0,
@@ -553,7 +758,7 @@ impl Plan {
     ) -> Result<Plan> {
         let (_, preds) = stage_structure(g, cluster, &specs)?;
         let batch = opts.batch.max(1);
-        let m = micro_batches(batch, micro_batch)?;
+        let micro_batch = MicroBatch::dividing(batch, micro_batch)?;
         // The figures the simulator ran on (re-computation adds the forward to the backward).
         let sg = sg.for_schedule(schedule);
         let mut stages = Vec::with_capacity(specs.len());
@@ -570,11 +775,9 @@ impl Plan {
                 .iter()
                 .map(|&d| res.devices[d].peak_memory_bytes)
                 .fold(0.0, f64::max);
-            stages.push(Stage {
-                id: s,
-                nodes: nodes.iter().map(|&n| g.nodes[n].name.clone()).collect(),
+            stages.push(PlannedStage {
+                nodes,
                 devices: spec.devices.clone(),
-                replicas: spec.devices.len(),
                 predecessors: preds[s].clone(),
                 in_flight: res.stage_in_flight[s],
                 compute_time_s: compute,
@@ -583,17 +786,12 @@ impl Plan {
                 group: sg.per_stage.as_ref().map(|p| p.group[s]),
             });
         }
-        let t = res.iteration_time_s;
         Ok(Plan {
             planner: planner.to_string(),
-            devices: specs.iter().map(|s| s.devices.len()).sum(),
-            batch,
             micro_batch,
-            micro_batches: m,
             schedule,
             pipeline_depth: sg.depth(),
-            iteration_time_s: t,
-            throughput_samples_per_s: if t > 0.0 { batch as f64 / t } else { 0.0 },
+            iteration_time_s: res.iteration_time_s,
             peak_memory_bytes: stages
                 .iter()
                 .map(|s| s.peak_memory_bytes)

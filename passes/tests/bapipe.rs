@@ -218,9 +218,8 @@ fn emitted_intra_layer_split_balances_mlp4() {
     assert!(!plan.intra_splits.is_empty());
     for s in &plan.intra_splits {
         let stage_of = |n: &str| {
-            plan.stages
-                .iter()
-                .position(|st| st.nodes.iter().any(|x| x == n))
+            let n = g2.node_by_name(n)?;
+            plan.stages.iter().position(|st| st.nodes.contains(&n))
         };
         assert_eq!(stage_of(&s.nodes[0]), Some(s.from_stage), "{s:?}");
         assert_eq!(stage_of(&s.nodes[1]), Some(s.to_stage), "{s:?}");

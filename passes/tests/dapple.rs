@@ -123,7 +123,7 @@ fn free_network_gives_data_parallelism() {
         .expect("plan");
     plan.verify(&g, &c).expect("verifies");
     assert_eq!(plan.stages.len(), 1);
-    assert_eq!(plan.stages[0].replicas, 16);
+    assert_eq!(plan.stages[0].devices.len(), 16);
 }
 
 #[test]
@@ -181,7 +181,7 @@ fn plans_on_the_dapple_profiles_verify() {
                 .plan(&g, &c, &opts)
                 .expect("plan");
             plan.verify(&g, &c).expect("verifies");
-            assert_eq!(plan.devices, 16, "{name} {preset}");
+            assert_eq!(plan.devices(), 16, "{name} {preset}");
             assert!(!plan.out_of_memory, "{name} {preset}");
             assert!(["dapple-a", "dapple-b", "zb-h1", "zb-h2"].contains(&plan.schedule.name()));
             // The plan is no worse than DP under the planner's own objective.
@@ -190,7 +190,7 @@ fn plans_on_the_dapple_profiles_verify() {
                 &g,
                 &c,
                 &opts,
-                plan.micro_batch,
+                plan.micro_batch.size(),
                 &fam,
                 &[(0, fam.last(), (0..16).collect())],
             )
@@ -240,9 +240,9 @@ fn early_backward_vs_gpipe_and_recomputation() {
     // Same bubbles as GPipe at equal M; early backward's memory does not grow with M (once M
     // exceeds the warm-up, so that a backward runs while the gradients of an earlier one are
     // held).
-    assert!((eb2.throughput_samples_per_s / gpipe.throughput_samples_per_s - 1.0).abs() < 0.02);
+    assert!((eb2.throughput_samples_per_s() / gpipe.throughput_samples_per_s() - 1.0).abs() < 0.02);
     assert_eq!(eb4.peak_memory_bytes, eb16.peak_memory_bytes);
-    assert!(eb16.throughput_samples_per_s > 1.3 * gpipe.throughput_samples_per_s);
+    assert!(eb16.throughput_samples_per_s() > 1.3 * gpipe.throughput_samples_per_s());
     // GPipe holds all M micro-batches' activations; early backward at most the warm-up's.
     let gpipe16 = run(ScheduleKind::GPipe, 16);
     assert!(avg(&eb16) < avg(&gpipe16));

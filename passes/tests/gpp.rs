@@ -408,22 +408,28 @@ fn plans_verify_c1_to_c4() {
         let opts = PlanOptions::new(batch);
         let plan = Gpp::default().plan(&g, &c, &opts).expect("gpp plan");
         let seq = Gpp::sequential().plan(&g, &c, &opts).expect("seq plan");
-        let specs = plan.specs(&g).expect("specs");
-        let sg = StageGraph::from_specs(&g, &c, &specs, plan.micro_batch as f64, opts.optimizer);
-        let sched = schedule::generate(&sg, ScheduleKind::Gpp, plan.micro_batches as usize);
+        let specs = plan.specs();
+        let sg = StageGraph::from_specs(
+            &g,
+            &c,
+            &specs,
+            plan.micro_batch.size() as f64,
+            opts.optimizer,
+        );
+        let sched = schedule::generate(&sg, ScheduleKind::Gpp, plan.micro_batches() as usize);
         schedule_gpp::verify(&plan, &g, &c, &sched).expect("C1-C4");
         // the scheduler's in-flight counts are the simulator's warm-ups
         let succ = sg.successors();
         assert_eq!(
-            schedule_gpp::default_in_flight(&succ, plan.micro_batches as usize),
+            schedule_gpp::default_in_flight(&succ, plan.micro_batches() as usize),
             sched.warmup
         );
         assert!(
-            plan.throughput_samples_per_s >= seq.throughput_samples_per_s * 0.99,
+            plan.throughput_samples_per_s() >= seq.throughput_samples_per_s() * 0.99,
             "{}: gpp {} < seq {}",
             g.name,
-            plan.throughput_samples_per_s,
-            seq.throughput_samples_per_s
+            plan.throughput_samples_per_s(),
+            seq.throughput_samples_per_s()
         );
     }
 }
@@ -737,7 +743,7 @@ fn kfkb_plans_fit_their_in_flight_memory() {
             }
         };
         assert_eq!(pk.schedule.label(), format!("kfkb-{k}"));
-        let sk = pk.specs(&g).unwrap();
+        let sk = pk.specs();
         let (peakk, sched, inflight) = peak(c, &sk, ScheduleKind::Kfkb(k));
         assert!(peakk <= mem, "kfkb plan: {peakk} > {mem}");
         assert_eq!(inflight, sched.warmup);
@@ -759,7 +765,7 @@ fn kfkb_plans_fit_their_in_flight_memory() {
     opts.set_micro_batch(Some(MB)).unwrap();
     let small = Cluster::from_inline(&format!("{d}@25e9"), cpu_core(4 << 30)).unwrap();
     let p1 = Gpp::default().plan(&g, &small, &opts).expect("1f1b plan");
-    let s1 = p1.specs(&g).unwrap();
+    let s1 = p1.specs();
     assert!(
         s1.len() > 1,
         "4 GB devices cannot hold the data-parallel plan"
@@ -991,7 +997,7 @@ fn gpp_never_loses_to_a_sequential_planner() {
         .expect("cluster");
         let opts = PlanOptions::new(16);
         let gpp = Gpp::default().plan(&g, &c, &opts).expect("gpp");
-        if gpp.devices < d {
+        if gpp.devices() < d {
             fewer += 1;
         }
         for name in ["dp", "straight", "pipedream", "bapipe", "dapple", "gpp-seq"] {
@@ -1019,7 +1025,7 @@ fn gpp_never_loses_to_a_sequential_planner() {
         .expect("32 devices");
     let opts = PlanOptions::new(32);
     let gpp = Gpp::default().plan(&g, &c, &opts).expect("gpp");
-    if gpp.devices < 32 {
+    if gpp.devices() < 32 {
         fewer += 1;
     }
     for name in ["dp", "straight", "pipedream", "bapipe", "dapple"] {

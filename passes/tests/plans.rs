@@ -3,7 +3,7 @@
 use pipec_passes::cost::cluster::{v100_16gb, Cluster};
 use pipec_passes::cost::profile::load_profile;
 use pipec_passes::cost::{AllReduceAlgo, CostGraph};
-use pipec_passes::plan::{Plan, PlanOptions, StageSpec};
+use pipec_passes::plan::{Plan, PlanOptions, PlanReport, StageSpec};
 use pipec_passes::planners::{
     by_name,
     straight::{comm_aware_partition, linear_partition},
@@ -37,14 +37,15 @@ fn straight_and_dp_on_vgg16() {
             .expect("plan");
         plan.verify(&g, &c).expect("verifies");
         assert_eq!(plan.planner, name);
-        assert_eq!(plan.devices, 8);
-        assert_eq!(plan.batch, 64);
-        assert_eq!(plan.micro_batch * plan.micro_batches, 64);
+        assert_eq!(plan.devices(), 8);
+        assert_eq!(plan.batch(), 64);
+        assert_eq!(plan.micro_batch.size() * plan.micro_batches(), 64);
         assert!(plan.iteration_time_s > 0.0 && plan.iteration_time_s.is_finite());
         assert!(plan.peak_memory_bytes > 0);
         let nodes: usize = plan.stages.iter().map(|s| s.nodes.len()).sum();
         assert_eq!(nodes, g.len());
-        let json = serde_json::to_value(&plan).expect("json");
+        let report = plan.report(&g);
+        let json = serde_json::to_value(&report).expect("json");
         for k in [
             "planner",
             "devices",
@@ -80,17 +81,21 @@ fn straight_and_dp_on_vgg16() {
         assert_eq!(json["schedule"], plan.schedule.label());
         let mut bad = json.clone();
         bad["schedule"] = "1f2b".into();
-        let e = serde_json::from_value::<Plan>(bad).unwrap_err().to_string();
+        let e = serde_json::from_value::<PlanReport>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unknown schedule '1f2b'"), "{e}");
-        let back: Plan = serde_json::from_value(json).expect("round trip");
-        assert_eq!(back, plan);
+        let back: PlanReport = serde_json::from_value(json).expect("round trip");
+        assert_eq!(back, report);
+        // Read back against its graph, the report is the typed plan again.
+        assert_eq!(back.resolve(&g, &c).expect("resolves"), plan);
     }
     let dp = by_name("dp")
         .expect("dp")
         .plan(&g, &c, &opts)
         .expect("plan");
     assert_eq!(dp.stages.len(), 1);
-    assert_eq!(dp.stages[0].replicas, 8);
+    assert_eq!(dp.stages[0].devices.len(), 8);
     assert_eq!(dp.pipeline_depth, 1);
     let st = by_name("straight")
         .expect("s")
@@ -98,12 +103,13 @@ fn straight_and_dp_on_vgg16() {
         .expect("plan");
     assert_eq!(st.stages.len(), 8);
     assert_eq!(st.pipeline_depth, 8);
-    assert!(st.stages.iter().all(|s| s.replicas == 1));
+    assert!(st.stages.iter().all(|s| s.devices.len() == 1));
     // The input node is pinned to the first stage.
-    assert!(st.stages[0].nodes.contains(&"node1".to_string()));
+    let node1 = g.node_by_name("node1").expect("node1");
+    assert!(st.stages[0].nodes.contains(&node1));
     // 1F1B: stage i holds S−i micro-batches; stage 0 is the input alone, which depends on no
     // parameter, so no gradient comes back to it and it holds none.
-    assert_eq!(st.stages[0].nodes, vec!["node1".to_string()]);
+    assert_eq!(st.stages[0].nodes, vec![node1]);
     let fl: Vec<usize> = st.stages.iter().map(|s| s.in_flight).collect();
     assert_eq!(fl, vec![0, 7, 6, 5, 4, 3, 2, 1]);
     // DP on 10 Gbps: the 550 MB gradient ring all-reduce dominates (2·7/8·P/1.25e9 s).
@@ -146,11 +152,28 @@ fn verifier_rejects_broken_plans() {
         .plan(&g, &c, &PlanOptions::new(64))
         .expect("plan");
     good.verify(&g, &c).expect("good");
-    let check = |mutate: &dyn Fn(&mut Plan), what: &str| {
-        let mut p = good.clone();
+    // The report's verifier (what `plan.json` says), and for a broken report that still
+    // resolves to stages, the typed plan's verifier says the same.
+    let report = good.report(&g);
+    let check = |mutate: &dyn Fn(&mut PlanReport), what: &str| {
+        let mut p = report.clone();
         mutate(&mut p);
         let e = p.verify(&g, &c).expect_err(what).to_string();
         assert!(e.contains(what), "want '{what}' in: {e}");
+        if let Ok(specs) = p.specs(&g) {
+            let mut typed = good.clone();
+            for ((st, spec), r) in typed.stages.iter_mut().zip(specs).zip(&p.stages) {
+                st.nodes = spec.nodes;
+                st.devices = spec.devices;
+                st.predecessors = r.predecessors.clone();
+            }
+            if p.stages.len() == typed.stages.len()
+                && p.stages.iter().all(|s| s.replicas == s.devices.len())
+            {
+                let e = typed.verify(&g, &c).expect_err(what).to_string();
+                assert!(e.contains(what), "typed: want '{what}' in: {e}");
+            }
+        }
     };
     check(
         &|p| {
@@ -398,7 +421,7 @@ fn simulated_memory_matches_the_model() {
         .expect("s")
         .plan(&g, &c, &opts)
         .expect("plan");
-    let specs = plan.specs(&g).expect("specs");
+    let specs = plan.specs();
     for (i, (st, spec)) in plan.stages.iter().zip(&specs).enumerate() {
         let gc = g.group_cost(&g.mask(&spec.nodes), 8.0, c.kind_of(0));
         assert_eq!(st.in_flight, 4 - i);

@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Result};
 use clap::Args;
 use pipec::driver::CompareRow;
 use pipec_passes::cost::Optimizer;
-use pipec_passes::plan::{Plan, PlanOptions};
+use pipec_passes::plan::{PlanOptions, PlanReport};
 use pipec_passes::planners;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -188,7 +188,7 @@ pub fn run(a: CompareArgs) -> Result<ExitCode> {
         #[derive(serde::Serialize)]
         struct JsonRow<'a> {
             #[serde(flatten)]
-            plan: &'a Plan,
+            plan: &'a PlanReport,
             #[serde(skip_serializing_if = "Option::is_none")]
             own_schedule: Option<String>,
         }

@@ -11,7 +11,7 @@
 use super::plan::{planner_name, render, resolve_cluster, with_dapple_reference};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use pipec::driver::{self, per_stage_of, CompileOptions};
+use pipec::driver::{self, CompileOptions};
 use pipec_compiler::ir::Module;
 use pipec_compiler::passmgr::PrintIr;
 use pipec_compiler::text;
@@ -215,14 +215,11 @@ pub fn run(a: CompileArgs) -> Result<ExitCode> {
     if a.verbose {
         eprint!("{}", render(&art.plan));
     }
-    let sizes = match per_stage_of(&art.plan) {
+    let per_stage: Option<Vec<u64>> = art.plan.stages.iter().map(|s| s.micro_batch).collect();
+    let sizes = match per_stage {
         Some(p) => format!(
             " (per stage: {})",
-            p.micro_batch
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            p.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
         ),
         None => String::new(),
     };

@@ -9,7 +9,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pipec_passes::cost::cluster::PRESETS;
 use pipec_passes::cost::{AllReduceAlgo, Optimizer};
-use pipec_passes::plan::{Plan, PlanOptions};
+use pipec_passes::plan::{Plan, PlanOptions, PlanReport};
 use pipec_passes::planners;
 use pipec_passes::sim::ScheduleKind;
 use std::path::PathBuf;
@@ -211,7 +211,7 @@ fn gb(b: f64) -> String {
 }
 
 /// Text rendering of a plan.
-pub fn render(plan: &Plan) -> String {
+pub fn render(plan: &PlanReport) -> String {
     let per_stage = if plan.stages.iter().any(|s| s.micro_batch.is_some()) {
         " (per-stage micro-batch sizes below)"
     } else {
@@ -353,10 +353,11 @@ pub fn run(a: PlanArgs) -> Result<ExitCode> {
         let text = pipec::driver::plan_trace(&plan, &g, &cluster, &opts)?;
         std::fs::write(path, text).with_context(|| format!("{}: cannot write", path.display()))?;
     }
+    let report = plan.report(&g);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&plan)?);
+        println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render(&plan));
+        print!("{}", render(&report));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -93,7 +93,7 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
             ..Default::default()
         };
         let plan = algorithm1.plan(&g, &cfg.cluster, &opts)?;
-        let specs = plan.specs(&g)?;
+        let specs = plan.specs();
         let order = module.graph.order.clone();
         for (s, sp) in specs.iter().enumerate() {
             for &n in &sp.nodes {
@@ -125,17 +125,17 @@ impl pipec_compiler::passmgr::Pass for PartitionGpp {
         }
         module.attrs.insert(
             "pipec.micro_batch".into(),
-            Attr::Int(plan.micro_batch as i64),
+            Attr::Int(plan.micro_batch.size() as i64),
         );
         module
             .attrs
-            .insert("pipec.batch".into(), Attr::Int(plan.batch as i64));
+            .insert("pipec.batch".into(), Attr::Int(plan.batch() as i64));
         module
             .attrs
             .insert("pipec.stages".into(), Attr::Int(specs.len() as i64));
         stats.add("stages", specs.len() as u64);
         stats.add("depth", plan.pipeline_depth as u64);
-        stats.add("micro-batch", plan.micro_batch);
+        stats.add("micro-batch", plan.micro_batch.size());
         Ok(())
     }
 }

@@ -41,7 +41,7 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
     // convexity: a path leaving a stage and re-entering it would be a stage cycle).
     plan.verify(g, cluster)
         .map_err(|e| Error::msg(format!("C1/C2: {e}")))?;
-    let specs = plan.specs(g)?;
+    let specs = plan.specs();
     let stage_of = crate::stage::stage_of(&specs, g.len());
     // C1 explicitly: no path leaves a stage and comes back (reachability in the node DAG).
     for s in 0..specs.len() {
@@ -61,7 +61,7 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
     }
     // C3: device sets partition the plan's devices, the first `plan.devices` of the cluster (a
     // plan may leave the rest idle: a small model trains faster on fewer devices).
-    let mut used = vec![0usize; plan.devices.min(cluster.len())];
+    let mut used = vec![0usize; plan.devices().min(cluster.len())];
     for sp in &specs {
         if sp.devices.is_empty() {
             return Err(Error::msg("C3: a stage has no device"));
@@ -93,7 +93,7 @@ pub fn verify(plan: &Plan, g: &CostGraph, cluster: &Cluster, schedule: &Schedule
         let devs = &specs[s].devices;
         let r = devs.len().max(1);
         // The stage's own micro-batch size (per-stage schedules run `batch / b_s` of them).
-        let own = plan.batch / ms.max(1) as u64;
+        let own = plan.batch() / ms.max(1) as u64;
         let whole =
             (r > 1 && schedule.kind.round_robin()) || crate::sim::takes_turns(own as f64, r);
         match devs.iter().position(|&x| x == d) {

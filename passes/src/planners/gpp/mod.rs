@@ -391,12 +391,19 @@ pub fn simulate_as_chain(
     specs: &[StageSpec],
     schedule: ScheduleKind,
 ) -> Result<()> {
-    let sg = stage_graph(g, cluster, opts, specs, plan.micro_batch, schedule, true);
-    let sched = crate::sim::schedule::generate(&sg, schedule, plan.micro_batches as usize);
+    let sg = stage_graph(
+        g,
+        cluster,
+        opts,
+        specs,
+        plan.micro_batch.size(),
+        schedule,
+        true,
+    );
+    let sched = crate::sim::schedule::generate(&sg, schedule, plan.micro_batches() as usize);
     let res = simulate(&sg, &sched, cluster, opts.allreduce)?;
     let t = res.iteration_time_s;
     plan.iteration_time_s = t;
-    plan.throughput_samples_per_s = if t > 0.0 { plan.batch as f64 / t } else { 0.0 };
     plan.bubble_fraction = res.bubble_fraction;
     plan.pipeline_depth = sg.depth();
     for (s, st) in plan.stages.iter_mut().enumerate() {
@@ -733,7 +740,7 @@ fn seeds(
                     "gpp: seed {name}: {:.6} s ({} stages, micro-batch {}) at {:.1} ms",
                     p.iteration_time_s,
                     p.stages.len(),
-                    p.micro_batch,
+                    p.micro_batch.size(),
                     t0.elapsed().as_secs_f64() * 1e3
                 ),
                 Err(e) => eprintln!("gpp: seed {name}: {e}"),

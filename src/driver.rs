@@ -937,6 +937,19 @@ pub fn plan_model(
     cluster: &Cluster,
     opts: &PlanOptions,
 ) -> Result<(Plan, CostGraph, Option<Module>)> {
+    if let Some(kind) = opts.schedule.filter(|k| k.chunks() > 1) {
+        if !name.starts_with(planners::STAGES_PREFIX) {
+            // The planner's device groups, its stages re-cut into interleaved chunks (BaPipe's
+            // intra-layer splits are not made: the chunks cut the layers anew).
+            let inner = planners::by_name(name)?;
+            let plan = planners::interleave::Interleaved {
+                inner: inner.as_ref(),
+                chunks: kind.chunks(),
+            }
+            .plan(&g, cluster, opts)?;
+            return Ok((plan, g, None));
+        }
+    }
     if let (Some(m), "bapipe") = (m, name) {
         let mp = bapipe::plan_module(m, &g, cluster, opts)?;
         return Ok(match mp.rewritten {

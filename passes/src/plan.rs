@@ -352,11 +352,15 @@ impl PlanOptions {
 }
 
 /// Stage of every node, predecessor lists, and checks; shared by the verifier and `assemble`.
+/// A device is in one stage, except under interleaved 1F1B (`schedule.chunks() > 1`), whose
+/// chunks share their group's devices ([`sim::schedule::interleaved_groups`] checks the layout).
 fn stage_structure(
     g: &CostGraph,
     cluster: &Cluster,
     specs: &[StageSpec],
+    schedule: ScheduleKind,
 ) -> Result<(Vec<usize>, Vec<Vec<usize>>)> {
+    let shared = schedule.chunks() > 1;
     if specs.is_empty() {
         return Err(Error::msg("plan has no stage"));
     }
@@ -373,7 +377,7 @@ fn stage_structure(
                     cluster.len()
                 )));
             }
-            if std::mem::replace(&mut used[d], true) {
+            if std::mem::replace(&mut used[d], true) && !shared {
                 return Err(Error::msg(format!("device {d} is in two stages")));
             }
         }
@@ -448,7 +452,7 @@ impl PlanReport {
         check_predecessors(
             g,
             cluster,
-            &specs,
+            (&specs, self.schedule),
             self.stages.iter().map(|s| &s.predecessors),
         )
     }
@@ -514,15 +518,36 @@ impl PlanReport {
     }
 }
 
+/// Interleaved 1F1B's conditions on a stage graph with `m` micro-batches: the chunks laid out
+/// on the device groups as [`sim::schedule::interleaved_groups`] says, and `m` a multiple of
+/// the groups (the order runs micro-batches through the chunks in groups of that many).
+fn check_interleaved(
+    sg: &StageGraph,
+    schedule: ScheduleKind,
+    (micro_batch, m): (u64, u64),
+) -> Result<()> {
+    let p = sim::schedule::interleaved_groups(sg, schedule.chunks()).map_err(Error::msg)?;
+    if !m.is_multiple_of(p as u64) {
+        return Err(Error::option(
+            PlanOption::MicroBatch,
+            micro_batch,
+            format!(
+                "under --schedule {schedule} the micro-batches ({m}) must be a multiple of the pipeline's {p} device groups"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// [`stage_structure`] of `specs`, and every stage's `predecessors` exactly the stages its
 /// nodes' inputs come from.
 fn check_predecessors<'a>(
     g: &CostGraph,
     cluster: &Cluster,
-    specs: &[StageSpec],
+    (specs, schedule): (&[StageSpec], ScheduleKind),
     predecessors: impl Iterator<Item = &'a Vec<usize>>,
 ) -> Result<()> {
-    let (_, preds) = stage_structure(g, cluster, specs)?;
+    let (_, preds) = stage_structure(g, cluster, specs, schedule)?;
     for (i, given) in predecessors.enumerate() {
         let mut p = given.clone();
         p.sort_unstable();
@@ -547,9 +572,17 @@ impl Plan {
         self.micro_batch.count()
     }
 
-    /// Devices the plan uses: every stage's replicas (the cluster's first ones).
+    /// Devices the plan uses: every stage's replicas (the cluster's first ones), each once
+    /// (interleaved 1F1B's chunks share their group's).
     pub fn devices(&self) -> usize {
-        self.stages.iter().map(|s| s.devices.len()).sum()
+        let mut all: Vec<usize> = self
+            .stages
+            .iter()
+            .flat_map(|s| s.devices.iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all.len()
     }
 
     /// Samples per second of the simulated iteration (0 for an empty one).
@@ -570,7 +603,7 @@ impl Plan {
         check_predecessors(
             g,
             cluster,
-            &specs,
+            (&specs, self.schedule),
             self.stages.iter().map(|s| &s.predecessors),
         )
     }
@@ -701,7 +734,7 @@ impl Plan {
         cutoff: f64,
     ) -> Result<Option<Plan>> {
         // Checked before simulating (invalid specs name devices outside the cluster).
-        stage_structure(g, cluster, &specs)?;
+        stage_structure(g, cluster, &specs, schedule)?;
         let batch = opts.batch.max(1);
         let m = micro_batches(batch, micro_batch)?;
         let mut sg = StageGraph::from_specs_for(
@@ -714,6 +747,9 @@ impl Plan {
         );
         if opts.vertical_sync && schedule.per_micro_batch_step() {
             sg.with_vertical_sync();
+        }
+        if schedule.chunks() > 1 {
+            check_interleaved(&sg, schedule, (micro_batch, m))?;
         }
         let sched = sim::schedule::generate(&sg, schedule, m as usize);
         if cutoff.is_finite() {
@@ -756,7 +792,7 @@ impl Plan {
         search_time_s: f64,
         (sg, res): (&StageGraph, &sim::SimResult),
     ) -> Result<Plan> {
-        let (_, preds) = stage_structure(g, cluster, &specs)?;
+        let (_, preds) = stage_structure(g, cluster, &specs, schedule)?;
         let batch = opts.batch.max(1);
         let micro_batch = MicroBatch::dividing(batch, micro_batch)?;
         // The figures the simulator ran on (re-computation adds the forward to the backward).

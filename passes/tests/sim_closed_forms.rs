@@ -784,3 +784,72 @@ fn pipedream_async_cycle_and_stashes() {
         }
     }
 }
+
+/// Interleaved 1F1B (Narayanan et al., SC'21, §2.2): `P` device groups with `v` equal chunks
+/// each (a chunk's forward `F/v`, backward `B/v`), `M` a multiple of `P` and free communication
+/// take `M(F+B) + (P−1)(F+B)/v`, the 1F1B bubble `(P−1)(F+B)` shrunk `v` times. Device `r`
+/// holds at most `min(2(P−r−1) + (v−1)P + 1, vM)` chunk-micro-batches of activations (its
+/// warm-up and one more forward).
+#[test]
+fn interleaved_1f1b_bubble_shrinks_by_v() {
+    for &(p, v, m) in &[
+        (2usize, 2usize, 2usize),
+        (2, 2, 4),
+        (4, 2, 8),
+        (4, 2, 4),
+        (4, 3, 8),
+        (3, 4, 9),
+        (8, 2, 16),
+        (4, 4, 32),
+    ] {
+        for &(f, b) in &[(1.0, 2.0), (0.3, 0.5)] {
+            let mut sg = StageGraph::uniform_chain(p * v, f / v as f64, b / v as f64, 0.0);
+            for (s, st) in sg.stages.iter_mut().enumerate() {
+                st.devices = vec![s % p];
+            }
+            let c = flat(p, 1e9);
+            let kind = ScheduleKind::Interleaved(v as u32);
+            let sched = schedule::generate(&sg, kind, m);
+            let r = simulate(&sg, &sched, &c, AllReduceAlgo::Ring).expect("sim");
+            let want = m as f64 * (f + b) + (p - 1) as f64 * (f + b) / v as f64;
+            assert!(
+                close(r.iteration_time_s, want),
+                "P={p} v={v} M={m} F={f} B={b}: {} != {want}",
+                r.iteration_time_s
+            );
+            let bubble = 1.0 - m as f64 * (f + b) / want;
+            assert!(
+                close(r.bubble_fraction, bubble),
+                "P={p} v={v} M={m}: bubble {} != {bubble}",
+                r.bubble_fraction
+            );
+            for d in 0..p {
+                let held = (2 * (p - d - 1) + (v - 1) * p + 1).min(v * m);
+                assert_eq!(
+                    r.devices[d].peak_memory_bytes, held as f64,
+                    "P={p} v={v} M={m}: device {d}"
+                );
+            }
+            // v = 1 is 1F1B: the same stages on one chunk per device.
+            let one = StageGraph::uniform_chain(p, f, b, 0.0);
+            let r1 = simulate(
+                &one,
+                &schedule::generate(&one, ScheduleKind::OneFOneB, m),
+                &c,
+                AllReduceAlgo::Ring,
+            )
+            .expect("sim");
+            assert!(r.iteration_time_s < r1.iteration_time_s);
+        }
+    }
+    // The layout is checked: a chunk off its group's devices is refused.
+    let mut sg = StageGraph::uniform_chain(4, 1.0, 1.0, 0.0);
+    for (s, st) in sg.stages.iter_mut().enumerate() {
+        st.devices = vec![[0, 1, 1, 0][s]];
+    }
+    let e = schedule::interleaved_groups(&sg, 2).unwrap_err();
+    assert!(
+        e.contains("stage 2 must run on the devices of stage 0"),
+        "{e}"
+    );
+}

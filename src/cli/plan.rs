@@ -73,7 +73,11 @@ pub struct PlanArgs {
     /// (PipeDream's asynchronous 1F1B: each micro-batch's gradients update the weights right
     /// after its backward, no flush, weight stashing keeps the version its forward read; needs
     /// each stage's replica count to divide the micro-batch; `run --check` compares with an
-    /// emulation of that update rule) (default: the planner's own).
+    /// emulation of that update rule), interleaved-V (Megatron-LM's interleaved 1F1B: the
+    /// planner's device groups each hold V model chunks, V from 2 to 64, so the pipeline bubble
+    /// shrinks V times at V times the messages; the micro-batches must be a multiple of the
+    /// groups; with --stages, stage s runs on the devices of stage s mod (stages / V))
+    /// (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// For a graph.txt profile: the batch it was measured at (default: `pbs-N` in the file

@@ -180,6 +180,13 @@ impl Partition {
 /// Step `partition`: which ops each stage computes (with its duplicated side computations), the
 /// values it receives and sends, its forward module and the stage DAG.
 pub fn partition(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result<Partition> {
+    if opts.schedule.chunks() > 1 {
+        // Programs hold one stage per device; interleaving needs several (not emitted yet).
+        return Err(Error::msg(format!(
+            "--schedule {}: interleaved 1F1B runs several stages on each device, which compiled programs cannot hold yet; `pipec plan` and `pipec compare` simulate it",
+            opts.schedule
+        )));
+    }
     let g = &m.graph;
     let batch_sym = batch_symbol(m)?;
     let mbs = opts.micro_batch;

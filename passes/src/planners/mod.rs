@@ -32,6 +32,7 @@ pub mod dapple;
 pub mod dapple_hpgo;
 pub mod dp;
 pub mod gpp;
+pub mod interleave;
 pub mod pipedream;
 pub mod planner;
 pub mod stages;

@@ -11,7 +11,10 @@
 //! - `FIRST..=LAST`: the nodes from `FIRST` to `LAST` in node order, both included (`..=LAST`
 //!   from the first node); any end of a range may be a position or a node name.
 //!
-//! Every node must be in exactly one stage. Stage `s` runs on the next `R_s` devices in order.
+//! Every node must be in exactly one stage. Stage `s` runs on the next `R_s` devices in order;
+//! under `--schedule interleaved-V` the `S` stages are `V` chunks on each of `P = S / V` device
+//! groups: stages `0..P` take the next devices in order and stage `s ≥ P` runs on the devices of
+//! stage `s mod P` (its `R` must be theirs), as Megatron-LM deals model chunks to devices.
 //! Without `--micro-batch`, every divisor of the batch that each stage's replica count divides
 //! is simulated and the fastest is kept (ties: the larger micro-batch); the schedule defaults to
 //! `gpp` (1F1B on the stage DAG).
@@ -35,8 +38,19 @@ fn err(spec: &str, m: impl std::fmt::Display) -> Error {
     Error::option(PlanOption::Stages, format!("'{spec}'"), m.to_string())
 }
 
-/// Parse `spec` against `g` into stage specs on devices `0..`, at most `devices` of them.
-pub fn parse(spec: &str, g: &CostGraph, devices: usize) -> Result<Vec<StageSpec>> {
+/// Parse `spec` against `g` into stage specs on devices `0..`, at most `devices` of them, with
+/// `chunks` stages per device group (1, or `V` of `interleaved-V`: see the module doc).
+pub fn parse(spec: &str, g: &CostGraph, devices: usize, chunks: usize) -> Result<Vec<StageSpec>> {
+    let stages = spec.split(';').count();
+    let groups = stages / chunks.max(1);
+    if chunks > 1 && (groups < 2 || !stages.is_multiple_of(chunks)) {
+        return Err(err(
+            spec,
+            format!(
+                "{stages} stages: --schedule interleaved-{chunks} needs {chunks} stages on each of at least 2 device groups (a multiple of {chunks} stages)"
+            ),
+        ));
+    }
     let n = g.len();
     let mut owner: Vec<Option<usize>> = vec![None; n];
     let mut specs = Vec::new();
@@ -113,6 +127,22 @@ pub fn parse(spec: &str, g: &CostGraph, devices: usize) -> Result<Vec<StageSpec>
                 nodes.push(i);
             }
         }
+        if chunks > 1 && s >= groups {
+            let group: &StageSpec = &specs[s % groups];
+            if group.devices.len() != r {
+                return Err(err(
+                    spec,
+                    format!(
+                        "stage {s} runs on the {} device(s) of stage {} (interleaved-{chunks}), not @{r}",
+                        group.devices.len(),
+                        s % groups
+                    ),
+                ));
+            }
+            let devices = group.devices.clone();
+            specs.push(StageSpec { nodes, devices });
+            continue;
+        }
         if next_dev + r > devices {
             return Err(err(
                 spec,
@@ -148,8 +178,11 @@ impl Planner for UserStages {
 
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
-        let specs = parse(&self.spec, g, cluster.len())?;
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
+        let specs = parse(&self.spec, g, cluster.len(), schedule.chunks())?;
+        // Interleaved 1F1B runs the micro-batches through the chunks in groups of the device
+        // groups' count.
+        let groups = specs.len() / schedule.chunks();
         let batch = opts.batch.max(1);
         let sizes: Vec<u64> = match opts.micro_batch() {
             Some(mb) => vec![mb],
@@ -158,6 +191,7 @@ impl Planner for UserStages {
                     specs
                         .iter()
                         .all(|s| mb.is_multiple_of(s.devices.len() as u64))
+                        && (schedule.chunks() == 1 || (batch / mb).is_multiple_of(groups as u64))
                 };
                 let mut v: Vec<u64> = (1..=batch)
                     .rev()
@@ -168,7 +202,11 @@ impl Planner for UserStages {
                 if v.is_empty() {
                     return Err(err(
                         &self.spec,
-                        format!("no micro-batch divides the batch {batch} and every stage's replica count"),
+                        if schedule.chunks() > 1 {
+                            format!("no micro-batch divides the batch {batch} and every stage's replica count into a multiple of {groups} micro-batches ({schedule})")
+                        } else {
+                            format!("no micro-batch divides the batch {batch} and every stage's replica count")
+                        },
                     ));
                 }
                 v.truncate(MAX_TRIES);

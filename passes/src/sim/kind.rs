@@ -4,6 +4,9 @@
 
 use serde::Serialize;
 
+/// Most chunks per device group of `interleaved-V`.
+pub const MAX_CHUNKS: u32 = 64;
+
 /// A schedule kind (`--schedule`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum ScheduleKind {
@@ -40,6 +43,12 @@ pub enum ScheduleKind {
     /// of PipeDream's minibatches), and **weight stashing** keeps the parameter version a
     /// micro-batch's forward read for its backward ([`crate::sim::schedule::stashed`]).
     PipeDreamAsync,
+    /// Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21, §2.2): `v` (≥ 2) stages
+    /// ("model chunks", virtual stages) per device group, stage `s` on the group of stage
+    /// `s mod P` for `P` groups, each device running its chunks' forwards and backwards in one
+    /// 1F1B order over "virtual micro-batches" ([`crate::sim::schedule::interleaved_order`]):
+    /// the pipeline bubble shrinks `v` times, at `v` times the stage-to-stage messages.
+    Interleaved(u32),
 }
 
 /// The label ([`ScheduleKind::label`]).
@@ -83,6 +92,7 @@ impl ScheduleKind {
             ScheduleKind::ZbH1 => "zb-h1",
             ScheduleKind::ZbH2 => "zb-h2",
             ScheduleKind::PipeDreamAsync => "pipedream-async",
+            ScheduleKind::Interleaved(_) => "interleaved",
         }
     }
 
@@ -91,6 +101,7 @@ impl ScheduleKind {
     pub fn label(self) -> String {
         match self {
             ScheduleKind::Kfkb(k) => format!("kfkb-{k}"),
+            ScheduleKind::Interleaved(v) => format!("interleaved-{v}"),
             _ => self.name().to_string(),
         }
     }
@@ -100,6 +111,7 @@ impl ScheduleKind {
         let mut v: Vec<&'static str> = ScheduleKind::ALL.iter().map(|k| k.name()).collect();
         v.push("kfkb-K");
         v.push("gpp-per-stage");
+        v.push("interleaved-V");
         v
     }
 
@@ -132,6 +144,15 @@ impl ScheduleKind {
         self == ScheduleKind::PipeDreamAsync
     }
 
+    /// Chunks per device group under interleaved 1F1B (`v`), else 1: only then do several
+    /// stages share devices.
+    pub fn chunks(self) -> usize {
+        match self {
+            ScheduleKind::Interleaved(v) => v.max(1) as usize,
+            _ => 1,
+        }
+    }
+
     /// Whether replicas take whole micro-batches round robin (PipeDream's 1F1B-RR) instead of an
     /// even slice of every micro-batch.
     pub fn round_robin(self) -> bool {
@@ -146,6 +167,13 @@ impl ScheduleKind {
                 .ok()
                 .filter(|k| (1..=1024).contains(k))
                 .map(ScheduleKind::Kfkb);
+        }
+        if let Some(v) = s.strip_prefix("interleaved-") {
+            return v
+                .parse::<u32>()
+                .ok()
+                .filter(|v| (2..=MAX_CHUNKS).contains(v))
+                .map(ScheduleKind::Interleaved);
         }
         if s == "gpp-per-stage" {
             return Some(ScheduleKind::GppPerStage);
@@ -164,7 +192,8 @@ impl ScheduleKind {
             | ScheduleKind::OneFOneBRr
             | ScheduleKind::GppPerStage
             | ScheduleKind::ZbH1
-            | ScheduleKind::PipeDreamAsync => depth,
+            | ScheduleKind::PipeDreamAsync
+            | ScheduleKind::Interleaved(_) => depth,
             ScheduleKind::DappleB | ScheduleKind::ZbH2 => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
             ScheduleKind::Kfkb(1) => depth,

@@ -172,8 +172,10 @@ fn ingress_res(ndev: usize, n: usize) -> usize {
     2 * ndev + 2 * n + 1
 }
 
-/// (direction, sender's micro-batch, receiver's micro-batch, source device, destination device).
-type TransferKey = (Dir, usize, usize, usize, usize);
+/// (direction, sender's micro-batch, receiver's micro-batch, source device, destination device,
+/// sending stage, receiving stage): the stages tell apart the messages of two stages that share
+/// a device pair (interleaved 1F1B's chunks).
+type TransferKey = (Dir, usize, usize, usize, usize, usize, usize);
 
 /// Task arrays under construction.
 #[derive(Default)]
@@ -206,7 +208,7 @@ impl Builder {
         if let Some(&t) = self.transfers.get(&key) {
             return t;
         }
-        let (dir, mb, _, src, dst) = key;
+        let (dir, mb, _, src, dst, _, _) = key;
         // One message per value: the latency is paid `tensors` times.
         let t = comm::message_time(cluster, src, dst, bytes, tensors);
         let id = self.p2p(
@@ -654,14 +656,15 @@ pub fn channel_bound(sched: &Schedule, cluster: &Cluster) -> f64 {
         for ins in prog {
             if let Instr::Send {
                 dir,
+                stage,
+                to,
                 mb,
                 peer_mb,
                 peer,
                 bytes,
-                ..
             } = ins
             {
-                if *peer < n && seen.insert((*dir, *mb, *peer_mb, d, *peer)) {
+                if *peer < n && seen.insert((*dir, *mb, *peer_mb, d, *peer, *stage, *to)) {
                     let t = comm::p2p_time(cluster, d, *peer, *bytes);
                     send[d] += t;
                     recv[*peer] += t;
@@ -705,8 +708,9 @@ pub fn simulate(
             sched.programs.len()
         )));
     }
-    // device -> (stage, replica)
-    let mut place = vec![None; ndev];
+    // device -> its (stage, replica) pairs: one, or a group's chunks under interleaved 1F1B
+    let mut place: Vec<Vec<(usize, usize)>> = vec![Vec::new(); ndev];
+    let shared = sched.kind.chunks() > 1;
     for (s, st) in sg.stages.iter().enumerate() {
         let r = st.devices.len();
         if r == 0 || st.fwd_s.len() != r || st.bwd_s.len() != r || st.step_s.len() != r {
@@ -715,12 +719,12 @@ pub fn simulate(
             )));
         }
         for (r, &d) in st.devices.iter().enumerate() {
-            if d >= ndev || place[d].is_some() {
+            if d >= ndev || (!shared && !place[d].is_empty()) {
                 return Err(Error::msg(format!(
                     "stage {s}: device {d} is outside the cluster or in two stages"
                 )));
             }
-            place[d] = Some((s, r));
+            place[d].push((s, r));
         }
     }
     // A batch-independent value's cotangent comes back from every consumer replica a producer
@@ -829,50 +833,64 @@ pub fn simulate(
         if prog.is_empty() {
             continue;
         }
-        let Some((s, r)) = place[d] else {
+        let Some(&(first, _)) = place[d].first() else {
             return Err(Error::msg(format!(
                 "device {d} has a program but runs no stage"
             )));
         };
-        let st = &sg.stages[s];
-        // Codegen's `Accumulate` after every backward adds the micro-batch's weight gradients
-        // into the device's gradient buffer: read both, write one (memory-bound). The first
-        // backward's gradients become that buffer (a move), so a device with `m` backwards pays
-        // `m − 1` accumulations.
-        let mem_bw = cluster.kind_of(d).memory_bandwidth;
-        let accumulate_s = if mem_bw > 0.0 {
-            3.0 * st.parameter_bytes / mem_bw
-        } else {
-            0.0
+        // The replica of stage `s` this device runs.
+        let replica = |s: usize| -> Result<usize> {
+            place[d]
+                .iter()
+                .find(|x| x.0 == s)
+                .map(|x| x.1)
+                .ok_or_else(|| {
+                    Error::msg(format!(
+                        "device {d}: computes of stage {s}, which it does not run"
+                    ))
+                })
         };
-        let partial_sums_s = if mem_bw > 0.0 {
-            3.0 * partial_sum_bytes[s][r] / mem_bw
-        } else {
-            0.0
+        // Codegen's `Accumulate` after every backward adds the micro-batch's weight gradients
+        // into the stage's gradient buffer: read both, write one (memory-bound). The first
+        // backward's gradients become that buffer (a move), so a stage replica with `m`
+        // backwards pays `m − 1` accumulations.
+        let mem_bw = cluster.kind_of(d).memory_bandwidth;
+        let accumulate_s = |s: usize| {
+            if mem_bw > 0.0 {
+                3.0 * sg.stages[s].parameter_bytes / mem_bw
+            } else {
+                0.0
+            }
+        };
+        let partial_sums_s = |s: usize, r: usize| {
+            if mem_bw > 0.0 {
+                3.0 * partial_sum_bytes[s][r] / mem_bw
+            } else {
+                0.0
+            }
         };
         // Before the backward: the partial sums, then the joins of sliced cotangents; before
         // the forward: the joins of sliced activations.
-        let join_s = |mb: usize, backward: bool| {
+        let join_s = |s: usize, r: usize, mb: usize, backward: bool| {
             if mem_bw > 0.0 {
                 2.0 * joined(s, r, mb, backward) / mem_bw
             } else {
                 0.0
             }
         };
-        let split_here = split[s];
         if per_mb_step {
             stash[d] = schedule::stashed(&fb_order(prog));
         }
         // The tied-parameter copies codegen emits after each of the device's steps (at the
         // start for none): bytes by step count.
         let mut tied_copies: std::collections::BTreeMap<usize, f64> = Default::default();
-        for &(owner, bytes, _) in sg.tied_stash.get(s).into_iter().flatten() {
+        for &(owner, bytes, _) in sg.tied_stash.get(first).into_iter().flatten() {
             for &v in versions.get(&owner).into_iter().flatten() {
                 *tied_copies.entry(v).or_default() += bytes;
             }
         }
         let mut reductions_seen: FxHashMap<usize, usize> = FxHashMap::default();
-        let mut backwards_seen = 0usize;
+        let mut backwards_seen: FxHashMap<usize, usize> = FxHashMap::default();
         let mut steps_seen = 0usize;
         // Codegen's copies of tied parameters after `steps` steps: one memory task on the
         // device's stream after that step (at the start for none).
@@ -898,6 +916,23 @@ pub fn simulate(
         let mut last_compute: Option<u32> = None;
         let mut pending: Vec<u32> = Vec::new();
         for ins in prog {
+            let s = match ins {
+                Instr::Forward { stage, .. }
+                | Instr::Backward { stage, .. }
+                | Instr::WeightGrad { stage, .. }
+                | Instr::OptimizerStep { stage } => *stage,
+                _ => first,
+            };
+            let is_compute = matches!(
+                ins,
+                Instr::Forward { .. }
+                    | Instr::Backward { .. }
+                    | Instr::WeightGrad { .. }
+                    | Instr::OptimizerStep { .. }
+            );
+            let r = if is_compute { replica(s)? } else { 0 };
+            let st = &sg.stages[s];
+            let split_here = split[s];
             let compute = match ins {
                 Instr::Forward { mb, .. } => Some((
                     TaskKind::Forward {
@@ -939,7 +974,7 @@ pub fn simulate(
             };
             if let Some((k, t)) = compute {
                 let before = match ins {
-                    Instr::Backward { mb, .. } => partial_sums_s + join_s(*mb, true),
+                    Instr::Backward { mb, .. } => partial_sums_s(s, r) + join_s(s, r, *mb, true),
                     Instr::Forward { mb, .. } if per_mb_step => {
                         // Weight stashing copies the parameters the backward reads (read and
                         // write), where the micro-batch needs it (the tied ones another stage
@@ -954,9 +989,9 @@ pub fn simulate(
                         } else {
                             0.0
                         };
-                        join_s(*mb, false) + copy
+                        join_s(s, r, *mb, false) + copy
                     }
-                    Instr::Forward { mb, .. } => join_s(*mb, false),
+                    Instr::Forward { mb, .. } => join_s(s, r, *mb, false),
                     _ => 0.0,
                 };
                 if before > 0.0 {
@@ -994,14 +1029,16 @@ pub fn simulate(
                 if grads_done {
                     // Under per-micro-batch steps every accumulation is into a gradient buffer
                     // the last step emptied: a move.
-                    if backwards_seen > 0 && accumulate_s > 0.0 && !per_mb_step {
+                    let seen = backwards_seen.entry(s).or_insert(0);
+                    if *seen > 0 && accumulate_s(s) > 0.0 && !per_mb_step {
                         // After the backward on the stream; the gradient sends that follow
                         // wait only for the backward (codegen sends, then accumulates).
-                        let acc = tb.task(TaskKind::Memory { device: d }, accumulate_s, Vec::new());
+                        let acc =
+                            tb.task(TaskKind::Memory { device: d }, accumulate_s(s), Vec::new());
                         tb.edge(id, acc);
                         prev_stream = Some(acc);
                     }
-                    backwards_seen += 1;
+                    *seen += 1;
                 }
                 continue;
             }
@@ -1024,7 +1061,12 @@ pub fn simulate(
                         Dir::Act => edge_tensors(*from, *stage).0,
                         Dir::Grad => edge_tensors(*stage, *from).1,
                     };
-                    pending.push(tb.transfer(cluster, (*dir, *peer_mb, *mb, *peer, d), *bytes, k));
+                    pending.push(tb.transfer(
+                        cluster,
+                        (*dir, *peer_mb, *mb, *peer, d, *from, *stage),
+                        *bytes,
+                        k,
+                    ));
                 }
                 Instr::Send {
                     dir,
@@ -1044,7 +1086,7 @@ pub fn simulate(
                         Dir::Act => edge_tensors(*stage, *to).0,
                         Dir::Grad => edge_tensors(*to, *stage).1,
                     };
-                    let key = (*dir, *mb, *peer_mb, d, *peer);
+                    let key = (*dir, *mb, *peer_mb, d, *peer, *stage, *to);
                     let t = tb.transfer(cluster, key, *bytes, k);
                     sends_seen.insert(key);
                     if let Some(p) = last_compute {
@@ -1096,12 +1138,14 @@ pub fn simulate(
     let t_end = end.iter().copied().fold(0.0, f64::max);
     let mut devices = vec![DeviceStats::default(); ndev];
     let mut mem_events: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ndev];
-    let mut flight_events: Vec<Vec<(f64, i64)>> = vec![Vec::new(); ndev];
+    let mut flight_events: FxHashMap<(usize, usize), Vec<(f64, i64)>> = FxHashMap::default();
     // Gradients as the runtime holds them: every backward writes its micro-batch's parameter
     // gradients into fresh buffers, held while it runs; the first of an iteration then moves into
     // the (empty) global buffer, held to the device's step, and each later one is added to it.
-    let mut grads_from = vec![f64::INFINITY; ndev];
-    let mut grads_to = vec![f64::NEG_INFINITY; ndev];
+    // Per (device, stage): a device runs one stage, or a group's chunks (interleaved 1F1B),
+    // each with its own gradient buffer.
+    let mut grads_from: FxHashMap<(usize, usize), f64> = FxHashMap::default();
+    let mut grads_to: FxHashMap<(usize, usize), f64> = FxHashMap::default();
     // Under per-micro-batch updates: per device, when each step and each micro-batch's
     // backward end (for the stashes of tied parameters another stage versions).
     let mut step_end: Vec<Vec<f64>> = vec![Vec::new(); ndev];
@@ -1128,7 +1172,10 @@ pub fn simulate(
                     mem_events[*device].push((start[i], load));
                     mem_events[*device].push((end[i], -load));
                 }
-                flight_events[*device].push((start[i], 1));
+                flight_events
+                    .entry((*device, *stage))
+                    .or_default()
+                    .push((start[i], 1));
             }
             TaskKind::Backward { stage, device, .. } if split[*stage] => {
                 // The input-gradient part: the micro-batch stays in flight until its
@@ -1151,10 +1198,12 @@ pub fn simulate(
                 if per_mb_step {
                     backward_end[*device].insert(*mb, end[i]);
                 }
+                let from = grads_from.entry((*device, *stage)).or_insert(f64::INFINITY);
                 if per_mb_step {
                     // Its gradients move into the global buffer until the step that follows.
-                    grads_from[*device] = end[i];
+                    *from = end[i];
                 }
+                *from = from.min(end[i]);
                 let freed = if split[*stage] {
                     -st.weight_saved_bytes - st.carried_bytes
                 } else {
@@ -1164,21 +1213,27 @@ pub fn simulate(
                 let b = st.parameter_bytes;
                 mem_events[*device].push((start[i], b));
                 mem_events[*device].push((end[i], -b));
-                flight_events[*device].push((end[i], -1));
-                grads_from[*device] = grads_from[*device].min(end[i]);
+                flight_events
+                    .entry((*device, *stage))
+                    .or_default()
+                    .push((end[i], -1));
             }
             TaskKind::Step { device, stage } => {
                 devices[*device].busy_s += dt;
-                grads_to[*device] = grads_to[*device].max(end[i]);
+                let to = grads_to
+                    .entry((*device, *stage))
+                    .or_insert(f64::NEG_INFINITY);
+                *to = to.max(end[i]);
                 if per_mb_step {
                     step_end[*device].push(end[i]);
                 }
-                if per_mb_step && grads_from[*device].is_finite() {
+                let from = grads_from.entry((*device, *stage)).or_insert(f64::INFINITY);
+                if per_mb_step && from.is_finite() {
                     // One micro-batch's gradients, from its backward to this step.
                     let b = sg.stages[*stage].parameter_bytes;
-                    mem_events[*device].push((grads_from[*device], b));
+                    mem_events[*device].push((*from, b));
                     mem_events[*device].push((end[i], -b));
-                    grads_from[*device] = f64::INFINITY;
+                    *from = f64::INFINITY;
                 }
             }
             TaskKind::AllReduce { devices: g, .. } => {
@@ -1203,16 +1258,18 @@ pub fn simulate(
         );
     }
     for (d, p) in place.iter().enumerate() {
-        if let Some((s, _)) = p {
+        for &(s, _) in p {
             devices[d].used = !sched.programs.get(d).is_none_or(|p| p.is_empty());
-            let b = sg.stages[*s].parameter_bytes;
-            mem_events[d].push((0.0, sg.stages[*s].static_bytes - b));
+            let b = sg.stages[s].parameter_bytes;
+            mem_events[d].push((0.0, sg.stages[s].static_bytes - b));
+            let from = grads_from.get(&(d, s)).copied().unwrap_or(f64::INFINITY);
+            let to = grads_to.get(&(d, s)).copied().unwrap_or(f64::NEG_INFINITY);
             if per_mb_step {
                 // Counted per micro-batch at each step.
-            } else if grads_from[d].is_finite() {
-                mem_events[d].push((grads_from[d], b));
-                if grads_to[d] >= grads_from[d] {
-                    mem_events[d].push((grads_to[d], -b));
+            } else if from.is_finite() {
+                mem_events[d].push((from, b));
+                if to >= from {
+                    mem_events[d].push((to, -b));
                 }
             } else {
                 mem_events[d].push((0.0, b));
@@ -1233,14 +1290,16 @@ pub fn simulate(
         }
         devices[d].peak_memory_bytes = peak;
         devices[d].memory_over_time = curve;
-        let fe = &mut flight_events[d];
-        fe.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let (mut c, mut pk) = (0i64, 0i64);
-        for &(_, x) in fe.iter() {
-            c += x;
-            pk = pk.max(c);
-        }
-        if let Some((s, _)) = place[d] {
+        for &(s, _) in &place[d] {
+            let Some(fe) = flight_events.get_mut(&(d, s)) else {
+                continue;
+            };
+            fe.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let (mut c, mut pk) = (0i64, 0i64);
+            for &(_, x) in fe.iter() {
+                c += x;
+                pk = pk.max(c);
+            }
             stage_in_flight[s] = stage_in_flight[s].max(pk as usize);
         }
     }
@@ -1299,14 +1358,14 @@ fn own_stash_bytes(sg: &StageGraph, s: usize) -> f64 {
 fn version_steps(
     sg: &StageGraph,
     sched: &Schedule,
-    place: &[Option<(usize, usize)>],
+    place: &[Vec<(usize, usize)>],
 ) -> FxHashMap<usize, Vec<usize>> {
     let mut out: FxHashMap<usize, Vec<usize>> = FxHashMap::default();
     for &(owner, _, _) in sg.tied_stash.iter().flatten() {
         out.entry(owner).or_insert_with(|| {
             place
                 .iter()
-                .position(|p| *p == Some((owner, 0)))
+                .position(|p| p.contains(&(owner, 0)))
                 .and_then(|d| sched.programs.get(d))
                 .map(|prog| schedule::steps_before_forward(&fb_order(prog)))
                 .unwrap_or_default()
@@ -1323,13 +1382,13 @@ fn version_steps(
 fn tied_stash_memory(
     sg: &StageGraph,
     versions: &FxHashMap<usize, Vec<usize>>,
-    place: &[Option<(usize, usize)>],
+    place: &[Vec<(usize, usize)>],
     step_end: &[Vec<f64>],
     [forward_end, backward_end]: [&[FxHashMap<usize, f64>]; 2],
     mem_events: &mut [Vec<(f64, f64)>],
 ) {
     for (d, p) in place.iter().enumerate() {
-        let Some((s, _)) = *p else { continue };
+        let Some(&(s, _)) = p.first() else { continue };
         for &(owner, bytes, backward) in sg.tied_stash.get(s).into_iter().flatten() {
             let ends = if backward {
                 &backward_end[d]

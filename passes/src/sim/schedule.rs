@@ -286,27 +286,13 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     if let (ScheduleKind::GppPerStage, Some(ps)) = (kind, &sg.per_stage) {
         return generate_per_stage(sg, ps, m);
     }
+    if kind.chunks() > 1 {
+        return generate_interleaved(sg, kind, m);
+    }
     let ndev = device_count(sg);
     let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
     let depth = sg.depth_to_sink();
     let mut warmup = Vec::with_capacity(sg.stages.len());
-    // A round-robin stage ([`StageGraph::round_robin`]) holds each micro-batch whole on one
-    // replica: for redistribution it has one part, on device `devices[mb mod r]`.
-    let parts = |t: usize| {
-        if sg.is_round_robin(t) {
-            1
-        } else {
-            sg.stages[t].devices.len()
-        }
-    };
-    let device = |t: usize, part: usize, mb: usize| {
-        let devs = &sg.stages[t].devices;
-        if sg.is_round_robin(t) {
-            devs[mb % devs.len()]
-        } else {
-            devs[part]
-        }
-    };
     for (s, st) in sg.stages.iter().enumerate() {
         let k = kind.warmup(depth[s], m);
         warmup.push(k);
@@ -320,96 +306,249 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                 if rr && mb % r != j {
                     continue;
                 }
-                let me = if rr { 0 } else { j };
-                if pass == Pass::Wgt {
-                    prog.push(Instr::WeightGrad { stage: s, mb });
-                } else if pass == Pass::Fwd {
-                    for &e in &sg.in_edges[s] {
-                        let ed = &sg.edges[e];
-                        for (i, jj, b) in routes(parts(ed.src), parts(s), ed.bytes, ed.whole_bytes)
-                        {
-                            if jj == me {
-                                prog.push(Instr::Recv {
-                                    dir: Dir::Act,
-                                    stage: s,
-                                    from: ed.src,
-                                    mb,
-                                    peer_mb: mb,
-                                    peer: device(ed.src, i, mb),
-                                    bytes: b,
-                                });
-                            }
-                        }
-                    }
-                    prog.push(Instr::Forward { stage: s, mb });
-                    for &e in &sg.out_edges[s] {
-                        let ed = &sg.edges[e];
-                        for (i, jj, b) in routes(parts(s), parts(ed.dst), ed.bytes, ed.whole_bytes)
-                        {
-                            if i == me {
-                                prog.push(Instr::Send {
-                                    dir: Dir::Act,
-                                    stage: s,
-                                    to: ed.dst,
-                                    mb,
-                                    peer_mb: mb,
-                                    peer: device(ed.dst, jj, mb),
-                                    bytes: b,
-                                });
-                            }
-                        }
-                    }
-                } else {
-                    for &e in &sg.out_edges[s] {
-                        let ed = &sg.edges[e];
-                        if ed.grad_tensors == 0 {
-                            continue;
-                        }
-                        for (i, jj, b) in
-                            routes(parts(s), parts(ed.dst), ed.grad_bytes, ed.whole_grad_bytes)
-                        {
-                            if i == me {
-                                prog.push(Instr::Recv {
-                                    dir: Dir::Grad,
-                                    stage: s,
-                                    from: ed.dst,
-                                    mb,
-                                    peer_mb: mb,
-                                    peer: device(ed.dst, jj, mb),
-                                    bytes: b,
-                                });
-                            }
-                        }
-                    }
-                    prog.push(Instr::Backward { stage: s, mb });
-                    for &e in &sg.in_edges[s] {
-                        let ed = &sg.edges[e];
-                        if ed.grad_tensors == 0 {
-                            continue;
-                        }
-                        for (i, jj, b) in
-                            routes(parts(ed.src), parts(s), ed.grad_bytes, ed.whole_grad_bytes)
-                        {
-                            if jj == me {
-                                prog.push(Instr::Send {
-                                    dir: Dir::Grad,
-                                    stage: s,
-                                    to: ed.src,
-                                    mb,
-                                    peer_mb: mb,
-                                    peer: device(ed.src, i, mb),
-                                    bytes: b,
-                                });
-                            }
-                        }
-                    }
-                    if kind.per_micro_batch_step() {
-                        push_flush(prog, s, st, sg, d);
-                    }
-                }
+                push_pass(prog, sg, kind, s, j, pass, mb);
             }
             if !kind.per_micro_batch_step() {
                 push_flush(prog, s, st, sg, d);
+            }
+        }
+    }
+    Schedule {
+        kind,
+        micro_batches: m,
+        stage_micro_batches: vec![m; sg.stages.len()],
+        warmup,
+        programs,
+    }
+}
+
+/// The parts of stage `t`'s micro-batches for redistribution: its replicas' even slices, or one
+/// part for a round-robin stage ([`StageGraph::round_robin`]), which holds each micro-batch
+/// whole on one replica.
+fn parts(sg: &StageGraph, t: usize) -> usize {
+    if sg.is_round_robin(t) {
+        1
+    } else {
+        sg.stages[t].devices.len()
+    }
+}
+
+/// The device holding part `part` of stage `t`'s micro-batch `mb`: replica `part`, or under
+/// round robin replica `mb mod r`.
+fn part_device(sg: &StageGraph, t: usize, part: usize, mb: usize) -> usize {
+    let devs = &sg.stages[t].devices;
+    if sg.is_round_robin(t) {
+        devs[mb % devs.len()]
+    } else {
+        devs[part]
+    }
+}
+
+/// One pass of replica `j` of stage `s` on micro-batch `mb`, with its messages: a forward
+/// receives its inputs' parts, computes and sends its outputs' parts; a backward (or its
+/// input-gradient part) receives the cotangents, computes and sends the input gradients (then,
+/// under per-micro-batch updates, the all-reduces and step); a weight-gradient part computes.
+fn push_pass(
+    prog: &mut Vec<Instr>,
+    sg: &StageGraph,
+    kind: ScheduleKind,
+    s: usize,
+    j: usize,
+    pass: Pass,
+    mb: usize,
+) {
+    let me = if sg.is_round_robin(s) { 0 } else { j };
+    let device = |t: usize, part: usize, mb: usize| part_device(sg, t, part, mb);
+    if pass == Pass::Wgt {
+        prog.push(Instr::WeightGrad { stage: s, mb });
+    } else if pass == Pass::Fwd {
+        for &e in &sg.in_edges[s] {
+            let ed = &sg.edges[e];
+            for (i, jj, b) in routes(parts(sg, ed.src), parts(sg, s), ed.bytes, ed.whole_bytes) {
+                if jj == me {
+                    prog.push(Instr::Recv {
+                        dir: Dir::Act,
+                        stage: s,
+                        from: ed.src,
+                        mb,
+                        peer_mb: mb,
+                        peer: device(ed.src, i, mb),
+                        bytes: b,
+                    });
+                }
+            }
+        }
+        prog.push(Instr::Forward { stage: s, mb });
+        for &e in &sg.out_edges[s] {
+            let ed = &sg.edges[e];
+            for (i, jj, b) in routes(parts(sg, s), parts(sg, ed.dst), ed.bytes, ed.whole_bytes) {
+                if i == me {
+                    prog.push(Instr::Send {
+                        dir: Dir::Act,
+                        stage: s,
+                        to: ed.dst,
+                        mb,
+                        peer_mb: mb,
+                        peer: device(ed.dst, jj, mb),
+                        bytes: b,
+                    });
+                }
+            }
+        }
+    } else {
+        for &e in &sg.out_edges[s] {
+            let ed = &sg.edges[e];
+            if ed.grad_tensors == 0 {
+                continue;
+            }
+            for (i, jj, b) in routes(
+                parts(sg, s),
+                parts(sg, ed.dst),
+                ed.grad_bytes,
+                ed.whole_grad_bytes,
+            ) {
+                if i == me {
+                    prog.push(Instr::Recv {
+                        dir: Dir::Grad,
+                        stage: s,
+                        from: ed.dst,
+                        mb,
+                        peer_mb: mb,
+                        peer: device(ed.dst, jj, mb),
+                        bytes: b,
+                    });
+                }
+            }
+        }
+        prog.push(Instr::Backward { stage: s, mb });
+        for &e in &sg.in_edges[s] {
+            let ed = &sg.edges[e];
+            if ed.grad_tensors == 0 {
+                continue;
+            }
+            for (i, jj, b) in routes(
+                parts(sg, ed.src),
+                parts(sg, s),
+                ed.grad_bytes,
+                ed.whole_grad_bytes,
+            ) {
+                if jj == me {
+                    prog.push(Instr::Send {
+                        dir: Dir::Grad,
+                        stage: s,
+                        to: ed.src,
+                        mb,
+                        peer_mb: mb,
+                        peer: device(ed.src, i, mb),
+                        bytes: b,
+                    });
+                }
+            }
+        }
+        if kind.per_micro_batch_step() {
+            let st = &sg.stages[s];
+            push_flush(prog, s, st, sg, st.devices[j]);
+        }
+    }
+}
+
+/// Interleaved 1F1B's layout: with `v` chunks, the stage graph's `S = v·P` stages are dealt to
+/// `P` device groups round robin, stage `s` on the devices of stage `s mod P` (the same list,
+/// so replica `j` of every chunk of a group is on one device), the first `P` on disjoint
+/// devices, and every stage edge goes from a lower stage to a higher one. `Ok(P)`, or what is
+/// wrong.
+pub fn interleaved_groups(sg: &StageGraph, v: usize) -> std::result::Result<usize, String> {
+    let n = sg.stages.len();
+    if v < 2 || n < 2 * v || !n.is_multiple_of(v) {
+        return Err(format!(
+            "interleaved-{v} needs {v} stages per device group and at least 2 groups; the plan has {n} stages"
+        ));
+    }
+    let p = n / v;
+    let mut seen = std::collections::BTreeSet::new();
+    for s in 0..p {
+        for &d in &sg.stages[s].devices {
+            if !seen.insert(d) {
+                return Err(format!(
+                    "interleaved-{v}: device {d} is in two of the first {p} stages (the device groups)"
+                ));
+            }
+        }
+    }
+    for s in p..n {
+        if sg.stages[s].devices != sg.stages[s % p].devices {
+            return Err(format!(
+                "interleaved-{v}: stage {s} must run on the devices of stage {} ({:?}), not {:?}",
+                s % p,
+                sg.stages[s % p].devices,
+                sg.stages[s].devices
+            ));
+        }
+    }
+    if let Some(e) = sg.edges.iter().find(|e| e.src >= e.dst) {
+        return Err(format!(
+            "interleaved-{v}: stage {} feeds stage {}, an earlier one",
+            e.src, e.dst
+        ));
+    }
+    Ok(p)
+}
+
+/// Megatron-LM's interleaved 1F1B order of the device group of rank `r` of `p`, `v` chunks,
+/// `m` micro-batches (a multiple of `p`): `(is_forward, chunk, micro-batch)`. The micro-batches
+/// go through the chunks in groups of `p`: forwards run chunk 0 on micro-batches `0..p`, chunk 1
+/// on the same, ..., chunk `v − 1`, then the next `p` micro-batches; backwards the same with the
+/// chunks from last to first. The device runs `W = min(2·(p − r − 1) + (v − 1)·p, v·m)` of these
+/// forwards, then one forward and one backward in turn, then the remaining backwards
+/// (Narayanan et al., SC'21, §2.2; Megatron-LM's `forward_backward_pipelining_with_interleaving`).
+/// With equal chunks and free communication an iteration takes `m·(F + B) + (p − 1)·(F + B)/v`
+/// (`F`, `B`: one micro-batch's forward and backward over a group's `v` chunks), against
+/// 1F1B's `(m + p − 1)·(F + B)`.
+pub fn interleaved_order(r: usize, p: usize, v: usize, m: usize) -> Vec<(bool, usize, usize)> {
+    let total = v * m;
+    let warm = (2 * (p - r - 1) + (v - 1) * p).min(total);
+    let at = |k: usize, forward: bool| {
+        let (round, within) = (k / (p * v), k % (p * v));
+        let chunk = within / p;
+        let chunk = if forward { chunk } else { v - 1 - chunk };
+        (chunk, round * p + within % p)
+    };
+    fb_order((warm + 1).min(total), total)
+        .into_iter()
+        .map(|(f, k)| {
+            let (c, mb) = at(k, f);
+            (f, c, mb)
+        })
+        .collect()
+}
+
+/// Interleaved 1F1B ([`interleaved_order`]) on a stage graph laid out as
+/// [`interleaved_groups`] says (the caller checks it; a stage graph that is not is scheduled as
+/// 1F1B). Each stage's replicas split the micro-batch evenly; after its last backward every
+/// device flushes each of its stages in stage order.
+fn generate_interleaved(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
+    let v = kind.chunks();
+    let Ok(p) = interleaved_groups(sg, v) else {
+        return generate(sg, ScheduleKind::OneFOneB, m);
+    };
+    let ndev = device_count(sg);
+    let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
+    let mut warmup = vec![0; sg.stages.len()];
+    for r in 0..p {
+        let order = interleaved_order(r, p, v, m);
+        // Forwards of each chunk before the device's first backward.
+        for &(_, c, _) in order.iter().take_while(|x| x.0) {
+            warmup[c * p + r] += 1;
+        }
+        for (j, &d) in sg.stages[r].devices.iter().enumerate() {
+            let prog = &mut programs[d];
+            for &(f, c, mb) in &order {
+                let pass = if f { Pass::Fwd } else { Pass::Bwd };
+                push_pass(prog, sg, kind, c * p + r, j, pass, mb);
+            }
+            for c in 0..v {
+                let s = c * p + r;
+                push_flush(prog, s, &sg.stages[s], sg, d);
             }
         }
     }

@@ -1,0 +1,206 @@
+//! Megatron-LM's interleaved 1F1B (`--schedule interleaved-V`): planned and simulated with `V`
+//! chunks per device group, for `--stages` and for the planners (their device groups, their
+//! stages re-cut into chunks); the layout and micro-batch rules are errors that say what to
+//! change; `pipec compile` refuses it without writing anything (programs hold one stage per
+//! device).
+
+mod common;
+
+use common::{model, pipec, pipec_ok, stderr, tempdir};
+use serde_json::Value;
+
+fn plan_json(args: &[&str]) -> Value {
+    serde_json::from_str(&pipec_ok(args)).expect("plan --json")
+}
+
+/// The planned stages' device lists.
+fn devices(plan: &Value) -> Vec<Vec<u64>> {
+    plan["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .map(|s| {
+            s["devices"]
+                .as_array()
+                .expect("devices")
+                .iter()
+                .map(|d| d.as_u64().expect("device"))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn user_stages_are_dealt_to_device_groups() {
+    let m = model("gpt2_tiny.onnx");
+    let spec = "0..100;100..200@2;200..300;300..400;400..450;450..500@2;500..510;510..";
+    let plan = plan_json(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "5",
+        "--stages",
+        spec,
+        "--batch",
+        "16",
+        "--schedule",
+        "interleaved-2",
+        "--json",
+    ]);
+    assert_eq!(plan["schedule"], "interleaved-2");
+    assert_eq!(plan["devices"], 5, "each device counted once");
+    let d = devices(&plan);
+    assert_eq!(d.len(), 8);
+    for s in 4..8 {
+        assert_eq!(d[s], d[s - 4], "stage {s} on its group's devices");
+    }
+    assert_eq!(d[1], vec![1, 2]);
+    // 16 / micro-batch must be a multiple of the 4 groups and stage 1's 2 replicas divide it.
+    let mb = plan["micro_batch"].as_u64().unwrap();
+    assert_eq!((16 / mb) % 4, 0);
+    assert_eq!(mb % 2, 0);
+    assert!(plan["iteration_time_s"].as_f64().unwrap() > 0.0);
+
+    // A chunk whose replicas differ from its group's, and a micro-batch count the groups do
+    // not divide, are refused with what to change.
+    let o = pipec(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "5",
+        "--stages",
+        "0..100;100..200@2;200..300;300..400;400..450;450..500;500..510;510..",
+        "--batch",
+        "16",
+        "--schedule",
+        "interleaved-2",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("stage 5 runs on the 2 device(s) of stage 1"),
+        "{}",
+        stderr(&o)
+    );
+    let o = pipec(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "5",
+        "--stages",
+        spec,
+        "--batch",
+        "16",
+        "--micro-batch",
+        "8",
+        "--schedule",
+        "interleaved-2",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("--micro-batch 8") && e.contains("multiple of the pipeline's 4 device groups"),
+        "{e}"
+    );
+}
+
+/// A planner's device groups keep their devices; every group holds `V` chunks; the plan reports
+/// the interleaved schedule and the chunks' depth.
+#[test]
+fn planners_stages_are_recut_into_chunks() {
+    let m = model("vit_tiny.onnx");
+    for (planner, v) in [("straight", 2), ("straight", 3), ("dapple", 2)] {
+        let kind = format!("interleaved-{v}");
+        let planned = |schedule: &str| {
+            plan_json(&[
+                "plan",
+                m.to_str().unwrap(),
+                "--cluster",
+                "cpu",
+                "--devices",
+                "4",
+                "--planner",
+                planner,
+                "--batch",
+                "32",
+                "--schedule",
+                schedule,
+                "--json",
+            ])
+        };
+        let (base, plan) = (planned("1f1b"), planned(&kind));
+        let (groups, d) = (devices(&base), devices(&plan));
+        let p = groups.len();
+        assert!(p >= 2, "{planner}: a pipeline");
+        assert_eq!(d.len(), v * p, "{planner} {kind}");
+        for (s, ds) in d.iter().enumerate() {
+            assert_eq!(ds, &groups[s % p], "{planner} {kind}: stage {s}");
+        }
+        assert_eq!(plan["schedule"], kind.as_str());
+        assert_eq!(plan["devices"], base["devices"]);
+        let m_count = plan["micro_batches"].as_u64().unwrap();
+        assert_eq!(m_count % p as u64, 0, "{planner} {kind}");
+        // Every node in one chunk.
+        let nodes = |x: &Value| -> usize {
+            x["stages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["nodes"].as_array().unwrap().len())
+                .sum()
+        };
+        assert_eq!(nodes(&plan), nodes(&base));
+    }
+}
+
+#[test]
+fn compile_refuses_interleaved_without_output() {
+    let t = tempdir();
+    let out = t.path().join("o");
+    let m = model("gpt2_tiny.onnx");
+    let o = pipec(&[
+        "compile",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "4",
+        "--planner",
+        "straight",
+        "--batch",
+        "8",
+        "--schedule",
+        "interleaved-2",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("interleaved 1F1B runs several stages on each device"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+    // A planner that chose one stage cannot be interleaved; it says so.
+    let o = pipec(&[
+        "plan",
+        m.to_str().unwrap(),
+        "--cluster",
+        "cpu",
+        "--devices",
+        "4",
+        "--planner",
+        "dp",
+        "--batch",
+        "8",
+        "--schedule",
+        "interleaved-2",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("chose 1 stage"), "{}", stderr(&o));
+}

@@ -783,7 +783,9 @@ pub fn compare(
     for name in order {
         each(name);
         opts.deadline = deadline(time_limit);
-        let planned = if name == "gpp" {
+        // Interleaving re-cuts each planner's plan (`plan_model`), GPP's too.
+        let interleaved = matches!(opts.schedule, Some(ScheduleKind::Interleaved(_)));
+        let planned = if name == "gpp" && !interleaved {
             let gpp = planners::gpp::Gpp {
                 seed_plans: std::mem::take(&mut made),
                 ..Default::default()
@@ -937,14 +939,14 @@ pub fn plan_model(
     cluster: &Cluster,
     opts: &PlanOptions,
 ) -> Result<(Plan, CostGraph, Option<Module>)> {
-    if let Some(kind) = opts.schedule.filter(|k| k.chunks() > 1) {
+    if let Some(ScheduleKind::Interleaved(v)) = opts.schedule {
         if !name.starts_with(planners::STAGES_PREFIX) {
             // The planner's device groups, its stages re-cut into interleaved chunks (BaPipe's
             // intra-layer splits are not made: the chunks cut the layers anew).
             let inner = planners::by_name(name)?;
             let plan = planners::interleave::Interleaved {
                 inner: inner.as_ref(),
-                chunks: kind.chunks(),
+                chunks: v as usize,
             }
             .plan(&g, cluster, opts)?;
             return Ok((plan, g, None));

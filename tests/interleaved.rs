@@ -204,3 +204,40 @@ fn compile_refuses_interleaved_without_output() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("chose 1 stage"), "{}", stderr(&o));
 }
+
+/// `--schedule interleaved`: the planner picks the chunks per group, or keeps its 1F1B plan
+/// where interleaving's messages cost more than its smaller bubble saves.
+#[test]
+fn the_planner_picks_the_chunks_or_keeps_1f1b() {
+    let time = |m: &str, devices: &str, schedule: &str| -> (String, f64) {
+        let p = plan_json(&[
+            "plan",
+            model(m).to_str().unwrap(),
+            "--cluster",
+            "summit",
+            "--devices",
+            devices,
+            "--planner",
+            "straight",
+            "--batch",
+            "64",
+            "--schedule",
+            schedule,
+            "--json",
+        ]);
+        (
+            p["schedule"].as_str().unwrap().to_string(),
+            p["iteration_time_s"].as_f64().unwrap(),
+        )
+    };
+    // resnet18 on 4 GPUs: its convolutions outweigh the extra messages.
+    let (kind, t) = time("resnet18.onnx", "4", "interleaved");
+    let (_, t1) = time("resnet18.onnx", "4", "1f1b");
+    assert!(kind.starts_with("interleaved-"), "{kind}");
+    assert!(t < t1, "{t} vs 1f1b {t1}");
+    assert_eq!(time("resnet18.onnx", "4", &kind).1, t);
+    // lstm_tiny on 8: tiny steps, messages dominate; 1F1B stays.
+    let (kind, t) = time("lstm_tiny.onnx", "8", "interleaved");
+    assert_eq!(kind, "1f1b");
+    assert_eq!(t, time("lstm_tiny.onnx", "8", "1f1b").1);
+}

@@ -69,7 +69,8 @@ pub struct CompileArgs {
     /// after its backward, no flush, weight stashing keeps the version its forward read; needs
     /// each stage's replica count to divide the micro-batch; `run --check` compares with an
     /// emulation of that update rule), interleaved-V (Megatron-LM's interleaved 1F1B: planned
-    /// and simulated by `pipec plan`, not compiled yet) (default: the planner's own).
+    /// and simulated by `pipec plan`, not compiled yet; `interleaved` lets the planner pick V or
+    /// keep 1F1B) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.

@@ -76,7 +76,9 @@ pub struct PlanArgs {
     /// emulation of that update rule), interleaved-V (Megatron-LM's interleaved 1F1B: the
     /// planner's device groups each hold V model chunks, V from 2 to 64, so the pipeline bubble
     /// shrinks V times at V times the messages; the micro-batches must be a multiple of the
-    /// groups; with --stages, stage s runs on the devices of stage s mod (stages / V))
+    /// groups; with --stages, stage s runs on the devices of stage s mod (stages / V)),
+    /// interleaved (the planner picks V among 2, 3, 4, 6, 8, or keeps its 1F1B plan where
+    /// interleaving is slower)
     /// (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,

@@ -31,9 +31,15 @@ use std::time::Instant;
 /// the module doc).
 pub struct Interleaved<'a> {
     pub inner: &'a dyn Planner,
-    /// `V` of `interleaved-V` (≥ 2).
+    /// `V` of `interleaved-V` (≥ 2), or 0: the planner picks ([`AUTO_CHUNKS`]).
     pub chunks: usize,
 }
+
+/// The chunk counts `--schedule interleaved` (no `V`) tries on the planner's device groups,
+/// besides its own 1F1B plan (`V = 1`): the fastest plan that fits in memory wins
+/// ([`Plan::beats`]), so where interleaving's extra messages cost more than its smaller bubble
+/// the plan stays 1F1B.
+pub const AUTO_CHUNKS: [usize; 5] = [2, 3, 4, 6, 8];
 
 impl Planner for Interleaved<'_> {
     fn name(&self) -> &'static str {
@@ -42,91 +48,116 @@ impl Planner for Interleaved<'_> {
 
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
-        let v = self.chunks.max(2);
-        let kind = ScheduleKind::Interleaved(v as u32);
         let mut inner_opts = opts.clone();
         inner_opts.schedule = Some(ScheduleKind::OneFOneB);
         let base = self.inner.plan(g, cluster, &inner_opts)?;
-        let name = self.inner.name();
-        let p = base.stages.len();
-        if p < 2 {
-            return Err(Error::infeasible(
-                name,
-                format!(
-                    "--schedule {kind} interleaves the stages of a pipeline, but the planner chose {p} stage (data parallelism); use more devices or another planner"
-                ),
-            ));
+        if self.chunks >= 2 {
+            let mut plan = interleave(&base, self.inner.name(), g, cluster, opts, self.chunks)?;
+            plan.search_time_s = base.search_time_s + t0.elapsed().as_secs_f64();
+            return Ok(plan);
         }
-        // The groups in a topological order of the stage DAG.
-        let mut succ = vec![Vec::new(); p];
-        for (s, st) in base.stages.iter().enumerate() {
-            for &q in &st.predecessors {
-                succ[q].push(s);
+        // The planner picks: its own 1F1B plan, or the fastest interleaving that fits.
+        let mut best = base.clone();
+        for v in AUTO_CHUNKS {
+            if let Ok(p) = interleave(&base, self.inner.name(), g, cluster, opts, v) {
+                if p.beats(&best) {
+                    best = p;
+                }
             }
         }
-        let order = pipec_compiler::topo::topo_order(p, |s| succ[s].iter().copied())
-            .map_err(|_| Error::msg(format!("{name}: the stage graph has a cycle")))?;
-        let chain: Vec<usize> = order
-            .iter()
-            .flat_map(|&s| base.stages[s].nodes.iter().copied())
-            .collect();
-        let n = chain.len();
-        if n < v * p {
-            return Err(Error::infeasible(
-                name,
-                format!(
-                    "--schedule {kind} needs {} chunks ({v} on each of {p} device groups) but the model has {n} nodes",
-                    v * p
-                ),
-            ));
-        }
-        let micro_batch = interleaved_micro_batch(opts, &base, p)?;
-        let kind0 = cluster.kind_of(0);
-        let work: Vec<f64> = chain
-            .iter()
-            .map(|&u| {
-                let (f, b) = g.times(u, micro_batch as f64, kind0);
-                f + b
-            })
-            .collect();
-        let total: f64 = work.iter().sum();
-        // Each group's share of the work in the planner's plan (node counts if no work).
-        let share: Vec<f64> = order
-            .iter()
-            .map(|&s| {
-                let nodes = &base.stages[s].nodes;
-                if total > 0.0 {
-                    nodes
-                        .iter()
-                        .map(|&u| {
-                            let (f, b) = g.times(u, micro_batch as f64, kind0);
-                            f + b
-                        })
-                        .sum::<f64>()
-                        / total
-                } else {
-                    nodes.len() as f64 / n as f64
-                }
-            })
-            .collect();
-        let weight: Vec<f64> = if total > 0.0 { work } else { vec![1.0; n] };
-        let ends = cut_rounds(&weight, &share, v);
-        let mut specs = Vec::with_capacity(v * p);
-        let mut at = 0;
-        for (k, &end) in ends.iter().enumerate() {
-            specs.push(StageSpec {
-                nodes: chain[at..end].to_vec(),
-                devices: base.stages[order[k % p]].devices.clone(),
-            });
-            at = end;
-        }
-        let mut plan = Plan::assemble(name, g, cluster, opts, specs, micro_batch, kind, 0.0, 0.0)?;
-        plan.objective_s = plan.iteration_time_s;
-        plan.search_time_s = base.search_time_s + t0.elapsed().as_secs_f64();
-        plan.time_limited = base.time_limited;
-        plan.search_capped = base.search_capped;
-        Ok(plan)
+        best.search_time_s = base.search_time_s + t0.elapsed().as_secs_f64();
+        Ok(best)
     }
+}
+
+/// `base` (a plan under 1F1B) with its stages re-cut into `v` interleaved chunks per device
+/// group (see the module doc); `name` is its planner's. The search time is left to the caller.
+pub fn interleave(
+    base: &Plan,
+    name: &'static str,
+    g: &CostGraph,
+    cluster: &Cluster,
+    opts: &PlanOptions,
+    v: usize,
+) -> Result<Plan> {
+    let kind = ScheduleKind::Interleaved(v as u32);
+    let p = base.stages.len();
+    if p < 2 {
+        return Err(Error::infeasible(
+            name,
+            format!(
+                "--schedule {kind} interleaves the stages of a pipeline, but the planner chose {p} stage (data parallelism); use more devices or another planner"
+            ),
+        ));
+    }
+    // The groups in a topological order of the stage DAG.
+    let mut succ = vec![Vec::new(); p];
+    for (s, st) in base.stages.iter().enumerate() {
+        for &q in &st.predecessors {
+            succ[q].push(s);
+        }
+    }
+    let order = pipec_compiler::topo::topo_order(p, |s| succ[s].iter().copied())
+        .map_err(|_| Error::msg(format!("{name}: the stage graph has a cycle")))?;
+    let chain: Vec<usize> = order
+        .iter()
+        .flat_map(|&s| base.stages[s].nodes.iter().copied())
+        .collect();
+    let n = chain.len();
+    if n < v * p {
+        return Err(Error::infeasible(
+            name,
+            format!(
+                "--schedule {kind} needs {} chunks ({v} on each of {p} device groups) but the model has {n} nodes",
+                v * p
+            ),
+        ));
+    }
+    let micro_batch = interleaved_micro_batch(opts, base, p)?;
+    let kind0 = cluster.kind_of(0);
+    let work: Vec<f64> = chain
+        .iter()
+        .map(|&u| {
+            let (f, b) = g.times(u, micro_batch as f64, kind0);
+            f + b
+        })
+        .collect();
+    let total: f64 = work.iter().sum();
+    // Each group's share of the work in the planner's plan (node counts if no work).
+    let share: Vec<f64> = order
+        .iter()
+        .map(|&s| {
+            let nodes = &base.stages[s].nodes;
+            if total > 0.0 {
+                nodes
+                    .iter()
+                    .map(|&u| {
+                        let (f, b) = g.times(u, micro_batch as f64, kind0);
+                        f + b
+                    })
+                    .sum::<f64>()
+                    / total
+            } else {
+                nodes.len() as f64 / n as f64
+            }
+        })
+        .collect();
+    let weight: Vec<f64> = if total > 0.0 { work } else { vec![1.0; n] };
+    let ends = cut_rounds(&weight, &share, v);
+    let mut specs = Vec::with_capacity(v * p);
+    let mut at = 0;
+    for (k, &end) in ends.iter().enumerate() {
+        specs.push(StageSpec {
+            nodes: chain[at..end].to_vec(),
+            devices: base.stages[order[k % p]].devices.clone(),
+        });
+        at = end;
+    }
+    let mut plan = Plan::assemble(name, g, cluster, opts, specs, micro_batch, kind, 0.0, 0.0)?;
+    plan.objective_s = plan.iteration_time_s;
+    plan.time_limited = base.time_limited;
+    plan.search_capped = base.search_capped;
+    Ok(plan)
 }
 
 /// The micro-batch of an interleaved plan on `p` groups (see the module doc): `--micro-batch`

@@ -179,6 +179,12 @@ impl Planner for UserStages {
     fn plan(&self, g: &CostGraph, cluster: &Cluster, opts: &PlanOptions) -> Result<Plan> {
         let t0 = Instant::now();
         let schedule = opts.schedule.unwrap_or(ScheduleKind::Gpp);
+        if schedule == ScheduleKind::Interleaved(0) {
+            return Err(err(
+                &self.spec,
+                "--schedule interleaved lets a planner pick the chunks per device; with --stages, say how many: interleaved-V",
+            ));
+        }
         let specs = parse(&self.spec, g, cluster.len(), schedule.chunks())?;
         // Interleaved 1F1B runs the micro-batches through the chunks in groups of the device
         // groups' count.

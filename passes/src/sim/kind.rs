@@ -43,7 +43,8 @@ pub enum ScheduleKind {
     /// of PipeDream's minibatches), and **weight stashing** keeps the parameter version a
     /// micro-batch's forward read for its backward ([`crate::sim::schedule::stashed`]).
     PipeDreamAsync,
-    /// Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21, §2.2): `v` (≥ 2) stages
+    /// Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21, §2.2): `v` (≥ 2; 0 asks the
+    /// planner to pick, `--schedule interleaved`, and never reaches a plan) stages
     /// ("model chunks", virtual stages) per device group, stage `s` on the group of stage
     /// `s mod P` for `P` groups, each device running its chunks' forwards and backwards in one
     /// 1F1B order over "virtual micro-batches" ([`crate::sim::schedule::interleaved_order`]):
@@ -101,6 +102,7 @@ impl ScheduleKind {
     pub fn label(self) -> String {
         match self {
             ScheduleKind::Kfkb(k) => format!("kfkb-{k}"),
+            ScheduleKind::Interleaved(0) => "interleaved".to_string(),
             ScheduleKind::Interleaved(v) => format!("interleaved-{v}"),
             _ => self.name().to_string(),
         }
@@ -112,6 +114,7 @@ impl ScheduleKind {
         v.push("kfkb-K");
         v.push("gpp-per-stage");
         v.push("interleaved-V");
+        v.push("interleaved");
         v
     }
 
@@ -167,6 +170,9 @@ impl ScheduleKind {
                 .ok()
                 .filter(|k| (1..=1024).contains(k))
                 .map(ScheduleKind::Kfkb);
+        }
+        if s == "interleaved" {
+            return Some(ScheduleKind::Interleaved(0));
         }
         if let Some(v) = s.strip_prefix("interleaved-") {
             return v

@@ -58,18 +58,25 @@ def run_pipeline(outdir, prog, weights, data, steps):
     stages = prog["stages"]
     sess = {}
     glob = []
-    for d in prog["devices"]:
-        st = stages[d["stage"]]
-        g = {p: weights[p].copy() for p in st["params"]}
+    # A device runs its stage, and under interleaved 1F1B its further chunks ("chunks"); an
+    # instruction {"op": "stage"} switches between them. They share the device's globals and
+    # keep their own micro-batch buffers.
+    own = [[d["stage"]] + d.get("chunks", []) for d in prog["devices"]]
+    for d, sids in zip(prog["devices"], own):
+        g = {}
+        for sid in sids:
+            st = stages[sid]
+            g.update({p: weights[p].copy() for p in st["params"]})
+            for key in ("fwd", "bwd", "bwd_b", "bwd_w", "step"):
+                if st.get(key) and (sid, key) not in sess:
+                    sess[(sid, key)] = session(os.path.join(outdir, st[key]["file"]))
         glob.append(g)
-        for key in ("fwd", "bwd", "bwd_b", "bwd_w", "step"):
-            if st.get(key) and (d["stage"], key) not in sess:
-                sess[(d["stage"], key)] = session(os.path.join(outdir, st[key]["file"]))
-    state_made = [False] * n
-    nsteps = [0] * n  # optimizer steps per device: the step counter counts them
+    state_made = set()  # (device, stage) whose optimizer state exists
+    nsteps = {}  # optimizer steps per (device, stage): the step counter counts them
     losses = []
     for step in range(1, steps + 1):
-        mbuf = [dict() for _ in range(n)]
+        mbuf = [dict() for _ in range(n)]  # per device: stage -> {(name, mb): array}
+        cur = [d["stage"] for d in prog["devices"]]
         mailbox = {}
         pc = [0] * n
         loss = 0.0
@@ -77,12 +84,17 @@ def run_pipeline(outdir, prog, weights, data, steps):
         while any(pc[i] < len(lists[i]) for i in range(n)):
             progress = False
             for dv in range(n):
-                st = stages[prog["devices"][dv]["stage"]]
                 while pc[dv] < len(lists[dv]):
                     ins = lists[dv][pc[dv]]
                     op = ins["op"]
-                    g, mb = glob[dv], mbuf[dv]
-                    if op == "load":
+                    if op == "stage":
+                        cur[dv] = ins["stage"]
+                    sid = cur[dv]
+                    st = stages[sid]
+                    g, mb = glob[dv], mbuf[dv].setdefault(sid, {})
+                    if op == "stage":
+                        pass
+                    elif op == "load":
                         d = next(x for x in prog["data_inputs"] if x["name"] == ins["input"])
                         x = data[d["name"]]
                         if d["batch_axis"] is not None:
@@ -92,7 +104,7 @@ def run_pipeline(outdir, prog, weights, data, steps):
                         key = ins["pass"]  # fwd, bwd, or a split backward's bwd_b / bwd_w
                         m = ins["mb"]
                         look = lambda name: mb[(name, m)] if (name, m) in mb else g[name]
-                        outs = run_piece(sess[(prog["devices"][dv]["stage"], key)], look)
+                        outs = run_piece(sess[(sid, key)], look)
                         for k, v in outs.items():
                             mb[(k, m)] = v
                         if key == "fwd" and st.get("loss"):
@@ -142,18 +154,19 @@ def run_pipeline(outdir, prog, weights, data, steps):
                             if o != dv:
                                 pc[o] += 1
                     elif op == "step":
-                        if not state_made[dv]:
+                        if (dv, sid) not in state_made:
                             for s_, p in st["state_init"]:
                                 g[s_] = np.zeros_like(g[p])
-                            state_made[dv] = True
-                        nsteps[dv] += 1
+                            state_made.add((dv, sid))
+                        nsteps[(dv, sid)] = nsteps.get((dv, sid), 0) + 1
                         if st.get("step_counter"):
-                            g[st["step_counter"]] = np.array(nsteps[dv], dtype=g[st["params"][0]].dtype)
+                            g[st["step_counter"]] = np.array(nsteps[(dv, sid)], dtype=g[st["params"][0]].dtype)
                         look = lambda name: g[name] if name in g else np.zeros_like(g[name[len("grad/"):]])
-                        outs = run_piece(sess[(prog["devices"][dv]["stage"], "step")], look)
+                        outs = run_piece(sess[(sid, "step")], look)
                         for o, target in st["updates"]:
                             g[target] = outs[o]
-                        for k in [k for k in g if k.startswith("grad/")]:
+                        mine = {"grad/" + p for p in st["params"]}
+                        for k in [k for k in g if k.startswith("grad/") and (len(own[dv]) == 1 or k in mine)]:
                             del g[k]
                     else:
                         raise SystemExit(f"unknown instruction {op}")
@@ -164,7 +177,7 @@ def run_pipeline(outdir, prog, weights, data, steps):
         losses.append(loss)
     params = {}
     for dv in range(n):
-        for p in stages[prog["devices"][dv]["stage"]]["params"]:
+        for p in [q for sid in own[dv] for q in stages[sid]["params"]]:
             params.setdefault(p, glob[dv][p])
             if not np.array_equal(params[p], glob[dv][p]):
                 raise SystemExit(f"tied/replicated parameter {p} differs between holders")

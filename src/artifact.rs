@@ -299,8 +299,15 @@ fn program_mlir(p: &Program, compiled: &Compiled) -> String {
     }
     s.push_str("  module @schedule {\n");
     for d in &p.devices {
+        // Interleaved 1F1B's further chunks, when the device runs several stages.
+        let chunks = if d.chunks.is_empty() {
+            String::new()
+        } else {
+            let c: Vec<i64> = d.chunks.iter().map(|&c| c as i64).collect();
+            format!(", pipec.chunks = {}", ints(&c))
+        };
         s.push_str(&format!(
-            "    func.func @device{}() attributes {{pipec.stage = {} : i64, pipec.replica = {} : i64}} {{\n",
+            "    func.func @device{}() attributes {{pipec.stage = {} : i64, pipec.replica = {} : i64{chunks}}} {{\n",
             d.device, d.stage, d.replica
         ));
         for ins in &d.instructions {
@@ -378,6 +385,7 @@ fn program_mlir(p: &Program, compiled: &Compiled) -> String {
                     ),
                 ),
                 I::Step => ("step", String::new()),
+                I::Stage { stage } => ("stage", format!("stage = {stage} : i64")),
             };
             let body = if attrs.1.is_empty() {
                 String::new()

@@ -180,9 +180,41 @@ pub struct ReferenceProgram {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DeviceProgram {
     pub device: usize,
+    /// The stage its list starts in (its only one, unless `chunks`).
     pub stage: usize,
+    /// The replica it runs of `stage` (and of every stage in `chunks`).
     pub replica: usize,
     pub instructions: Vec<Instr>,
+    /// Interleaved 1F1B: the further stages (model chunks) this device runs, ascending; an
+    /// [`Instr::Stage`] switches between them. The stages share the device's global buffers
+    /// (their parameters are distinct) and keep their own micro-batch buffers. Written only
+    /// when not empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<usize>,
+}
+
+impl DeviceProgram {
+    /// Every stage the device runs: `stage`, then `chunks`.
+    pub fn stages(&self) -> Vec<usize> {
+        std::iter::once(self.stage)
+            .chain(self.chunks.iter().copied())
+            .collect()
+    }
+
+    /// Per instruction, the stage whose context it runs in: `stage` up to the first
+    /// [`Instr::Stage`], then the one that names (the marker itself included).
+    pub fn stage_at(&self) -> Vec<usize> {
+        let mut cur = self.stage;
+        self.instructions
+            .iter()
+            .map(|ins| {
+                if let Instr::Stage { stage } = ins {
+                    cur = *stage;
+                }
+                cur
+            })
+            .collect()
+    }
 }
 
 /// Rows `[lo*n/of, (hi)*n/of)` of a tensor whose axis `axis` (the one carrying the batch,
@@ -306,6 +338,10 @@ pub enum Instr {
     /// Run the stage's optimizer piece, apply its updates, zero the accumulated gradients. A
     /// missing `grad/P` input is zeros shaped like `P`.
     Step,
+    /// Interleaved 1F1B: the instructions after this one, up to the next `Stage`, run in stage
+    /// `stage`'s context (its pieces, its micro-batch buffers, its step, its loss); it must be
+    /// one of the device's ([`DeviceProgram::stages`]).
+    Stage { stage: usize },
 }
 
 impl Instr {
@@ -342,6 +378,7 @@ impl Instr {
                 format!("all-reduce over devices {group:?} (tag {tag})")
             }
             Instr::Step => "optimizer step".into(),
+            Instr::Stage { stage } => format!("stage {stage}"),
         }
     }
 }
@@ -388,21 +425,23 @@ pub fn joined_name(piece: &str) -> &str {
     piece.rsplit_once("#r").map_or(piece, |(whole, _)| whole)
 }
 
-/// The last instruction (index into `list`) reading each micro-batch buffer `(name, mb)`: the
-/// computes (every input of the piece of `stage` they run) and the sends. Frees do not count;
-/// concat and accumulate consume their inputs anyway. A runtime may move a buffer into the
-/// compute or send that is its last use, and `pipec simulate` counts its memory until then.
-pub fn last_uses(list: &[Instr], stage: &StageProgram) -> HashMap<(String, u32), usize> {
+/// The last instruction (index into `d`'s list) reading each micro-batch buffer `(stage, name,
+/// mb)` (a device's stages keep their own micro-batch buffers): the computes (every input of the
+/// piece they run in their stage) and the sends. Frees do not count; concat and accumulate
+/// consume their inputs anyway. A runtime may move a buffer into the compute or send that is
+/// its last use, and `pipec simulate` counts its memory until then.
+pub fn last_uses(p: &Program, d: &DeviceProgram) -> HashMap<(usize, String, u32), usize> {
     let mut m = HashMap::new();
-    for (k, ins) in list.iter().enumerate() {
+    for ((k, ins), s) in d.instructions.iter().enumerate().zip(d.stage_at()) {
         match ins {
             Instr::Compute { pass, mb } => {
-                for x in stage.piece(*pass).into_iter().flat_map(|p| &p.inputs) {
-                    m.insert((x.clone(), *mb), k);
+                let piece = p.stages.get(s).and_then(|st| st.piece(*pass));
+                for x in piece.into_iter().flat_map(|p| &p.inputs) {
+                    m.insert((s, x.clone(), *mb), k);
                 }
             }
             Instr::Send { mb, tensor, .. } => {
-                m.insert((tensor.clone(), *mb), k);
+                m.insert((s, tensor.clone(), *mb), k);
             }
             _ => {}
         }
@@ -454,7 +493,9 @@ pub fn pair_order(p: &Program) -> Result<()> {
 /// The static schedule verifier (run by codegen before it emits, and by the runtime on load).
 ///
 /// Checks, naming devices and instruction indices on failure:
-/// 1. the device list is `0..n`, each device's stage exists and lists it as replica `replica`;
+/// 1. the device list is `0..n`, each device's stage (and interleaved chunks,
+///    [`DeviceProgram::chunks`]) exists and lists it as replica `replica`, and every
+///    [`Instr::Stage`] names one of them;
 /// 2. every recv has exactly one matching send (same tag, sender = the recv's peer, receiver =
 ///    the send's peer) with equal dtype and shape, and every send is received;
 /// 3. on every device, the forward of micro-batch `m` precedes its backward; accumulation of
@@ -474,17 +515,26 @@ pub fn verify(p: &Program) -> Result<()> {
                 d.device
             )));
         }
-        let st = p.stages.get(d.stage).ok_or_else(|| {
-            Error::msg(format!(
-                "schedule: device {i} runs unknown stage {}",
-                d.stage
-            ))
-        })?;
-        if st.devices.get(d.replica) != Some(&i) {
-            return Err(Error::msg(format!(
-                "schedule: device {i} claims replica {} of stage {} but the stage lists devices {:?}",
-                d.replica, d.stage, st.devices
-            )));
+        let stages = d.stages();
+        for &s in &stages {
+            let st = p.stages.get(s).ok_or_else(|| {
+                Error::msg(format!("schedule: device {i} runs unknown stage {s}"))
+            })?;
+            if st.devices.get(d.replica) != Some(&i) {
+                return Err(Error::msg(format!(
+                    "schedule: device {i} claims replica {} of stage {s} but the stage lists devices {:?}",
+                    d.replica, st.devices
+                )));
+            }
+        }
+        for (k, ins) in d.instructions.iter().enumerate() {
+            if let Instr::Stage { stage } = ins {
+                if !stages.contains(stage) {
+                    return Err(Error::msg(format!(
+                        "schedule: device {i} instruction {k} switches to stage {stage}, which the device does not run (its stages: {stages:?})"
+                    )));
+                }
+            }
         }
     }
     // 2. Matching sends and receives.
@@ -498,7 +548,8 @@ pub fn verify(p: &Program) -> Result<()> {
                 Instr::Recv { tag, peer, .. } => (&mut recvs, *tag, *peer),
                 _ => continue,
             };
-            if peer >= n || peer == d.device {
+            // A device sends to itself only between its interleaved chunks.
+            if peer >= n || (peer == d.device && d.chunks.is_empty()) {
                 return Err(Error::msg(format!(
                     "schedule: device {} instruction {k} ({}) names peer {peer}",
                     d.device,
@@ -557,21 +608,26 @@ pub fn verify(p: &Program) -> Result<()> {
     // 3. Per-device order.
     for d in &p.devices {
         let dev = d.device;
-        let mut fwd: BTreeMap<u32, usize> = BTreeMap::new();
+        // Per (stage, micro-batch): a device's chunks have micro-batches of their own.
+        let mut fwd: BTreeMap<(usize, u32), usize> = BTreeMap::new();
         // The backward (or its weight-gradient part) and the input-gradient part per
         // micro-batch.
-        let mut bwd: BTreeMap<u32, usize> = BTreeMap::new();
-        let mut bwd_b: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut bwd: BTreeMap<(usize, u32), usize> = BTreeMap::new();
+        let mut bwd_b: BTreeMap<(usize, u32), usize> = BTreeMap::new();
         let mut last_acc = None;
         let mut step_at = None;
         if p.per_micro_batch_step {
             per_micro_batch_order(p, d)?;
         }
-        for (k, ins) in d.instructions.iter().enumerate() {
+        for ((k, ins), cur) in d.instructions.iter().enumerate().zip(d.stage_at()) {
             if p.per_micro_batch_step {
                 // Checked by `per_micro_batch_order`; the forward/backward rules below hold.
             } else if let Some(s) = step_at {
-                if !matches!(ins, Instr::AllReduce { .. }) {
+                // The flush: all-reduces, and each of the device's stages' steps.
+                if !matches!(
+                    ins,
+                    Instr::AllReduce { .. } | Instr::Step | Instr::Stage { .. }
+                ) {
                     return Err(Error::msg(format!(
                         "schedule: device {dev} instruction {k} ({}) comes after the optimizer step (instruction {s})",
                         ins.describe()
@@ -583,36 +639,36 @@ pub fn verify(p: &Program) -> Result<()> {
                     pass: PieceKind::Fwd,
                     mb,
                 } => {
-                    fwd.insert(*mb, k);
+                    fwd.insert((cur, *mb), k);
                 }
                 Instr::Compute {
                     pass: pass @ (PieceKind::Bwd | PieceKind::BwdB),
                     mb,
                 } => {
-                    if !fwd.contains_key(mb) {
+                    if !fwd.contains_key(&(cur, *mb)) {
                         return Err(Error::msg(format!(
                             "schedule: device {dev} instruction {k}: backward of micro-batch {mb} before its forward"
                         )));
                     }
                     if *pass == PieceKind::Bwd {
-                        bwd.insert(*mb, k);
+                        bwd.insert((cur, *mb), k);
                     } else {
-                        bwd_b.insert(*mb, k);
+                        bwd_b.insert((cur, *mb), k);
                     }
                 }
                 Instr::Compute {
                     pass: PieceKind::BwdW,
                     mb,
                 } => {
-                    if !bwd_b.contains_key(mb) {
+                    if !bwd_b.contains_key(&(cur, *mb)) {
                         return Err(Error::msg(format!(
                             "schedule: device {dev} instruction {k}: weight gradients of micro-batch {mb} before its input gradients (bwd_b)"
                         )));
                     }
-                    bwd.insert(*mb, k);
+                    bwd.insert((cur, *mb), k);
                 }
                 Instr::Accumulate { mb, .. } => {
-                    if !bwd.contains_key(mb) {
+                    if !bwd.contains_key(&(cur, *mb)) {
                         return Err(Error::msg(format!(
                             "schedule: device {dev} instruction {k}: accumulation of micro-batch {mb} before its backward"
                         )));
@@ -628,13 +684,19 @@ pub fn verify(p: &Program) -> Result<()> {
                 _ => {}
             }
         }
-        let has_bwd = p.stages.get(d.stage).is_some_and(|s| s.bwd.is_some());
-        if has_bwd {
-            if let Some(mb) = fwd.keys().find(|mb| !bwd.contains_key(mb)) {
-                return Err(Error::msg(format!(
-                    "schedule: device {dev} runs the forward of micro-batch {mb} but never its backward"
-                )));
-            }
+        let has_bwd = |s: usize| p.stages.get(s).is_some_and(|s| s.bwd.is_some());
+        if let Some((s, mb)) = fwd
+            .keys()
+            .find(|key| has_bwd(key.0) && !bwd.contains_key(key))
+        {
+            let of = if d.chunks.is_empty() {
+                String::new()
+            } else {
+                format!(" of stage {s}")
+            };
+            return Err(Error::msg(format!(
+                "schedule: device {dev} runs the forward of micro-batch {mb}{of} but never its backward"
+            )));
         }
         if let Some(a) = last_acc.filter(|_| !p.per_micro_batch_step) {
             for (k, ins) in d.instructions.iter().enumerate().take(a) {
@@ -850,29 +912,27 @@ pub fn dataflow(p: &Program) -> Result<()> {
     use std::collections::{BTreeSet, HashSet};
     for d in &p.devices {
         let dev = d.device;
-        let Some(st) = p.stages.get(d.stage) else {
+        if p.stages.get(d.stage).is_none() {
             continue;
-        };
-        let piece_of = |pass: PieceKind| st.piece(pass);
-        // Last reading instruction of every (buffer, mb), as the runtime computes it.
-        let mut last_use: HashMap<(&str, u32), usize> = HashMap::new();
-        for (k, ins) in d.instructions.iter().enumerate() {
-            match ins {
-                Instr::Compute { pass, mb } => {
-                    for x in piece_of(*pass).into_iter().flat_map(|pc| &pc.inputs) {
-                        last_use.insert((x.as_str(), *mb), k);
-                    }
-                }
-                Instr::Send { mb, tensor, .. } => {
-                    last_use.insert((tensor.as_str(), *mb), k);
-                }
-                _ => {}
-            }
         }
-        let mut globals: BTreeSet<&str> = st.params.iter().map(String::as_str).collect();
-        globals.extend(st.state_init.iter().map(|(s, _)| s.as_str()));
-        let mut bufs: HashSet<(&str, u32)> = HashSet::new();
-        for (k, ins) in d.instructions.iter().enumerate() {
+        // Last reading instruction of every (stage, buffer, mb), as the runtime computes it.
+        let last_use = last_uses(p, d);
+        let is_last = |cur: usize, x: &str, mb: u32, k: usize| {
+            last_use.get(&(cur, x.to_string(), mb)) == Some(&k)
+        };
+        // The device's stages share its globals.
+        let mut globals: BTreeSet<&str> = BTreeSet::new();
+        for st in d.stages().into_iter().filter_map(|s| p.stages.get(s)) {
+            globals.extend(st.params.iter().map(String::as_str));
+            globals.extend(st.state_init.iter().map(|(s, _)| s.as_str()));
+        }
+        // Micro-batch buffers per (stage, name, mb).
+        let mut bufs: HashSet<(usize, &str, u32)> = HashSet::new();
+        for ((k, ins), cur) in d.instructions.iter().enumerate().zip(d.stage_at()) {
+            let Some(st) = p.stages.get(cur) else {
+                continue;
+            };
+            let piece_of = |pass: PieceKind| st.piece(pass);
             let fail = |msg: String| {
                 Err(Error::msg(format!(
                     "schedule: device {dev} instruction {k} ({}): {msg}",
@@ -900,16 +960,16 @@ pub fn dataflow(p: &Program) -> Result<()> {
                             ));
                         }
                     }
-                    bufs.insert((input.as_str(), *mb));
+                    bufs.insert((cur, input.as_str(), *mb));
                 }
                 Instr::Compute { pass, mb } => {
                     let Some(pc) = piece_of(*pass) else {
                         return fail(format!("stage {} has no {} piece", st.id, pass.name()));
                     };
                     for x in &pc.inputs {
-                        let key = (x.as_str(), *mb);
+                        let key = (cur, x.as_str(), *mb);
                         if bufs.contains(&key) {
-                            if last_use.get(&key) == Some(&k) {
+                            if is_last(cur, x, *mb, k) {
                                 bufs.remove(&key);
                             }
                         } else if !globals.contains(x.as_str()) {
@@ -919,19 +979,19 @@ pub fn dataflow(p: &Program) -> Result<()> {
                             ));
                         }
                     }
-                    bufs.extend(pc.outputs.iter().map(|y| (y.as_str(), *mb)));
+                    bufs.extend(pc.outputs.iter().map(|y| (cur, y.as_str(), *mb)));
                 }
                 Instr::Send { mb, tensor, .. } => {
-                    let key = (tensor.as_str(), *mb);
+                    let key = (cur, tensor.as_str(), *mb);
                     if !bufs.contains(&key) {
                         return fail(nothing(tensor, *mb));
                     }
-                    if last_use.get(&key) == Some(&k) {
+                    if is_last(cur, tensor, *mb, k) {
                         bufs.remove(&key);
                     }
                 }
                 Instr::Recv { mb, tensor, .. } => {
-                    bufs.insert((tensor.as_str(), *mb));
+                    bufs.insert((cur, tensor.as_str(), *mb));
                 }
                 Instr::Zeros {
                     mb, output, shape, ..
@@ -939,7 +999,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
                     if shape.iter().any(|&x| x < 0) {
                         return fail(format!("shape {shape:?} is not concrete"));
                     }
-                    bufs.insert((output.as_str(), *mb));
+                    bufs.insert((cur, output.as_str(), *mb));
                 }
                 Instr::Concat {
                     mb, inputs, output, ..
@@ -949,15 +1009,15 @@ pub fn dataflow(p: &Program) -> Result<()> {
                         return fail("no inputs".into());
                     }
                     for x in inputs {
-                        if !bufs.remove(&(x.as_str(), *mb)) {
+                        if !bufs.remove(&(cur, x.as_str(), *mb)) {
                             return fail(nothing(x, *mb));
                         }
                     }
-                    bufs.insert((output.as_str(), *mb));
+                    bufs.insert((cur, output.as_str(), *mb));
                 }
                 Instr::Accumulate { mb, tensors } => {
                     for x in tensors {
-                        if !bufs.remove(&(x.as_str(), *mb)) {
+                        if !bufs.remove(&(cur, x.as_str(), *mb)) {
                             return fail(nothing(x, *mb));
                         }
                         globals.insert(x.as_str());
@@ -965,7 +1025,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
                 }
                 Instr::Free { mb, tensors } => {
                     for x in tensors {
-                        bufs.remove(&(x.as_str(), *mb));
+                        bufs.remove(&(cur, x.as_str(), *mb));
                     }
                 }
                 Instr::Stash { mb, tensors } => {
@@ -973,7 +1033,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
                         if !globals.contains(x.as_str()) {
                             return fail(format!("no global buffer '{x}' to stash"));
                         }
-                        bufs.insert((x.as_str(), *mb));
+                        bufs.insert((cur, x.as_str(), *mb));
                     }
                 }
                 Instr::AllReduce { tensors, .. } => {
@@ -1007,6 +1067,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
                         globals.remove(format!("grad/{q}").as_str());
                     }
                 }
+                Instr::Stage { .. } => {}
             }
         }
     }
@@ -1176,12 +1237,14 @@ mod tests {
                     stage: 0,
                     replica: 0,
                     instructions: a,
+                    chunks: Vec::new(),
                 },
                 DeviceProgram {
                     device: 1,
                     stage: 1,
                     replica: 0,
                     instructions: b,
+                    chunks: Vec::new(),
                 },
             ],
             reference: None,

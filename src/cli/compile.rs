@@ -68,9 +68,9 @@ pub struct CompileArgs {
     /// (PipeDream's asynchronous 1F1B: each micro-batch's gradients update the weights right
     /// after its backward, no flush, weight stashing keeps the version its forward read; needs
     /// each stage's replica count to divide the micro-batch; `run --check` compares with an
-    /// emulation of that update rule), interleaved-V (Megatron-LM's interleaved 1F1B: planned
-    /// and simulated by `pipec plan`, not compiled yet; `interleaved` lets the planner pick V or
-    /// keep 1F1B) (default: the planner's own).
+    /// emulation of that update rule), interleaved-V (Megatron-LM's interleaved 1F1B: each
+    /// device group runs V model chunks in one order, switching between them; `interleaved` lets
+    /// the planner pick V or keep 1F1B) (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.

@@ -23,11 +23,17 @@
 //!
 //! Cotangents take the routes of their activations in reverse. Message tags are allocated in a
 //! deterministic order, so the same plan always gives byte-identical schedules.
+//!
+//! Interleaved 1F1B (`interleaved-V`, [`crate::sim::schedule::interleaved_order`]): every stage
+//! replica's list is built as above, cut into one segment per pass, and each device's list is
+//! its chunks' segments in the device's interleaved order, an [`Instr::Stage`] before each
+//! switch of chunk; the flush is the device's all-reduces (its chunks' gradients together,
+//! one per device set), then each chunk's step.
 
 use super::layout::{concrete_dims, cot_name, layout, Layout};
 use crate::sim::schedule::{
-    fb_order_grouped, round_robin_micro_batches, stashed, steps_before_forward, weight_lag,
-    with_weight_passes, Pass,
+    fb_order_grouped, interleaved_order, round_robin_micro_batches, stashed, steps_before_forward,
+    weight_lag, with_weight_passes, Pass,
 };
 use crate::sim::{deepest_stage, heaviest_path_to_sink, ScheduleKind};
 use pipec_compiler::ir::{Module, Value};
@@ -430,7 +436,15 @@ fn edge_hops(
 /// Build every device's instruction list.
 pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
     let g = &cx.m.graph;
-    let ndev = cx.stage_devices.iter().map(Vec::len).sum::<usize>();
+    let ndev = cx
+        .stage_devices
+        .iter()
+        .flatten()
+        .collect::<BTreeSet<_>>()
+        .len();
+    // Interleaved 1F1B: each replica's list cut into per-pass segments, merged per device below.
+    let chunks = cx.schedule.chunks();
+    let mut chunk_lists: ChunkLists = BTreeMap::new();
     let mut programs: Vec<Option<DeviceProgram>> = (0..ndev).map(|_| None).collect();
     // Per stage, the longest path to a sink: in stages (the warm-up's depth) and in workers
     // (1F1B-RR's number of machines).
@@ -643,7 +657,12 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     list.push(Instr::Step);
                 }
             };
+            // Interleaved: where each pass's instructions start (`(forward, mb, index)`).
+            let mut segments: Vec<(bool, u32, usize)> = Vec::new();
             for (pass, m) in passes {
+                if chunks > 1 {
+                    segments.push((pass == Pass::Fwd, m as u32, list.len()));
+                }
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
                 };
@@ -959,6 +978,11 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     }
                 }
             }
+            if chunks > 1 {
+                // The device's flush is emitted with its other chunks' (below).
+                chunk_lists.insert((s, j), (list, segments));
+                continue;
+            }
             if !per_mb_step {
                 update(&mut list, None);
             }
@@ -967,14 +991,109 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                 stage: s,
                 replica: j,
                 instructions: list,
+                chunks: Vec::new(),
             });
         }
+    }
+    if chunks > 1 {
+        interleave_lists(cx, chunks, &group_tags, chunk_lists, &mut programs)?;
     }
     programs
         .into_iter()
         .enumerate()
         .map(|(d, p)| p.ok_or_else(|| Error::msg(format!("codegen: device {d} has no stage"))))
         .collect()
+}
+
+/// Per `(stage, replica)` under interleaved 1F1B: its instruction list and where each of its
+/// passes starts (`(forward, mb, index)`).
+type ChunkLists = BTreeMap<(usize, usize), (Vec<Instr>, Vec<(bool, u32, usize)>)>;
+
+/// Interleaved 1F1B's device lists from its stage replicas' lists cut into per-pass segments
+/// (`chunk_lists[(stage, replica)]`: the list and where each `(forward, mb)` pass starts):
+/// device `d`, replica `j` of group `r` of `P`, runs its chunks' segments in
+/// [`interleaved_order`]`(r, P, V, M)`, with an [`Instr::Stage`] at every switch of chunk, then
+/// the all-reduces of its device sets (every chunk's gradients together) and each chunk's step.
+/// A parameter two chunks of one device hold would be stepped twice: refused.
+fn interleave_lists(
+    cx: &Context,
+    v: usize,
+    group_tags: &[(Vec<usize>, Vec<String>, u32)],
+    mut chunk_lists: ChunkLists,
+    programs: &mut [Option<DeviceProgram>],
+) -> Result<()> {
+    let n = cx.stage_devices.len();
+    let p = n / v;
+    let nmb = cx.micro_batches as usize;
+    for r in 0..p {
+        let stages: Vec<usize> = (0..v).map(|c| c * p + r).collect();
+        let mut held: BTreeMap<&str, usize> = BTreeMap::new();
+        for &s in &stages {
+            for q in &cx.stages[s].params {
+                if let Some(o) = held.insert(q.as_str(), s) {
+                    return Err(Error::msg(format!(
+                        "codegen: --schedule {}: parameter '{q}' is held by stages {o} and {s}, which share devices {:?}; a device's chunks must hold distinct parameters",
+                        cx.schedule, cx.stage_devices[s]
+                    )));
+                }
+            }
+        }
+        for (j, &dev) in cx.stage_devices[r].iter().enumerate() {
+            // Each chunk's segments by `(forward, mb)`.
+            let mut parts: BTreeMap<(usize, bool, u32), Vec<Instr>> = BTreeMap::new();
+            for &s in &stages {
+                let (list, segments) = chunk_lists.remove(&(s, j)).ok_or_else(|| {
+                    Error::msg(format!(
+                        "codegen: stage {s} has no replica {j} on device {dev}"
+                    ))
+                })?;
+                for (i, &(fwd, mb, start)) in segments.iter().enumerate() {
+                    let end = segments.get(i + 1).map_or(list.len(), |x| x.2);
+                    parts.insert((s, fwd, mb), list[start..end].to_vec());
+                }
+            }
+            let mut list = Vec::new();
+            let mut cur = r;
+            let mut enter = |list: &mut Vec<Instr>, s: usize| {
+                if s != cur {
+                    list.push(Instr::Stage { stage: s });
+                    cur = s;
+                }
+            };
+            for (fwd, c, mb) in interleaved_order(r, p, v, nmb) {
+                let s = stages[c];
+                if let Some(seg) = parts.remove(&(s, fwd, mb as u32)) {
+                    if !seg.is_empty() {
+                        enter(&mut list, s);
+                        list.extend(seg);
+                    }
+                }
+            }
+            for (group, tensors, tag) in group_tags {
+                if group.contains(&dev) {
+                    list.push(Instr::AllReduce {
+                        group: group.clone(),
+                        tensors: tensors.clone(),
+                        tag: *tag,
+                    });
+                }
+            }
+            for &s in &stages {
+                if cx.stages[s].step.is_some() {
+                    enter(&mut list, s);
+                    list.push(Instr::Step);
+                }
+            }
+            programs[dev] = Some(DeviceProgram {
+                device: dev,
+                stage: r,
+                replica: j,
+                instructions: list,
+                chunks: stages[1..].to_vec(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn dedup(v: Vec<String>) -> Vec<String> {

@@ -180,13 +180,6 @@ impl Partition {
 /// Step `partition`: which ops each stage computes (with its duplicated side computations), the
 /// values it receives and sends, its forward module and the stage DAG.
 pub fn partition(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Result<Partition> {
-    if opts.schedule.chunks() > 1 {
-        // Programs hold one stage per device; interleaving needs several (not emitted yet).
-        return Err(Error::msg(format!(
-            "--schedule {}: interleaved 1F1B runs several stages on each device, which compiled programs cannot hold yet; `pipec plan` and `pipec compare` simulate it",
-            opts.schedule
-        )));
-    }
     let g = &m.graph;
     let batch_sym = batch_symbol(m)?;
     let mbs = opts.micro_batch;
@@ -194,6 +187,8 @@ pub fn partition(m: &Module, specs: &[StageSpec], opts: &CompileOptions) -> Resu
     // Dense device numbering.
     let mut used: Vec<usize> = specs.iter().flat_map(|s| s.devices.clone()).collect();
     used.sort_unstable();
+    // Interleaved 1F1B's chunks share their group's devices.
+    used.dedup();
     let dense: HashMap<usize, usize> = used.iter().enumerate().map(|(i, d)| (*d, i)).collect();
     let stage_devices: Vec<Vec<usize>> = specs
         .iter()

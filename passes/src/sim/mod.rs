@@ -231,6 +231,11 @@ impl Builder {
     /// channel and the receiver's receive channel, and the nodes' egress and ingress ports when
     /// it crosses nodes.
     fn p2p(&mut self, cluster: &Cluster, k: TaskKind, src: usize, dst: usize, t: f64) -> u32 {
+        if src == dst {
+            // A device's message to itself (between interleaved 1F1B's chunks): handed over
+            // in place, no channel or link.
+            return self.task(k, 0.0, Vec::new());
+        }
         let mut rs = vec![send_res(src), recv_res(dst)];
         let (ns, nd) = (cluster.node_of(src), cluster.node_of(dst));
         if ns != nd {

@@ -56,7 +56,7 @@ use crate::sim::TaskKind;
 use pipec_compiler::ir::{DType, Dim, TensorType};
 use pipec_compiler::program::{Instr, Piece, PieceKind, Program};
 use pipec_compiler::{Error, Result};
-use rustc_hash::FxHashSet;
+use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -310,28 +310,33 @@ pub fn replay(
     };
     let mut sent: BTreeSet<u32> = BTreeSet::new();
     let mut collectives: HashMap<u32, (u32, Vec<usize>, usize)> = HashMap::new();
-    let mut bufs: Vec<HashMap<(String, u32), Buf>> = vec![HashMap::new(); n];
     let mut live = vec![0.0f64; n];
     // Bytes of the global gradient buffers each device holds (see `Accumulate`, `Step`).
     let mut grads = vec![0.0f64; n];
     let mut devs: Vec<DeviceReplay> = Vec::with_capacity(n);
     for d in &p.devices {
-        let st = p
-            .stages
-            .get(d.stage)
-            .ok_or_else(|| Error::msg(format!("schedule: device {} has no stage", d.device)))?;
-        // Folded from +0.0: an empty `sum` of f64 is -0.0, printed as "-0.000 MB".
-        let params = st
-            .params
-            .iter()
-            .map(|q| param_bytes(st.id, q))
-            .fold(0.0, |a, b| a + b);
-        let state = st
-            .state_init
-            .iter()
-            .map(|(_, q)| param_bytes(st.id, q))
-            .fold(0.0, |a, b| a + b);
-        let stat = params + state;
+        let mut stat = 0.0;
+        for s in d.stages() {
+            let st = p.stages.get(s).ok_or_else(|| {
+                Error::msg(format!("schedule: device {} has no stage {s}", d.device))
+            })?;
+            // Folded from +0.0: an empty `sum` of f64 is -0.0, printed as "-0.000 MB".
+            let params = st
+                .params
+                .iter()
+                .map(|q| param_bytes(st.id, q))
+                .fold(0.0, |a, b| a + b);
+            let state = st
+                .state_init
+                .iter()
+                .map(|(_, q)| param_bytes(st.id, q))
+                .fold(0.0, |a, b| a + b);
+            stat = if d.chunks.is_empty() {
+                params + state
+            } else {
+                stat + params + state
+            };
+        }
         devs.push(DeviceReplay {
             device: d.device,
             stage: d.stage,
@@ -343,14 +348,25 @@ pub fn replay(
     }
     for d in 0..n {
         let dp = &p.devices[d];
-        let stage = &p.stages[dp.stage];
         let kind = cluster.kind_of(d).clone();
         let bw = kind.memory_bandwidth;
         tasks.pending.clear();
-        // Gradient buffers that hold a sum since the last optimizer step.
-        let mut accumulated: FxHashSet<&str> = FxHashSet::default();
-        let last_use = pipec_compiler::program::last_uses(&dp.instructions, stage);
-        for (k_ins, ins) in dp.instructions.iter().enumerate() {
+        // Gradient buffers that hold a sum since the last optimizer step (and their bytes).
+        let mut accumulated: FxHashMap<&str, f64> = FxHashMap::default();
+        let last_use = pipec_compiler::program::last_uses(p, dp);
+        // Micro-batch buffers per stage (a device's chunks keep their own).
+        let mut stage_bufs: FxHashMap<usize, HashMap<(String, u32), Buf>> = FxHashMap::default();
+        // A parameter's bytes, whichever of the device's stages holds it.
+        let device_stages = dp.stages();
+        let held_bytes = |name: &str| -> f64 {
+            device_stages
+                .iter()
+                .find(|&&s| pbytes.contains_key(&(s, name.to_string())))
+                .map_or(0.0, |&s| param_bytes(s, name))
+        };
+        for ((k_ins, ins), cur) in dp.instructions.iter().enumerate().zip(dp.stage_at()) {
+            let stage = &p.stages[cur];
+            let bufs_d = stage_bufs.entry(cur).or_default();
             match ins {
                 Instr::Load { mb, input, samples } => {
                     let rows = samples[1].saturating_sub(samples[0]);
@@ -363,7 +379,7 @@ pub fn replay(
                         }
                     });
                     let rows = x.and_then(|x| x.batch_axis).map(|_| rows);
-                    put(&mut bufs[d], &mut live[d], input, *mb, Buf { bytes, rows });
+                    put(bufs_d, &mut live[d], input, *mb, Buf { bytes, rows });
                 }
                 Instr::Compute { pass, mb } => {
                     let k = match pass {
@@ -385,7 +401,7 @@ pub fn replay(
                         .inputs
                         .iter()
                         .filter(|i| pm.inputs.get(*i).is_some_and(|port| port.batched()))
-                        .find_map(|i| bufs[d].get(&(i.clone(), *mb)).and_then(|b| b.rows))
+                        .find_map(|i| bufs_d.get(&(i.clone(), *mb)).and_then(|b| b.rows))
                         .unwrap_or(default)
                         .max(1);
                     let t = pm.time(&kind, samples)?;
@@ -399,7 +415,7 @@ pub fn replay(
                         })
                         .collect();
                     for (name, b) in outs {
-                        put(&mut bufs[d], &mut live[d], &name, *mb, b);
+                        put(bufs_d, &mut live[d], &name, *mb, b);
                     }
                     // The piece's inputs and outputs exist together; then the inputs whose last
                     // use this is are gone (the runtime moves them into the compute).
@@ -407,9 +423,9 @@ pub fn replay(
                         .peak_memory_bytes
                         .max(devs[d].static_bytes + live[d] + grads[d]);
                     for i in &piece.inputs {
-                        let key = (i.clone(), *mb);
+                        let key = (cur, i.clone(), *mb);
                         if last_use.get(&key) == Some(&k_ins) {
-                            take(&mut bufs[d], &mut live[d], i, *mb);
+                            take(bufs_d, &mut live[d], i, *mb);
                         }
                     }
                     let (stage, mb, device) = (stage.id, *mb as usize, d);
@@ -454,8 +470,9 @@ pub fn replay(
                             Some((d, 1, format!("{tensor}[{mb}]->{peer}{more}"), "send"));
                     }
                     // A whole-buffer send that is the buffer's last use moves it out.
-                    if slice.is_none() && last_use.get(&(tensor.clone(), *mb)) == Some(&k_ins) {
-                        take(&mut bufs[d], &mut live[d], tensor, *mb);
+                    if slice.is_none() && last_use.get(&(cur, tensor.clone(), *mb)) == Some(&k_ins)
+                    {
+                        take(bufs_d, &mut live[d], tensor, *mb);
                     }
                     if let (true, Some(&(p, _))) = (leads, tasks.streams[d].last()) {
                         tasks.tb.edge(p, id);
@@ -483,7 +500,7 @@ pub fn replay(
                         let port = pieces.get(&(stage.id, *k))?.inputs.get(whole)?;
                         port.samples_of(shape)
                     });
-                    put(&mut bufs[d], &mut live[d], tensor, *mb, Buf { bytes, rows });
+                    put(bufs_d, &mut live[d], tensor, *mb, Buf { bytes, rows });
                 }
                 Instr::Concat {
                     mb, inputs, output, ..
@@ -493,7 +510,7 @@ pub fn replay(
                     let mut bytes = 0.0;
                     let mut rows: Option<u64> = None;
                     for i in inputs {
-                        if let Some(b) = take(&mut bufs[d], &mut live[d], i, *mb) {
+                        if let Some(b) = take(bufs_d, &mut live[d], i, *mb) {
                             if is_concat {
                                 bytes += b.bytes;
                                 rows = Some(rows.unwrap_or(0) + b.rows.unwrap_or(0));
@@ -509,7 +526,7 @@ pub fn replay(
                         bytes * inputs.len() as f64
                     };
                     let t = (read + bytes) / bw;
-                    put(&mut bufs[d], &mut live[d], output, *mb, Buf { bytes, rows });
+                    put(bufs_d, &mut live[d], output, *mb, Buf { bytes, rows });
                     let what = if is_concat { "concat" } else { "sum" };
                     let show = (t > 0.0).then(|| (format!("{what} {output}[{mb}]"), "memory"));
                     tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, show));
@@ -525,7 +542,7 @@ pub fn replay(
                         rows: None,
                     };
                     let t = b.bytes / bw;
-                    put(&mut bufs[d], &mut live[d], output, *mb, b);
+                    put(bufs_d, &mut live[d], output, *mb, b);
                     let show = (t > 0.0).then(|| (format!("zeros {output}[{mb}]"), "memory"));
                     tasks.on_stream(d, StreamTask::New(TaskKind::Memory { device: d }, t, show));
                 }
@@ -534,9 +551,10 @@ pub fn replay(
                     // micro-batch of the iteration) and adds the later ones.
                     let mut bytes = 0.0;
                     for t in tensors {
-                        if let Some(b) = take(&mut bufs[d], &mut live[d], t, *mb) {
-                            if accumulated.insert(t.as_str()) {
+                        if let Some(b) = take(bufs_d, &mut live[d], t, *mb) {
+                            if !accumulated.contains_key(t.as_str()) {
                                 // Moved into the empty global buffer, which it now is.
+                                accumulated.insert(t.as_str(), b.bytes);
                                 grads[d] += b.bytes;
                             } else {
                                 bytes += b.bytes;
@@ -549,7 +567,7 @@ pub fn replay(
                 }
                 Instr::Free { mb, tensors } => {
                     for t in tensors {
-                        take(&mut bufs[d], &mut live[d], t, *mb);
+                        take(bufs_d, &mut live[d], t, *mb);
                     }
                 }
                 Instr::Stash { mb, tensors } => {
@@ -559,7 +577,7 @@ pub fn replay(
                         let b = param_bytes(stage.id, t);
                         bytes += b;
                         put(
-                            &mut bufs[d],
+                            bufs_d,
                             &mut live[d],
                             t,
                             *mb,
@@ -585,7 +603,7 @@ pub fn replay(
                     }
                     let bytes: f64 = tensors
                         .iter()
-                        .map(|t| param_bytes(stage.id, t.strip_prefix("grad/").unwrap_or(t)))
+                        .map(|t| held_bytes(t.strip_prefix("grad/").unwrap_or(t)))
                         .sum();
                     let entry = collectives.entry(*tag).or_insert_with(|| {
                         let t = comm::allreduce_time(cluster, group, bytes, algo);
@@ -602,9 +620,19 @@ pub fn replay(
                     let task = StreamTask::Collective(id);
                     tasks.on_stream(d, task);
                 }
+                Instr::Stage { .. } => {}
                 Instr::Step => {
-                    accumulated.clear();
-                    grads[d] = 0.0;
+                    if dp.chunks.is_empty() {
+                        accumulated.clear();
+                        grads[d] = 0.0;
+                    } else {
+                        // This chunk's gradients go; the device's other chunks keep theirs.
+                        for q in &stage.params {
+                            if let Some(b) = accumulated.remove(format!("grad/{q}").as_str()) {
+                                grads[d] -= b;
+                            }
+                        }
+                    }
                     let t = match pieces.get_mut(&(stage.id, 2)) {
                         Some(pm) => pm.time(&kind, 1)?,
                         None => 0.0,

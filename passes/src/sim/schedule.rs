@@ -546,10 +546,7 @@ fn generate_interleaved(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                 let pass = if f { Pass::Fwd } else { Pass::Bwd };
                 push_pass(prog, sg, kind, c * p + r, j, pass, mb);
             }
-            for c in 0..v {
-                let s = c * p + r;
-                push_flush(prog, s, &sg.stages[s], sg, d);
-            }
+            push_interleaved_flush(prog, r, p, v, sg, d);
         }
     }
     Schedule {
@@ -589,6 +586,19 @@ fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &SimStage, sg: &StageGraph, d
             },
         ));
     }
+    push_all_reduces(prog, ars, sg, d);
+    prog.push(Instr::OptimizerStep { stage: s });
+}
+
+/// The all-reduces `ars` (keyed by their sorted device sets) and those of every tied group
+/// holding device `d` ([`StageGraph::tied`], `stage` numbered after the stages), in ascending
+/// order of the sets, as codegen emits them.
+fn push_all_reduces(
+    prog: &mut Vec<Instr>,
+    mut ars: Vec<(Vec<usize>, Instr)>,
+    sg: &StageGraph,
+    d: usize,
+) {
     for (k, t) in sg.tied.iter().enumerate() {
         if t.devices.contains(&d) {
             ars.push((
@@ -603,7 +613,41 @@ fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &SimStage, sg: &StageGraph, d
     }
     ars.sort_by(|a, b| a.0.cmp(&b.0));
     prog.extend(ars.into_iter().map(|x| x.1));
-    prog.push(Instr::OptimizerStep { stage: s });
+}
+
+/// Interleaved 1F1B's flush on device `d` of group `r` (`p` groups, `v` chunks), as codegen
+/// emits it: one all-reduce per device set holding `d` (the group's replicas with every chunk's
+/// gradients together, under the group's first stage; each tied group), then each chunk's
+/// optimizer step.
+fn push_interleaved_flush(
+    prog: &mut Vec<Instr>,
+    r: usize,
+    p: usize,
+    v: usize,
+    sg: &StageGraph,
+    d: usize,
+) {
+    let chunks: Vec<usize> = (0..v).map(|c| c * p + r).collect();
+    let st = &sg.stages[r];
+    let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
+    let bytes: f64 = chunks
+        .iter()
+        .map(|&s| sg.stages[s].parameter_bytes - sg.stages[s].tied_bytes)
+        .sum();
+    if st.devices.len() > 1 && bytes > 0.0 {
+        let mut key = st.devices.clone();
+        key.sort_unstable();
+        ars.push((
+            key,
+            Instr::AllReduce {
+                stage: r,
+                group: st.devices.clone(),
+                bytes,
+            },
+        ));
+    }
+    push_all_reduces(prog, ars, sg, d);
+    prog.extend(chunks.iter().map(|&s| Instr::OptimizerStep { stage: s }));
 }
 
 /// The micro-batches replica `k` of `r` runs under round robin: `k, k + r, k + 2r, ... < m`.

@@ -418,6 +418,7 @@ pub fn write_linear(outdir: &Path, spec: &LinearSpec) -> std::io::Result<Program
                 stage: usize::from(d == s1dev),
                 replica: if d == s1dev { 0 } else { d },
                 instructions,
+                chunks: Vec::new(),
             })
             .collect(),
         reference: Some(ReferenceProgram {

@@ -69,29 +69,40 @@ fn prepare(
     Ok(PreparedPiece { prepared, inputs })
 }
 
-struct Worker<'a> {
-    ctx: &'a DeviceCtx<'a>,
-    program: &'a Program,
+/// One stage the device runs (one, or interleaved 1F1B's chunks): its program and pieces.
+struct StageRun<'a> {
     stage: &'a StageProgram,
     fwd: PreparedPiece,
     /// The backward pieces the device's instructions run: whole, input-gradient part,
     /// weight-gradient part ([`PieceKind::Bwd`], [`PieceKind::BwdB`], [`PieceKind::BwdW`]).
     bwd: [Option<PreparedPiece>; 3],
     step: Option<PreparedPiece>,
-    /// Parameters, gradients and optimizer state, as the executor holds them (on the GPU with
-    /// `--device cuda`).
-    globals: HashMap<String, Value>,
-    /// Micro-batch buffers, likewise.
-    bufs: HashMap<(String, u32), Value>,
-    /// Sum, accumulation, concatenation and slices on the executor's values.
-    ops: ValueOps<'a>,
-    /// Per `(name, mb)`: index of the last instruction reading that buffer.
-    last_use: HashMap<(String, u32), usize>,
     /// Dtype of the stage's parameters (for the step counter).
     param_dtype: DType,
-    loss: f64,
     /// Optimizer steps applied so far (the step counter's base).
     steps_taken: usize,
+}
+
+struct Worker<'a> {
+    ctx: &'a DeviceCtx<'a>,
+    program: &'a Program,
+    /// The device's stages ([`pipec_compiler::program::DeviceProgram::stages`] order).
+    stages: Vec<StageRun<'a>>,
+    /// The one whose context the instructions run in now ([`Instr::Stage`] switches).
+    cur: usize,
+    /// Parameters, gradients and optimizer state, as the executor holds them (on the GPU with
+    /// `--device cuda`); shared by the device's stages.
+    globals: HashMap<String, Value>,
+    /// Micro-batch buffers, likewise, per `(stage, name, mb)`.
+    bufs: HashMap<(usize, String, u32), Value>,
+    /// Sum, accumulation, concatenation and slices on the executor's values.
+    ops: ValueOps<'a>,
+    /// Per `(stage, name, mb)`: index of the last instruction reading that buffer.
+    last_use: HashMap<(usize, String, u32), usize>,
+    /// Messages this device sent itself (between its interleaved chunks), by tag: handed
+    /// over here, not through the transport.
+    to_self: HashMap<u32, Value>,
+    loss: f64,
 }
 
 /// [`run_device`], with a panic inside it turned into `DistError::Device { at: "worker" }` (what
@@ -121,81 +132,95 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
     let d = ctx.device;
     let program = &lp.program;
     let dp = &program.devices[d];
-    let stage = &program.stages[dp.stage];
-    let mods = &lp.stages[dp.stage];
     let fail = |at: String, msg: String| DistError::Device { device: d, at, msg };
-    let fwd = prepare(ctx, &mods.fwd, &stage.fwd.file)
-        .map_err(|m| fail(format!("preparing stage {} forward", stage.id), m))?;
-    // Only the backward pieces this device runs are prepared.
-    let runs = |pass: PieceKind| {
-        dp.instructions
-            .iter()
-            .any(|i| matches!(i, Instr::Compute { pass: p, .. } if *p == pass))
-    };
-    let mut bwd: [Option<PreparedPiece>; 3] = [None, None, None];
-    for (slot, pass, m) in [
-        (0, PieceKind::Bwd, &mods.bwd),
-        (1, PieceKind::BwdB, &mods.bwd_b),
-        (2, PieceKind::BwdW, &mods.bwd_w),
-    ] {
-        if let (Some(m), Some(p), true) = (m, stage.piece(pass), runs(pass)) {
-            bwd[slot] = Some(prepare(ctx, m, &p.file).map_err(|m| {
-                fail(
-                    format!("preparing stage {} piece {}", stage.id, pass.name()),
-                    m,
-                )
-            })?);
-        }
-    }
-    let step = match (&mods.step, &stage.step) {
-        (Some(m), Some(p)) => Some(
-            prepare(ctx, m, &p.file)
-                .map_err(|m| fail(format!("preparing stage {} step", stage.id), m))?,
-        ),
-        _ => None,
-    };
     let upload = |what: &str, t: Tensor| {
         ctx.executor
             .upload(t)
             .map_err(|e| fail(format!("placing {what}"), e.to_string()))
     };
+    let stage_at = dp.stage_at();
+    let mut runs_of = Vec::new();
     let mut globals: HashMap<String, Value> = HashMap::new();
-    for p in &stage.params {
-        if let Some(t) = lp.weights.get(p) {
-            globals.insert(p.clone(), upload(p, t.clone())?);
-        }
-    }
-    for (s, p) in &stage.state_init {
-        let like = lp.weights.get(p).ok_or_else(|| {
+    for sid in dp.stages() {
+        let stage = program.stages.get(sid).ok_or_else(|| {
             fail(
-                "creating optimizer state".into(),
-                format!("no parameter '{p}' for state '{s}'"),
+                "loading the program".into(),
+                format!("device {d} runs unknown stage {sid}"),
             )
         })?;
-        let z = Tensor::zeros(like.dtype(), like.shape())
-            .map_err(|e| fail("creating optimizer state".into(), e.to_string()))?;
-        globals.insert(s.clone(), upload(s, z)?);
+        let mods = &lp.stages[sid];
+        let fwd = prepare(ctx, &mods.fwd, &stage.fwd.file)
+            .map_err(|m| fail(format!("preparing stage {} forward", stage.id), m))?;
+        // Only the backward pieces this device runs are prepared.
+        let runs = |pass: PieceKind| {
+            dp.instructions.iter().zip(&stage_at).any(|(i, &s)| {
+                s == sid && matches!(i, Instr::Compute { pass: p, .. } if *p == pass)
+            })
+        };
+        let mut bwd: [Option<PreparedPiece>; 3] = [None, None, None];
+        for (slot, pass, m) in [
+            (0, PieceKind::Bwd, &mods.bwd),
+            (1, PieceKind::BwdB, &mods.bwd_b),
+            (2, PieceKind::BwdW, &mods.bwd_w),
+        ] {
+            if let (Some(m), Some(p), true) = (m, stage.piece(pass), runs(pass)) {
+                bwd[slot] = Some(prepare(ctx, m, &p.file).map_err(|m| {
+                    fail(
+                        format!("preparing stage {} piece {}", stage.id, pass.name()),
+                        m,
+                    )
+                })?);
+            }
+        }
+        let step = match (&mods.step, &stage.step) {
+            (Some(m), Some(p)) => Some(
+                prepare(ctx, m, &p.file)
+                    .map_err(|m| fail(format!("preparing stage {} step", stage.id), m))?,
+            ),
+            _ => None,
+        };
+        for p in &stage.params {
+            if let Some(t) = lp.weights.get(p) {
+                globals.insert(p.clone(), upload(p, t.clone())?);
+            }
+        }
+        for (s, p) in &stage.state_init {
+            let like = lp.weights.get(p).ok_or_else(|| {
+                fail(
+                    "creating optimizer state".into(),
+                    format!("no parameter '{p}' for state '{s}'"),
+                )
+            })?;
+            let z = Tensor::zeros(like.dtype(), like.shape())
+                .map_err(|e| fail("creating optimizer state".into(), e.to_string()))?;
+            globals.insert(s.clone(), upload(s, z)?);
+        }
+        let param_dtype = stage
+            .params
+            .first()
+            .and_then(|p| lp.weights.get(p))
+            .map(|t| t.dtype())
+            .unwrap_or(DType::F32);
+        runs_of.push(StageRun {
+            stage,
+            fwd,
+            bwd,
+            step,
+            param_dtype,
+            steps_taken: 0,
+        });
     }
-    let param_dtype = stage
-        .params
-        .first()
-        .and_then(|p| lp.weights.get(p))
-        .map(|t| t.dtype())
-        .unwrap_or(DType::F32);
     let mut w = Worker {
         ctx,
         program,
-        stage,
-        last_use: pipec_compiler::program::last_uses(&dp.instructions, stage),
-        fwd,
-        bwd,
-        step,
+        stages: runs_of,
+        cur: 0,
+        last_use: pipec_compiler::program::last_uses(program, dp),
         globals,
         bufs: HashMap::new(),
         ops: ValueOps::new(ctx.executor),
-        param_dtype,
+        to_self: HashMap::new(),
         loss: 0.0,
-        steps_taken: 0,
     };
     let prepare_s = start.elapsed().as_secs_f64();
     let mut timing = DeviceTiming {
@@ -249,6 +274,7 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
             }
         }
         w.bufs.clear();
+        w.cur = 0;
         losses.push(w.loss);
         if let Some(n) = ctx.steps_done {
             n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -264,7 +290,8 @@ pub fn run_device(ctx: &DeviceCtx<'_>, ep: &mut dyn Endpoint) -> Result<DeviceOu
         _ => f64::NAN,
     };
     let mut params = BTreeMap::new();
-    for p in &stage.params {
+    let held: Vec<&String> = w.stages.iter().flat_map(|r| &r.stage.params).collect();
+    for p in held {
         if let Some(v) = w.globals.remove(p) {
             let t = v.into_host().map_err(|e| {
                 fail(
@@ -314,7 +341,15 @@ impl Worker<'_> {
         ins: &Instr,
         ep: &mut dyn Endpoint,
     ) -> std::result::Result<(), CommError> {
+        let sid = self.stages[self.cur].stage.id;
         match ins {
+            Instr::Stage { stage } => {
+                self.cur = self
+                    .stages
+                    .iter()
+                    .position(|r| r.stage.id == *stage)
+                    .ok_or_else(|| other(format!("the device does not run stage {stage}")))?;
+            }
             Instr::Load { mb, input, samples } => {
                 let di = self
                     .program
@@ -333,7 +368,7 @@ impl Worker<'_> {
                     None => t.clone(),
                 };
                 let v = self.upload(t)?;
-                self.bufs.insert((input.clone(), *mb), v);
+                self.bufs.insert((sid, input.clone(), *mb), v);
             }
             Instr::Compute { pass, mb } => self.compute(k, *pass, *mb)?,
             Instr::Send {
@@ -345,7 +380,7 @@ impl Worker<'_> {
                 dtype,
                 shape,
             } => {
-                let key = (tensor.clone(), *mb);
+                let key = (sid, tensor.clone(), *mb);
                 let last = self.last_use.get(&key) == Some(&k);
                 let b = self.bufs.remove(&key).ok_or_else(|| missing(tensor, *mb))?;
                 let t = match slice {
@@ -369,7 +404,11 @@ impl Worker<'_> {
                     }
                 };
                 check_sig(&t, dtype, shape, "it would send")?;
-                ep.send_value(*peer, Tag::p2p(*tag), t)?;
+                if *peer == self.ctx.device {
+                    self.to_self.insert(*tag, t);
+                } else {
+                    ep.send_value(*peer, Tag::p2p(*tag), t)?;
+                }
             }
             Instr::Recv {
                 mb,
@@ -379,13 +418,21 @@ impl Worker<'_> {
                 dtype,
                 shape,
             } => {
-                let t = ep.recv_value(*peer, Tag::p2p(*tag), self.ctx.timeout)?;
+                let t = match self.to_self.remove(tag) {
+                    Some(t) if *peer == self.ctx.device => t,
+                    _ if *peer == self.ctx.device => {
+                        return Err(other(format!(
+                            "tag {tag} from this device itself was not sent before"
+                        )))
+                    }
+                    _ => ep.recv_value(*peer, Tag::p2p(*tag), self.ctx.timeout)?,
+                };
                 check_sig(&t, dtype, shape, &format!("device {peer} sent"))?;
                 let t = match t {
                     Value::Host(t) => self.upload(t)?,
                     v => v,
                 };
-                self.bufs.insert((tensor.clone(), *mb), t);
+                self.bufs.insert((sid, tensor.clone(), *mb), t);
             }
             Instr::Concat {
                 mb,
@@ -397,19 +444,19 @@ impl Worker<'_> {
                     .iter()
                     .map(|x| {
                         self.bufs
-                            .remove(&(x.clone(), *mb))
+                            .remove(&(sid, x.clone(), *mb))
                             .ok_or_else(|| missing(x, *mb))
                     })
                     .collect::<std::result::Result<Vec<_>, _>>()?;
                 let t = self.ops.concat(parts, *axis as usize).map_err(other)?;
-                self.bufs.insert((output.clone(), *mb), t);
+                self.bufs.insert((sid, output.clone(), *mb), t);
             }
             Instr::Sum { mb, inputs, output } => {
                 let mut acc: Option<Value> = None;
                 for x in inputs {
                     let t = self
                         .bufs
-                        .remove(&(x.clone(), *mb))
+                        .remove(&(sid, x.clone(), *mb))
                         .ok_or_else(|| missing(x, *mb))?;
                     acc = Some(match acc {
                         Some(a) => self
@@ -420,7 +467,7 @@ impl Worker<'_> {
                     });
                 }
                 let t = acc.ok_or_else(|| other("nothing to sum"))?;
-                self.bufs.insert((output.clone(), *mb), t);
+                self.bufs.insert((sid, output.clone(), *mb), t);
             }
             Instr::Zeros {
                 mb,
@@ -433,13 +480,13 @@ impl Worker<'_> {
                 let dims: Vec<usize> = shape.iter().map(|&x| x.max(0) as usize).collect();
                 let t = Tensor::zeros(dt, &dims).map_err(|e| other(e.to_string()))?;
                 let t = self.upload(t)?;
-                self.bufs.insert((output.clone(), *mb), t);
+                self.bufs.insert((sid, output.clone(), *mb), t);
             }
             Instr::Accumulate { mb, tensors } => {
                 for x in tensors {
                     let t = self
                         .bufs
-                        .remove(&(x.clone(), *mb))
+                        .remove(&(sid, x.clone(), *mb))
                         .ok_or_else(|| missing(x, *mb))?;
                     let t = match self.globals.remove(x) {
                         Some(acc) => self
@@ -453,7 +500,7 @@ impl Worker<'_> {
             }
             Instr::Free { mb, tensors } => {
                 for x in tensors {
-                    self.bufs.remove(&(x.clone(), *mb));
+                    self.bufs.remove(&(sid, x.clone(), *mb));
                 }
             }
             Instr::Stash { mb, tensors } => {
@@ -464,7 +511,7 @@ impl Worker<'_> {
                         .ok_or_else(|| other(format!("no global buffer '{x}' to stash")))?
                         .try_clone()
                         .map_err(|e| other(format!("stashing '{x}': {e}")))?;
-                    self.bufs.insert((x.clone(), *mb), t);
+                    self.bufs.insert((sid, x.clone(), *mb), t);
                 }
             }
             Instr::AllReduce {
@@ -599,22 +646,20 @@ impl Worker<'_> {
             PieceKind::BwdB => Some(1),
             PieceKind::BwdW => Some(2),
         };
+        let run = &mut self.stages[self.cur];
+        let (stage, sid) = (run.stage, run.stage.id);
         let piece = match slot {
-            None => &mut self.fwd,
-            Some(i) => self.bwd[i].as_mut().ok_or_else(|| {
-                other(format!(
-                    "stage {} has no {} piece",
-                    self.stage.id,
-                    pass.name()
-                ))
-            })?,
+            None => &mut run.fwd,
+            Some(i) => run.bwd[i]
+                .as_mut()
+                .ok_or_else(|| other(format!("stage {sid} has no {} piece", pass.name())))?,
         };
         // Move the inputs out of the buffers (no copies); put back what is used later. (An
         // error ends the device's run, so nothing is put back then.)
         let mut feeds: Vec<(String, Value)> = Vec::with_capacity(piece.inputs.len());
         let mut back: Vec<(bool, bool)> = Vec::with_capacity(piece.inputs.len()); // (global, keep)
         for x in &piece.inputs {
-            let key = (x.clone(), mb);
+            let key = (sid, x.clone(), mb);
             if let Some(t) = self.bufs.remove(&key) {
                 let keep = self.last_use.get(&key) != Some(&k);
                 feeds.push((x.clone(), t));
@@ -636,19 +681,19 @@ impl Worker<'_> {
             if global {
                 self.globals.insert(x, t);
             } else if keep {
-                self.bufs.insert((x, mb), t);
+                self.bufs.insert((sid, x, mb), t);
             }
         }
         for (y, t) in outs {
             if pass == PieceKind::Fwd {
-                if let Some((l, f)) = &self.stage.loss {
+                if let Some((l, f)) = &stage.loss {
                     if *l == y {
                         let host = t.to_host().map_err(|e| other(format!("the loss: {e}")))?;
                         self.loss += f * data::sum_f64(&host);
                     }
                 }
             }
-            self.bufs.insert((y, mb), t);
+            self.bufs.insert((sid, y, mb), t);
         }
         Ok(())
     }
@@ -656,10 +701,10 @@ impl Worker<'_> {
     /// The stage's optimizer step; its step counter is this device's count of steps so far,
     /// 1-based (the step number, or the micro-batch update's under per-micro-batch steps).
     fn step(&mut self) -> std::result::Result<(), CommError> {
-        self.steps_taken += 1;
-        let s = self.steps_taken - 1;
-        let stage = self.stage;
-        let mut piece = self
+        let run = &mut self.stages[self.cur];
+        run.steps_taken += 1;
+        let (s, stage, param_dtype) = (run.steps_taken - 1, run.stage, run.param_dtype);
+        let mut piece = run
             .step
             .take()
             .ok_or_else(|| other(format!("stage {} has no step piece", stage.id)))?;
@@ -668,7 +713,7 @@ impl Worker<'_> {
             .iter()
             .map(|x| {
                 let t = if stage.step_counter.as_deref() == Some(x.as_str()) {
-                    self.upload(data::scalar(self.param_dtype, (s + 1) as f64).map_err(other)?)?
+                    self.upload(data::scalar(param_dtype, (s + 1) as f64).map_err(other)?)?
                 } else {
                     // A parameter's missing gradient is zeros (take_global).
                     self.take_global(x)
@@ -683,7 +728,7 @@ impl Worker<'_> {
                 .run_values(f)
                 .map_err(|e| other(e.to_string()))
         });
-        self.step = Some(piece);
+        self.stages[self.cur].step = Some(piece);
         let (given_back, outs) = res?;
         for (x, t) in given_back {
             if stage.step_counter.as_deref() != Some(x.as_str()) {

@@ -294,3 +294,30 @@ fn nccl_without_a_gpu_is_a_clear_error() {
     assert!(!text(&o).contains("panicked"), "{}", text(&o));
     assert!(wall < Duration::from_secs(60), "took {wall:?}");
 }
+
+/// Interleaved 1F1B under MPI: each rank runs its group's chunks, messages between two chunks of
+/// one rank stay in the rank, and rank 0 collects every chunk's parameters for `--check`.
+#[test]
+fn mpi_interleaved_chunks_pass_check() {
+    let dir = tempdir();
+    let out = dir.path().join("out");
+    compile(
+        "inception_mini.onnx",
+        &out,
+        &[
+            "--cluster",
+            "cpu",
+            "--devices",
+            "2",
+            "--planner",
+            "straight",
+            "--batch",
+            "8",
+            "--schedule",
+            "interleaved-3",
+        ],
+    );
+    let (o, _) = mpirun(2, &out, &["--steps", "2", "--check"], &[]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
+}

@@ -607,8 +607,11 @@ fn test_hook(rank: usize) -> Result<()> {
 fn first_holders(p: &Program) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for (d, dp) in p.devices.iter().enumerate() {
-        for x in &p.stages[dp.stage].params {
-            m.entry(x.clone()).or_insert(d);
+        // Its stage and interleaved chunks.
+        for s in dp.stages() {
+            for x in &p.stages[s].params {
+                m.entry(x.clone()).or_insert(d);
+            }
         }
     }
     m
@@ -617,9 +620,10 @@ fn first_holders(p: &Program) -> BTreeMap<String, usize> {
 /// The parameters device `d` reports to rank 0 (those it holds first), sorted: both sides of
 /// the result exchange use this order.
 fn reported(p: &Program, holders: &BTreeMap<String, usize>, d: usize) -> Vec<String> {
-    let mut names: Vec<String> = p.stages[p.devices[d].stage]
-        .params
-        .iter()
+    let mut names: Vec<String> = p.devices[d]
+        .stages()
+        .into_iter()
+        .flat_map(|s| p.stages[s].params.iter())
         .filter(|x| holders.get(*x) == Some(&d))
         .cloned()
         .collect();

@@ -374,7 +374,7 @@ pub fn parse_schedule(s: Option<&str>, planner: &str) -> Result<Option<ScheduleK
     let Some(s) = s else { return Ok(None) };
     let kind = ScheduleKind::parse(s).ok_or_else(|| {
         anyhow!(
-            "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024)",
+            "--schedule {s}: one of {} (kfkb-K: K from 1 to 1024; interleaved-V: V from 2 to 64)",
             ScheduleKind::names().join(", ")
         )
     })?;

@@ -921,21 +921,19 @@ pub fn simulate(
         let mut last_compute: Option<u32> = None;
         let mut pending: Vec<u32> = Vec::new();
         for ins in prog {
-            let s = match ins {
+            // A compute runs in its stage (one of the device's); the rest need none.
+            let computed = match ins {
                 Instr::Forward { stage, .. }
                 | Instr::Backward { stage, .. }
                 | Instr::WeightGrad { stage, .. }
-                | Instr::OptimizerStep { stage } => *stage,
-                _ => first,
+                | Instr::OptimizerStep { stage } => Some(*stage),
+                _ => None,
             };
-            let is_compute = matches!(
-                ins,
-                Instr::Forward { .. }
-                    | Instr::Backward { .. }
-                    | Instr::WeightGrad { .. }
-                    | Instr::OptimizerStep { .. }
-            );
-            let r = if is_compute { replica(s)? } else { 0 };
+            let s = computed.unwrap_or(first);
+            let r = match computed {
+                Some(s) => replica(s)?,
+                None => 0,
+            };
             let st = &sg.stages[s];
             let split_here = split[s];
             let compute = match ins {

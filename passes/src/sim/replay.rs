@@ -331,11 +331,7 @@ pub fn replay(
                 .iter()
                 .map(|(_, q)| param_bytes(st.id, q))
                 .fold(0.0, |a, b| a + b);
-            stat = if d.chunks.is_empty() {
-                params + state
-            } else {
-                stat + params + state
-            };
+            stat += params + state;
         }
         devs.push(DeviceReplay {
             device: d.device,

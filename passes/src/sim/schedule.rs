@@ -344,6 +344,56 @@ fn part_device(sg: &StageGraph, t: usize, part: usize, mb: usize) -> usize {
     }
 }
 
+/// The messages of stage edge `e` for micro-batch `mb` at part `me` of stage `s`, one of the
+/// edge's ends: its parts by [`routes`], activations from the producer to the consumer, or
+/// gradients back (none when no gradient flows on the edge).
+fn push_edge(
+    prog: &mut Vec<Instr>,
+    sg: &StageGraph,
+    e: usize,
+    dir: Dir,
+    (s, me, mb): (usize, usize, usize),
+) {
+    let ed = &sg.edges[e];
+    let (bytes, whole) = match dir {
+        Dir::Act => (ed.bytes, ed.whole_bytes),
+        Dir::Grad if ed.grad_tensors == 0 => return,
+        Dir::Grad => (ed.grad_bytes, ed.whole_grad_bytes),
+    };
+    let consumer = s == ed.dst;
+    let other = if consumer { ed.src } else { ed.dst };
+    // The consumer sends gradients, the producer activations.
+    let sends = consumer == (dir == Dir::Grad);
+    for (i, jj, b) in routes(parts(sg, ed.src), parts(sg, ed.dst), bytes, whole) {
+        let (mine, theirs) = if consumer { (jj, i) } else { (i, jj) };
+        if mine != me {
+            continue;
+        }
+        let peer = part_device(sg, other, theirs, mb);
+        prog.push(if sends {
+            Instr::Send {
+                dir,
+                stage: s,
+                to: other,
+                mb,
+                peer_mb: mb,
+                peer,
+                bytes: b,
+            }
+        } else {
+            Instr::Recv {
+                dir,
+                stage: s,
+                from: other,
+                mb,
+                peer_mb: mb,
+                peer,
+                bytes: b,
+            }
+        });
+    }
+}
+
 /// One pass of replica `j` of stage `s` on micro-batch `mb`, with its messages: a forward
 /// receives its inputs' parts, computes and sends its outputs' parts; a backward (or its
 /// input-gradient part) receives the cotangents, computes and sends the input gradients (then,
@@ -358,92 +408,23 @@ fn push_pass(
     mb: usize,
 ) {
     let me = if sg.is_round_robin(s) { 0 } else { j };
-    let device = |t: usize, part: usize, mb: usize| part_device(sg, t, part, mb);
     if pass == Pass::Wgt {
         prog.push(Instr::WeightGrad { stage: s, mb });
     } else if pass == Pass::Fwd {
         for &e in &sg.in_edges[s] {
-            let ed = &sg.edges[e];
-            for (i, jj, b) in routes(parts(sg, ed.src), parts(sg, s), ed.bytes, ed.whole_bytes) {
-                if jj == me {
-                    prog.push(Instr::Recv {
-                        dir: Dir::Act,
-                        stage: s,
-                        from: ed.src,
-                        mb,
-                        peer_mb: mb,
-                        peer: device(ed.src, i, mb),
-                        bytes: b,
-                    });
-                }
-            }
+            push_edge(prog, sg, e, Dir::Act, (s, me, mb));
         }
         prog.push(Instr::Forward { stage: s, mb });
         for &e in &sg.out_edges[s] {
-            let ed = &sg.edges[e];
-            for (i, jj, b) in routes(parts(sg, s), parts(sg, ed.dst), ed.bytes, ed.whole_bytes) {
-                if i == me {
-                    prog.push(Instr::Send {
-                        dir: Dir::Act,
-                        stage: s,
-                        to: ed.dst,
-                        mb,
-                        peer_mb: mb,
-                        peer: device(ed.dst, jj, mb),
-                        bytes: b,
-                    });
-                }
-            }
+            push_edge(prog, sg, e, Dir::Act, (s, me, mb));
         }
     } else {
         for &e in &sg.out_edges[s] {
-            let ed = &sg.edges[e];
-            if ed.grad_tensors == 0 {
-                continue;
-            }
-            for (i, jj, b) in routes(
-                parts(sg, s),
-                parts(sg, ed.dst),
-                ed.grad_bytes,
-                ed.whole_grad_bytes,
-            ) {
-                if i == me {
-                    prog.push(Instr::Recv {
-                        dir: Dir::Grad,
-                        stage: s,
-                        from: ed.dst,
-                        mb,
-                        peer_mb: mb,
-                        peer: device(ed.dst, jj, mb),
-                        bytes: b,
-                    });
-                }
-            }
+            push_edge(prog, sg, e, Dir::Grad, (s, me, mb));
         }
         prog.push(Instr::Backward { stage: s, mb });
         for &e in &sg.in_edges[s] {
-            let ed = &sg.edges[e];
-            if ed.grad_tensors == 0 {
-                continue;
-            }
-            for (i, jj, b) in routes(
-                parts(sg, ed.src),
-                parts(sg, s),
-                ed.grad_bytes,
-                ed.whole_grad_bytes,
-            ) {
-                if jj == me {
-                    prog.push(Instr::Send {
-                        dir: Dir::Grad,
-                        stage: s,
-                        to: ed.src,
-                        mb,
-                        peer_mb: mb,
-                        peer: device(ed.src, i, mb),
-                        bytes: b,
-                    });
-                }
-            }
+            push_edge(prog, sg, e, Dir::Grad, (s, me, mb));
         }
         if kind.per_micro_batch_step() {
             let st = &sg.stages[s];

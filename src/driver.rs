@@ -784,7 +784,7 @@ pub fn compare(
         each(name);
         opts.deadline = deadline(time_limit);
         // Interleaving re-cuts each planner's plan (`plan_model`), GPP's too.
-        let interleaved = matches!(opts.schedule, Some(ScheduleKind::Interleaved(_)));
+        let interleaved = opts.schedule.is_some_and(ScheduleKind::chunked);
         let planned = if name == "gpp" && !interleaved {
             let gpp = planners::gpp::Gpp {
                 seed_plans: std::mem::take(&mut made),
@@ -939,14 +939,14 @@ pub fn plan_model(
     cluster: &Cluster,
     opts: &PlanOptions,
 ) -> Result<(Plan, CostGraph, Option<Module>)> {
-    if let Some(ScheduleKind::Interleaved(v)) = opts.schedule {
+    if let Some(schedule) = opts.schedule.filter(|k| k.chunked()) {
         if !name.starts_with(planners::STAGES_PREFIX) {
-            // The planner's device groups, its stages re-cut into interleaved chunks (BaPipe's
-            // intra-layer splits are not made: the chunks cut the layers anew).
+            // The planner's device groups, its stages re-cut into chunks (BaPipe's intra-layer
+            // splits are not made: the chunks cut the layers anew).
             let inner = planners::by_name(name)?;
             let plan = planners::interleave::Interleaved {
                 inner: inner.as_ref(),
-                chunks: v as usize,
+                schedule,
             }
             .plan(&g, cluster, opts)?;
             return Ok((plan, g, None));

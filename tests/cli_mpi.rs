@@ -295,29 +295,35 @@ fn nccl_without_a_gpu_is_a_clear_error() {
     assert!(wall < Duration::from_secs(60), "took {wall:?}");
 }
 
-/// Interleaved 1F1B under MPI: each rank runs its group's chunks, messages between two chunks of
-/// one rank stay in the rank, and rank 0 collects every chunk's parameters for `--check`.
+/// Interleaved 1F1B and ZB-V under MPI: each rank runs its group's chunks, messages between two
+/// chunks of one rank stay in the rank, and rank 0 collects every chunk's parameters for
+/// `--check` (under ZB-V, the LSTM's weights two chunks of a rank read, stepped once).
 #[test]
 fn mpi_interleaved_chunks_pass_check() {
-    let dir = tempdir();
-    let out = dir.path().join("out");
-    compile(
-        "inception_mini.onnx",
-        &out,
-        &[
-            "--cluster",
-            "cpu",
-            "--devices",
-            "2",
-            "--planner",
-            "straight",
-            "--batch",
-            "8",
-            "--schedule",
-            "interleaved-3",
-        ],
-    );
-    let (o, _) = mpirun(2, &out, &["--steps", "2", "--check"], &[]);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(max_rel_diff(&o) <= 1e-4, "{}", text(&o));
+    for (model, planner, schedule) in [
+        ("inception_mini.onnx", "straight", "interleaved-3"),
+        ("lstm_tiny.onnx", "bapipe", "zbv"),
+    ] {
+        let dir = tempdir();
+        let out = dir.path().join("out");
+        compile(
+            model,
+            &out,
+            &[
+                "--cluster",
+                "cpu",
+                "--devices",
+                "2",
+                "--planner",
+                planner,
+                "--batch",
+                "8",
+                "--schedule",
+                schedule,
+            ],
+        );
+        let (o, _) = mpirun(2, &out, &["--steps", "2", "--check"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{schedule}: {}", text(&o));
+        assert!(max_rel_diff(&o) <= 1e-4, "{schedule}: {}", text(&o));
+    }
 }

@@ -1063,7 +1063,8 @@ pub fn dataflow(p: &Program) -> Result<()> {
                         }
                         globals.insert(target.as_str());
                     }
-                    for q in &st.params {
+                    let updated = st.updated();
+                    for q in st.params.iter().filter(|q| updated.contains(q.as_str())) {
                         globals.remove(format!("grad/{q}").as_str());
                     }
                 }

@@ -352,8 +352,8 @@ impl PlanOptions {
 }
 
 /// Stage of every node, predecessor lists, and checks; shared by the verifier and `assemble`.
-/// A device is in one stage, except under interleaved 1F1B (`schedule.chunks() > 1`), whose
-/// chunks share their group's devices ([`sim::schedule::interleaved_groups`] checks the layout).
+/// A device is in one stage, except under interleaved 1F1B and ZB-V (`schedule.chunks() > 1`),
+/// whose chunks share their group's devices ([`sim::schedule::interleaved_groups`] checks the layout).
 fn stage_structure(
     g: &CostGraph,
     cluster: &Cluster,
@@ -518,16 +518,18 @@ impl PlanReport {
     }
 }
 
-/// Interleaved 1F1B's conditions on a stage graph with `m` micro-batches: the chunks laid out
-/// on the device groups as [`sim::schedule::interleaved_groups`] says, and `m` a multiple of
-/// the groups (the order runs micro-batches through the chunks in groups of that many).
+/// The conditions of a schedule with several chunks per device group on a stage graph with
+/// `m` micro-batches: the chunks laid out on the device groups as
+/// [`sim::schedule::interleaved_groups`] says, and under interleaved 1F1B `m` a multiple of
+/// the groups (its order runs micro-batches through the chunks in groups of that many; ZB-V's
+/// takes any `m`).
 fn check_interleaved(
     sg: &StageGraph,
     schedule: ScheduleKind,
     (micro_batch, m): (u64, u64),
 ) -> Result<()> {
-    let p = sim::schedule::interleaved_groups(sg, schedule.chunks()).map_err(Error::msg)?;
-    if !m.is_multiple_of(p as u64) {
+    let p = sim::schedule::interleaved_groups(sg, schedule).map_err(Error::msg)?;
+    if matches!(schedule, ScheduleKind::Interleaved(_)) && !m.is_multiple_of(p as u64) {
         return Err(Error::option(
             PlanOption::MicroBatch,
             micro_batch,

@@ -847,9 +847,122 @@ fn interleaved_1f1b_bubble_shrinks_by_v() {
     for (s, st) in sg.stages.iter_mut().enumerate() {
         st.devices = vec![[0, 1, 1, 0][s]];
     }
-    let e = schedule::interleaved_groups(&sg, 2).unwrap_err();
+    let e = schedule::interleaved_groups(&sg, ScheduleKind::Interleaved(2)).unwrap_err();
     assert!(
         e.contains("stage 2 must run on the devices of stage 0"),
+        "{e}"
+    );
+}
+
+/// ZB-V (Qi et al., ICLR 2024, §6): `P` device groups with two equal chunks each laid out as
+/// a V (a chunk's forward `F`, input-gradient part `B`, weight-gradient part `W`: half a
+/// stage's). Under the paper's assumption `F = B = W` and `M ≥ 2P − 1`, with free
+/// communication, every device runs without a gap from its first forward to the flush: the
+/// iteration takes `2M(F+B+W) + (P−1)F`, the least any schedule ending in a flush takes (the
+/// last group cannot start before `P − 1` forwards have run; the paper's "zero bubble"), half
+/// of ZB-H2's `(S−1)F` on `P` whole stages, where ZB-H1 on those stages leaves `(P−1)·2F`
+/// and 1F1B `(P−1)·6F`. Its activation memory is 1F1B's: a group holds at most `2P` chunk
+/// micro-batches (`P` whole-stage ones, 1F1B's first stage), exactly that once
+/// `M ≥ 2P − 1`. For other times no schedule ending in a flush beats `2M(F+B+W) + (P−1)F`,
+/// and the order still runs (any `M`, even below `2P − 1`).
+#[test]
+fn zbv_fills_the_v_at_1f1b_memory() {
+    let v_chain = |p: usize, (f, b, w): (f64, f64, f64)| {
+        let mut sg = split_chain(2 * p, f, b, w);
+        for (s, st) in sg.stages.iter_mut().enumerate() {
+            st.devices = vec![ScheduleKind::Zbv.group_of(s, p)];
+            // A parameter too small to show beside the activations (it makes the backward
+            // split).
+            st.parameter_bytes = 1e-9;
+        }
+        sg
+    };
+    let run = |sg: &StageGraph, kind: ScheduleKind, m: usize| {
+        let c = flat(
+            sg.stages
+                .iter()
+                .flat_map(|s| s.devices.clone())
+                .max()
+                .unwrap_or(0)
+                + 1,
+            1e9,
+        );
+        simulate(
+            sg,
+            &schedule::generate(sg, kind, m),
+            &c,
+            AllReduceAlgo::Ring,
+        )
+        .expect("sim")
+    };
+    for &(p, m) in &[
+        (2usize, 3usize),
+        (2, 8),
+        (3, 5),
+        (3, 7),
+        (4, 7),
+        (4, 8),
+        (4, 16),
+        (6, 11),
+        (8, 32),
+    ] {
+        for &f in &[1.0, 0.25] {
+            let sg = v_chain(p, (f, f, f));
+            let r = run(&sg, ScheduleKind::Zbv, m);
+            let want = 2.0 * m as f64 * 3.0 * f + (p - 1) as f64 * f;
+            assert!(
+                close(r.iteration_time_s, want),
+                "P={p} M={m} F=B=W={f}: {} != {want}",
+                r.iteration_time_s
+            );
+            for d in &r.devices {
+                assert!(
+                    (d.peak_memory_bytes - (2 * p) as f64).abs() < 1e-6,
+                    "P={p} M={m}: device peak {} != 2P",
+                    d.peak_memory_bytes
+                );
+            }
+            // The same work on P whole stages (2F, 2B, 2W): ZB-H1 and 1F1B leave more.
+            let whole = split_chain(p, 2.0 * f, 2.0 * f, 2.0 * f);
+            let h1 = run(&whole, ScheduleKind::ZbH1, m).iteration_time_s;
+            let one = run(&whole, ScheduleKind::OneFOneB, m).iteration_time_s;
+            assert!(
+                close(h1, want + (p - 1) as f64 * f),
+                "P={p} M={m}: ZB-H1 {h1}"
+            );
+            assert!(
+                close(one, want + (p - 1) as f64 * 5.0 * f),
+                "P={p} M={m}: 1F1B {one}"
+            );
+        }
+    }
+    // Other times, and fewer micro-batches than the V holds: the flush bound, 1F1B's memory.
+    let mut rng = xorshift(5);
+    for _ in 0..200 {
+        let mut t = || 0.1 + rng(1000) as f64 / 400.0;
+        let (f, b, w) = (t(), t(), t());
+        let p = 2 + rng(5) as usize;
+        let m = 1 + rng(5 * p as u64) as usize;
+        let sg = v_chain(p, (f, b, w));
+        let r = run(&sg, ScheduleKind::Zbv, m);
+        let bound = 2.0 * m as f64 * (f + b + w) + (p - 1) as f64 * f;
+        assert!(
+            r.iteration_time_s >= bound - 1e-9,
+            "P={p} M={m} F={f} B={b} W={w}: {} below {bound}",
+            r.iteration_time_s
+        );
+        for d in &r.devices {
+            assert!(d.peak_memory_bytes <= (2 * p) as f64 + 1e-6, "P={p} M={m}");
+        }
+    }
+    // The V is checked: a second chunk off its group's devices is refused.
+    let mut sg = StageGraph::uniform_chain(4, 1.0, 1.0, 0.0);
+    for (s, st) in sg.stages.iter_mut().enumerate() {
+        st.devices = vec![[0, 1, 0, 1][s]];
+    }
+    let e = schedule::interleaved_groups(&sg, ScheduleKind::Zbv).unwrap_err();
+    assert!(
+        e.contains("stage 2 must run on the devices of stage 1"),
         "{e}"
     );
 }

@@ -70,7 +70,9 @@ pub struct CompileArgs {
     /// each stage's replica count to divide the micro-batch; `run --check` compares with an
     /// emulation of that update rule), interleaved-V (Megatron-LM's interleaved 1F1B: each
     /// device group runs V model chunks in one order, switching between them; `interleaved` lets
-    /// the planner pick V or keep 1F1B) (default: the planner's own).
+    /// the planner pick V or ZB-V, or keep 1F1B), zbv (zero-bubble V: two chunks per device group, down
+    /// the groups and back up, backwards split as zb-h1; 1F1B's activation memory)
+    /// (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,
     /// Loss on the first output: mean-square, sum, cross-entropy:LABEL_INPUT.

@@ -77,8 +77,12 @@ pub struct PlanArgs {
     /// planner's device groups each hold V model chunks, V from 2 to 64, so the pipeline bubble
     /// shrinks V times at V times the messages; the micro-batches must be a multiple of the
     /// groups; with --stages, stage s runs on the devices of stage s mod (stages / V)),
-    /// interleaved (the planner picks V among 2, 3, 4, 6, 8, or keeps its 1F1B plan where
-    /// interleaving is slower)
+    /// interleaved (the planner picks V among 2, 3, 4, 6, 8 or ZB-V, or keeps its 1F1B plan
+    /// where interleaving is slower), zbv (zero-bubble V, Qi et al. 2024: the planner's device groups
+    /// each hold two chunks, the model going down the groups and back up so that the first group
+    /// holds the input and the loss; backwards split as zb-h1; on balanced chunks no device
+    /// idles between its first forward and the flush, at 1F1B's activation memory and twice
+    /// its messages; with --stages, stage s ≥ P runs on the devices of stage 2P − 1 − s)
     /// (default: the planner's own).
     #[arg(long)]
     pub schedule: Option<String>,

@@ -24,15 +24,15 @@
 //! Cotangents take the routes of their activations in reverse. Message tags are allocated in a
 //! deterministic order, so the same plan always gives byte-identical schedules.
 //!
-//! Interleaved 1F1B (`interleaved-V`, [`crate::sim::schedule::interleaved_order`]): every stage
-//! replica's list is built as above, cut into one segment per pass, and each device's list is
-//! its chunks' segments in the device's interleaved order, an [`Instr::Stage`] before each
-//! switch of chunk; the flush is the device's all-reduces (its chunks' gradients together,
+//! Several chunks per device group (`interleaved-V`, `zbv`:
+//! [`crate::sim::schedule::chunk_order`]): every stage replica's list is built as above, cut
+//! into one segment per pass (`F`, `B`, `W`), and each device's list is its chunks' segments in
+//! the device's order, an [`Instr::Stage`] before each switch of chunk; the flush is the device's all-reduces (its chunks' gradients together,
 //! one per device set), then each chunk's step.
 
 use super::layout::{concrete_dims, cot_name, layout, Layout};
 use crate::sim::schedule::{
-    fb_order_grouped, interleaved_order, round_robin_micro_batches, stashed, steps_before_forward,
+    chunk_order, fb_order_grouped, round_robin_micro_batches, stashed, steps_before_forward,
     weight_lag, with_weight_passes, Pass,
 };
 use crate::sim::{deepest_stage, heaviest_path_to_sink, ScheduleKind};
@@ -657,11 +657,11 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                     list.push(Instr::Step);
                 }
             };
-            // Interleaved: where each pass's instructions start (`(forward, mb, index)`).
-            let mut segments: Vec<(bool, u32, usize)> = Vec::new();
+            // Several chunks per device: where each pass's instructions start.
+            let mut segments: Vec<(Pass, u32, usize)> = Vec::new();
             for (pass, m) in passes {
                 if chunks > 1 {
-                    segments.push((pass == Pass::Fwd, m as u32, list.len()));
+                    segments.push((pass, m as u32, list.len()));
                 }
                 let Some((olo, ohi)) = owned(mode, r, j, m, b) else {
                     continue;
@@ -1005,16 +1005,17 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
         .collect()
 }
 
-/// Per `(stage, replica)` under interleaved 1F1B: its instruction list and where each of its
-/// passes starts (`(forward, mb, index)`).
-type ChunkLists = BTreeMap<(usize, usize), (Vec<Instr>, Vec<(bool, u32, usize)>)>;
+/// Per `(stage, replica)` under a schedule with several chunks per device group: its
+/// instruction list and where each of its passes starts (`(pass, mb, index)`).
+type ChunkLists = BTreeMap<(usize, usize), (Vec<Instr>, Vec<(Pass, u32, usize)>)>;
 
-/// Interleaved 1F1B's device lists from its stage replicas' lists cut into per-pass segments
-/// (`chunk_lists[(stage, replica)]`: the list and where each `(forward, mb)` pass starts):
-/// device `d`, replica `j` of group `r` of `P`, runs its chunks' segments in
-/// [`interleaved_order`]`(r, P, V, M)`, with an [`Instr::Stage`] at every switch of chunk, then
-/// the all-reduces of its device sets (every chunk's gradients together) and each chunk's step.
-/// A parameter two chunks of one device hold would be stepped twice: refused.
+/// The device lists of a schedule with several chunks per device group (interleaved 1F1B,
+/// ZB-V) from its stage replicas' lists cut into per-pass segments (`chunk_lists[(stage,
+/// replica)]`: the list and where each `(pass, mb)` starts): device `d`, replica `j` of group
+/// `r` of `P`, runs its chunks' segments in [`chunk_order`]`(kind, r, P, M)`, with an
+/// [`Instr::Stage`] at every switch of chunk, then the all-reduces of its device sets (every
+/// chunk's gradients together) and each chunk's step (a parameter several chunks read is
+/// updated by the first one's: [`super::stage_pieces`]).
 fn interleave_lists(
     cx: &Context,
     v: usize,
@@ -1025,31 +1026,21 @@ fn interleave_lists(
     let n = cx.stage_devices.len();
     let p = n / v;
     let nmb = cx.micro_batches as usize;
+    let kind = cx.schedule;
     for r in 0..p {
-        let stages: Vec<usize> = (0..v).map(|c| c * p + r).collect();
-        let mut held: BTreeMap<&str, usize> = BTreeMap::new();
-        for &s in &stages {
-            for q in &cx.stages[s].params {
-                if let Some(o) = held.insert(q.as_str(), s) {
-                    return Err(Error::msg(format!(
-                        "codegen: --schedule {}: parameter '{q}' is held by stages {o} and {s}, which share devices {:?}; a device's chunks must hold distinct parameters",
-                        cx.schedule, cx.stage_devices[s]
-                    )));
-                }
-            }
-        }
+        let stages: Vec<usize> = (0..v).map(|c| kind.chunk_stage(c, r, p)).collect();
         for (j, &dev) in cx.stage_devices[r].iter().enumerate() {
-            // Each chunk's segments by `(forward, mb)`.
-            let mut parts: BTreeMap<(usize, bool, u32), Vec<Instr>> = BTreeMap::new();
+            // Each chunk's segments by `(pass, mb)`.
+            let mut parts: BTreeMap<(usize, Pass, u32), Vec<Instr>> = BTreeMap::new();
             for &s in &stages {
                 let (list, segments) = chunk_lists.remove(&(s, j)).ok_or_else(|| {
                     Error::msg(format!(
                         "codegen: stage {s} has no replica {j} on device {dev}"
                     ))
                 })?;
-                for (i, &(fwd, mb, start)) in segments.iter().enumerate() {
+                for (i, &(pass, mb, start)) in segments.iter().enumerate() {
                     let end = segments.get(i + 1).map_or(list.len(), |x| x.2);
-                    parts.insert((s, fwd, mb), list[start..end].to_vec());
+                    parts.insert((s, pass, mb), list[start..end].to_vec());
                 }
             }
             let mut list = Vec::new();
@@ -1060,9 +1051,9 @@ fn interleave_lists(
                     cur = s;
                 }
             };
-            for (fwd, c, mb) in interleaved_order(r, p, v, nmb) {
+            for (pass, c, mb) in chunk_order(kind, r, p, nmb) {
                 let s = stages[c];
-                if let Some(seg) = parts.remove(&(s, fwd, mb as u32)) {
+                if let Some(seg) = parts.remove(&(s, pass, mb as u32)) {
                     if !seg.is_empty() {
                         enter(&mut list, s);
                         list.extend(seg);

@@ -521,10 +521,16 @@ pub fn stage_pieces(m: &Module, part: &Partition, opts: &CompileOptions) -> Resu
             .map_or(0, |o| stage_of[o]);
         held_by[s].insert(n.to_string());
     }
+    // Per device set: the parameters a step of a stage on it updates. Several chunks of one
+    // device (interleaved 1F1B, ZB-V) may read one parameter (a tied embedding and LM head, an
+    // unrolled RNN's weights): its gradients accumulate in the device's one buffer from every
+    // chunk, and only the first chunk's step (steps run in stage order) updates it.
+    let mut stepped: BTreeMap<Vec<usize>, BTreeSet<String>> = BTreeMap::new();
     for (s, (p, held)) in built.iter().zip(held_by).enumerate() {
+        let on_devices = stepped.entry(stage_devices[s].clone()).or_default();
         let step_params: Vec<(String, TensorType)> = held
             .iter()
-            .filter(|n| trainable.contains(*n))
+            .filter(|n| trainable.contains(*n) && on_devices.insert((*n).clone()))
             .map(|n| (n.clone(), param_ty[n].clone()))
             .collect();
         for (n, _) in &step_params {

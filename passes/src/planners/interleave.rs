@@ -1,5 +1,6 @@
-//! `--schedule interleaved-V` for any planner: Megatron-LM's interleaved 1F1B (Narayanan et
-//! al., SC'21, §2.2) on the device groups a planner chose.
+//! `--schedule interleaved-V` and `--schedule zbv` for any planner: Megatron-LM's interleaved
+//! 1F1B (Narayanan et al., SC'21, §2.2) and ZB-V (Qi et al., ICLR 2024, §6) on the device groups
+//! a planner chose.
 //!
 //! Interleaving needs another partition than the planner's: the model in `V·P` chunks, chunk
 //! `c·P + r` on device group `r` ([`crate::sim::schedule::interleaved_groups`]), so each group
@@ -11,10 +12,12 @@
 //! had in the planner's plan (the balance the planner found between groups of different replica
 //! counts and links). Work is a node's forward + backward seconds at the micro-batch on device
 //! 0's kind. Each chunk is a run of a topological order, hence convex, and every stage edge goes
-//! from a lower chunk to a higher one.
+//! from a lower chunk to a higher one. ZB-V is the same with `V = 2` and its V-shaped layout:
+//! the second round's chunks go back up the groups (chunk `k ≥ P` on group `2P − 1 − k`, with
+//! that group's share).
 //!
-//! Micro-batch: the planner's when the pipeline's `P` groups divide the micro-batch count and
-//! every group's replicas divide it, else the nearest that does (smaller first: interleaving
+//! Micro-batch: the planner's when every group's replicas divide it and, under interleaved
+//! 1F1B, the pipeline's `P` groups divide the micro-batch count, else the nearest that does (smaller first: interleaving
 //! wants micro-batches); `--micro-batch` is kept as given. The plan is simulated under
 //! `interleaved-V` like any other ([`Plan::assemble`]); its objective is that simulated time.
 //!
@@ -27,16 +30,17 @@ use crate::sim::ScheduleKind;
 use pipec_compiler::{Error, Result};
 use std::time::Instant;
 
-/// A planner's device groups with its stages re-cut into `chunks` interleaved chunks each (see
-/// the module doc).
+/// A planner's device groups with its stages re-cut into chunks for `schedule` (see the module
+/// doc).
 pub struct Interleaved<'a> {
     pub inner: &'a dyn Planner,
-    /// `V` of `interleaved-V` (≥ 2), or 0: the planner picks ([`AUTO_CHUNKS`]).
-    pub chunks: usize,
+    /// `interleaved-V` (`V ≥ 2`), `interleaved` (`V = 0`: the planner picks among
+    /// [`AUTO_CHUNKS`], ZB-V and its 1F1B plan) or `zbv`.
+    pub schedule: ScheduleKind,
 }
 
 /// The chunk counts `--schedule interleaved` (no `V`) tries on the planner's device groups,
-/// besides its own 1F1B plan (`V = 1`): the fastest plan that fits in memory wins
+/// besides ZB-V and its own 1F1B plan (`V = 1`): the fastest plan that fits in memory wins
 /// ([`Plan::beats`]), so where interleaving's extra messages cost more than its smaller bubble
 /// the plan stays 1F1B.
 pub const AUTO_CHUNKS: [usize; 5] = [2, 3, 4, 6, 8];
@@ -51,15 +55,20 @@ impl Planner for Interleaved<'_> {
         let mut inner_opts = opts.clone();
         inner_opts.schedule = Some(ScheduleKind::OneFOneB);
         let base = self.inner.plan(g, cluster, &inner_opts)?;
-        if self.chunks >= 2 {
-            let mut plan = interleave(&base, self.inner.name(), g, cluster, opts, self.chunks)?;
+        if self.schedule != ScheduleKind::Interleaved(0) {
+            let mut plan = interleave(&base, self.inner.name(), g, cluster, opts, self.schedule)?;
             plan.search_time_s = base.search_time_s + t0.elapsed().as_secs_f64();
             return Ok(plan);
         }
-        // The planner picks: its own 1F1B plan, or the fastest interleaving that fits.
+        // The planner picks: its own 1F1B plan, or the fastest interleaving (ZB-V among them)
+        // that fits.
         let mut best = base.clone();
-        for v in AUTO_CHUNKS {
-            if let Ok(p) = interleave(&base, self.inner.name(), g, cluster, opts, v) {
+        let kinds = AUTO_CHUNKS
+            .iter()
+            .map(|&v| ScheduleKind::Interleaved(v as u32))
+            .chain([ScheduleKind::Zbv]);
+        for kind in kinds {
+            if let Ok(p) = interleave(&base, self.inner.name(), g, cluster, opts, kind) {
                 if p.beats(&best) {
                     best = p;
                 }
@@ -70,17 +79,18 @@ impl Planner for Interleaved<'_> {
     }
 }
 
-/// `base` (a plan under 1F1B) with its stages re-cut into `v` interleaved chunks per device
-/// group (see the module doc); `name` is its planner's. The search time is left to the caller.
+/// `base` (a plan under 1F1B) with its stages re-cut into `kind.chunks()` chunks per device
+/// group laid out for `kind` (interleaved-V or zbv; see the module doc); `name` is its
+/// planner's. The search time is left to the caller.
 pub fn interleave(
     base: &Plan,
     name: &'static str,
     g: &CostGraph,
     cluster: &Cluster,
     opts: &PlanOptions,
-    v: usize,
+    kind: ScheduleKind,
 ) -> Result<Plan> {
-    let kind = ScheduleKind::Interleaved(v as u32);
+    let v = kind.chunks();
     let p = base.stages.len();
     if p < 2 {
         return Err(Error::infeasible(
@@ -113,7 +123,7 @@ pub fn interleave(
             ),
         ));
     }
-    let micro_batch = interleaved_micro_batch(opts, base, p)?;
+    let micro_batch = interleaved_micro_batch(opts, base, kind)?;
     let kind0 = cluster.kind_of(0);
     let work: Vec<f64> = chain
         .iter()
@@ -143,13 +153,14 @@ pub fn interleave(
         })
         .collect();
     let weight: Vec<f64> = if total > 0.0 { work } else { vec![1.0; n] };
-    let ends = cut_rounds(&weight, &share, v);
+    let groups: Vec<usize> = (0..v * p).map(|k| kind.group_of(k, p)).collect();
+    let ends = cut_rounds(&weight, &share, &groups);
     let mut specs = Vec::with_capacity(v * p);
     let mut at = 0;
     for (k, &end) in ends.iter().enumerate() {
         specs.push(StageSpec {
             nodes: chain[at..end].to_vec(),
-            devices: base.stages[order[k % p]].devices.clone(),
+            devices: base.stages[order[groups[k]]].devices.clone(),
         });
         at = end;
     }
@@ -160,16 +171,18 @@ pub fn interleave(
     Ok(plan)
 }
 
-/// The micro-batch of an interleaved plan on `p` groups (see the module doc): `--micro-batch`
-/// as given, else the one nearest the planner's (smaller first) whose count `p` divides and
-/// that every group's replica count divides.
-fn interleaved_micro_batch(opts: &PlanOptions, base: &Plan, p: usize) -> Result<u64> {
+/// The micro-batch of a plan re-cut for `kind` (see the module doc): `--micro-batch` as given,
+/// else the one nearest the planner's (smaller first) that every group's replica count divides
+/// and, under interleaved 1F1B, whose count the `p` groups divide.
+fn interleaved_micro_batch(opts: &PlanOptions, base: &Plan, kind: ScheduleKind) -> Result<u64> {
     if let Some(mb) = opts.micro_batch() {
         return Ok(mb);
     }
     let batch = opts.batch.max(1);
+    let p = base.stages.len() as u64;
+    let in_groups = matches!(kind, ScheduleKind::Interleaved(_));
     let fits = |mb: u64| {
-        micro_batches(batch, mb).is_ok_and(|m| m.is_multiple_of(p as u64))
+        micro_batches(batch, mb).is_ok_and(|m| !in_groups || m.is_multiple_of(p))
             && base
                 .stages
                 .iter()
@@ -183,20 +196,28 @@ fn interleaved_micro_batch(opts: &PlanOptions, base: &Plan, p: usize) -> Result<
         .ok_or_else(|| {
             Error::infeasible(
                 base.planner.clone(),
-                format!(
-                    "no micro-batch of the batch {batch} gives a multiple of the pipeline's {p} device groups as micro-batches, split evenly over every group's replicas"
-                ),
+                if in_groups {
+                    format!(
+                        "no micro-batch of the batch {batch} gives a multiple of the pipeline's {p} device groups as micro-batches, split evenly over every group's replicas"
+                    )
+                } else {
+                    format!(
+                        "no micro-batch of the batch {batch} splits evenly over every device group's replicas ({kind})"
+                    )
+                },
             )
         })
 }
 
 /// Where the `v·p` chunks of a chain with node `weight`s end (exclusive indices, the last
-/// `weight.len()`): round `c` of `v` ends at `(c + 1)/v` of the total, and within it chunk `r`
-/// at the cumulative `share` of groups `0..=r`. Every chunk gets at least one node (the chain
-/// has at least `v·p`).
-pub fn cut_rounds(weight: &[f64], share: &[f64], v: usize) -> Vec<usize> {
+/// `weight.len()`), chunk `k` going to device group `groups[k]` (each of the `p` groups once in
+/// every round of `p` chunks): round `c` of `v` ends at `(c + 1)/v` of the total, and within
+/// it chunk `k` at the cumulative `share` of the groups of the round's chunks up to `k`. Every
+/// chunk gets at least one node (the chain has at least `v·p`).
+pub fn cut_rounds(weight: &[f64], share: &[f64], groups: &[usize]) -> Vec<usize> {
     let (n, p) = (weight.len(), share.len());
-    let k_all = v * p;
+    let k_all = groups.len();
+    let v = (k_all / p.max(1)).max(1);
     let total: f64 = weight.iter().sum();
     let mut prefix = Vec::with_capacity(n + 1);
     prefix.push(0.0);
@@ -206,12 +227,12 @@ pub fn cut_rounds(weight: &[f64], share: &[f64], v: usize) -> Vec<usize> {
     let mut ends = Vec::with_capacity(k_all);
     let mut cum = 0.0;
     let mut prev = 0usize;
-    for k in 0..k_all {
+    for (k, &g) in groups.iter().enumerate() {
         let (c, r) = (k / p, k % p);
         if r == 0 {
             cum = 0.0;
         }
-        cum += share[r];
+        cum += share[g];
         let target = total * (c as f64 + cum.min(1.0)) / v as f64;
         // The boundary whose prefix is nearest the target.
         let i = prefix.partition_point(|&x| x < target).min(n);
@@ -239,12 +260,15 @@ mod tests {
     #[test]
     fn rounds_split_work_by_the_groups_shares() {
         // 12 unit nodes, 2 groups with shares 1/3 and 2/3, 2 rounds: chunks of 2, 4, 2, 4.
-        let ends = cut_rounds(&[1.0; 12], &[1.0 / 3.0, 2.0 / 3.0], 2);
+        let ends = cut_rounds(&[1.0; 12], &[1.0 / 3.0, 2.0 / 3.0], &[0, 1, 0, 1]);
         assert_eq!(ends, vec![2, 6, 8, 12]);
+        // ZB-V's V: the second round comes back up the groups.
+        let ends = cut_rounds(&[1.0; 12], &[1.0 / 3.0, 2.0 / 3.0], &[0, 1, 1, 0]);
+        assert_eq!(ends, vec![2, 6, 10, 12]);
         // Every chunk keeps a node even when the work sits in one place.
         let mut w = vec![0.0; 8];
         w[7] = 5.0;
-        let ends = cut_rounds(&w, &[0.5, 0.5], 2);
+        let ends = cut_rounds(&w, &[0.5, 0.5], &[0, 1, 0, 1]);
         assert_eq!(ends.len(), 4);
         assert!(ends.windows(2).all(|x| x[0] < x[1]), "{ends:?}");
         assert_eq!(*ends.last().unwrap(), 8);

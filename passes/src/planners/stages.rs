@@ -14,7 +14,9 @@
 //! Every node must be in exactly one stage. Stage `s` runs on the next `R_s` devices in order;
 //! under `--schedule interleaved-V` the `S` stages are `V` chunks on each of `P = S / V` device
 //! groups: stages `0..P` take the next devices in order and stage `s ≥ P` runs on the devices of
-//! stage `s mod P` (its `R` must be theirs), as Megatron-LM deals model chunks to devices.
+//! stage `s mod P` (its `R` must be theirs), as Megatron-LM deals model chunks to devices;
+//! under `--schedule zbv` the `2P` stages go down the groups and back up as a V, stage `s ≥ P`
+//! on the devices of stage `2P − 1 − s`.
 //! Without `--micro-batch`, every divisor of the batch that each stage's replica count divides
 //! is simulated and the fastest is kept (ties: the larger micro-batch); the schedule defaults to
 //! `gpp` (1F1B on the stage DAG).
@@ -38,16 +40,23 @@ fn err(spec: &str, m: impl std::fmt::Display) -> Error {
     Error::option(PlanOption::Stages, format!("'{spec}'"), m.to_string())
 }
 
-/// Parse `spec` against `g` into stage specs on devices `0..`, at most `devices` of them, with
-/// `chunks` stages per device group (1, or `V` of `interleaved-V`: see the module doc).
-pub fn parse(spec: &str, g: &CostGraph, devices: usize, chunks: usize) -> Result<Vec<StageSpec>> {
+/// Parse `spec` against `g` into stage specs on devices `0..`, at most `devices` of them, laid
+/// out for `schedule` ([`ScheduleKind::chunks`] stages per device group: 1, `V` of
+/// `interleaved-V` or 2 of `zbv`; see the module doc).
+pub fn parse(
+    spec: &str,
+    g: &CostGraph,
+    devices: usize,
+    schedule: ScheduleKind,
+) -> Result<Vec<StageSpec>> {
+    let chunks = schedule.chunks();
     let stages = spec.split(';').count();
     let groups = stages / chunks.max(1);
     if chunks > 1 && (groups < 2 || !stages.is_multiple_of(chunks)) {
         return Err(err(
             spec,
             format!(
-                "{stages} stages: --schedule interleaved-{chunks} needs {chunks} stages on each of at least 2 device groups (a multiple of {chunks} stages)"
+                "{stages} stages: --schedule {schedule} needs {chunks} stages on each of at least 2 device groups (a multiple of {chunks} stages)"
             ),
         ));
     }
@@ -128,14 +137,14 @@ pub fn parse(spec: &str, g: &CostGraph, devices: usize, chunks: usize) -> Result
             }
         }
         if chunks > 1 && s >= groups {
-            let group: &StageSpec = &specs[s % groups];
+            let at = schedule.group_of(s, groups);
+            let group: &StageSpec = &specs[at];
             if group.devices.len() != r {
                 return Err(err(
                     spec,
                     format!(
-                        "stage {s} runs on the {} device(s) of stage {} (interleaved-{chunks}), not @{r}",
+                        "stage {s} runs on the {} device(s) of stage {at} ({schedule}), not @{r}",
                         group.devices.len(),
-                        s % groups
                     ),
                 ));
             }
@@ -185,10 +194,11 @@ impl Planner for UserStages {
                 "--schedule interleaved lets a planner pick the chunks per device; with --stages, say how many: interleaved-V",
             ));
         }
-        let specs = parse(&self.spec, g, cluster.len(), schedule.chunks())?;
+        let specs = parse(&self.spec, g, cluster.len(), schedule)?;
         // Interleaved 1F1B runs the micro-batches through the chunks in groups of the device
         // groups' count.
         let groups = specs.len() / schedule.chunks();
+        let in_groups = matches!(schedule, ScheduleKind::Interleaved(_));
         let batch = opts.batch.max(1);
         let sizes: Vec<u64> = match opts.micro_batch() {
             Some(mb) => vec![mb],
@@ -197,7 +207,7 @@ impl Planner for UserStages {
                     specs
                         .iter()
                         .all(|s| mb.is_multiple_of(s.devices.len() as u64))
-                        && (schedule.chunks() == 1 || (batch / mb).is_multiple_of(groups as u64))
+                        && (!in_groups || (batch / mb).is_multiple_of(groups as u64))
                 };
                 let mut v: Vec<u64> = (1..=batch)
                     .rev()
@@ -208,7 +218,7 @@ impl Planner for UserStages {
                 if v.is_empty() {
                     return Err(err(
                         &self.spec,
-                        if schedule.chunks() > 1 {
+                        if in_groups {
                             format!("no micro-batch divides the batch {batch} and every stage's replica count into a multiple of {groups} micro-batches ({schedule})")
                         } else {
                             format!("no micro-batch divides the batch {batch} and every stage's replica count")

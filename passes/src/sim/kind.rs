@@ -44,12 +44,20 @@ pub enum ScheduleKind {
     /// micro-batch's forward read for its backward ([`crate::sim::schedule::stashed`]).
     PipeDreamAsync,
     /// Megatron-LM's interleaved 1F1B (Narayanan et al., SC'21, §2.2): `v` (≥ 2; 0 asks the
-    /// planner to pick, `--schedule interleaved`, and never reaches a plan) stages
+    /// planner to pick `v`, ZB-V or 1F1B, `--schedule interleaved`, and never reaches a plan)
+    /// stages
     /// ("model chunks", virtual stages) per device group, stage `s` on the group of stage
     /// `s mod P` for `P` groups, each device running its chunks' forwards and backwards in one
     /// 1F1B order over "virtual micro-batches" ([`crate::sim::schedule::interleaved_order`]):
     /// the pipeline bubble shrinks `v` times, at `v` times the stage-to-stage messages.
     Interleaved(u32),
+    /// Zero-bubble ZB-V (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §6; torch's
+    /// `ScheduleZBVZeroBubble`): two stages per device group laid out as a V, stage `s` on
+    /// group `s` for `s < P` and on group `2P − 1 − s` after (the last group runs the two
+    /// middle stages, the first the input and the loss), every backward split into `B` and
+    /// `W`, in the order [`crate::sim::schedule::zbv_order`]: the bubble of ZB-H1 on a
+    /// pipeline of `2P` half-stages at 1F1B's peak activation memory.
+    Zbv,
 }
 
 /// The label ([`ScheduleKind::label`]).
@@ -61,7 +69,7 @@ impl std::fmt::Display for ScheduleKind {
 
 impl ScheduleKind {
     /// All kinds, in `--schedule` order.
-    pub const ALL: [ScheduleKind; 12] = [
+    pub const ALL: [ScheduleKind; 13] = [
         ScheduleKind::GPipe,
         ScheduleKind::OneFOneB,
         ScheduleKind::DappleA,
@@ -74,6 +82,7 @@ impl ScheduleKind {
         ScheduleKind::ZbH1,
         ScheduleKind::ZbH2,
         ScheduleKind::PipeDreamAsync,
+        ScheduleKind::Zbv,
     ];
 
     /// The `--schedule` name.
@@ -94,6 +103,7 @@ impl ScheduleKind {
             ScheduleKind::ZbH2 => "zb-h2",
             ScheduleKind::PipeDreamAsync => "pipedream-async",
             ScheduleKind::Interleaved(_) => "interleaved",
+            ScheduleKind::Zbv => "zbv",
         }
     }
 
@@ -138,7 +148,10 @@ impl ScheduleKind {
     /// Whether a stage's backward runs as two tasks, `B` (input gradients) then, later, `W`
     /// (weight gradients).
     pub fn splits_backward(self) -> bool {
-        matches!(self, ScheduleKind::ZbH1 | ScheduleKind::ZbH2)
+        matches!(
+            self,
+            ScheduleKind::ZbH1 | ScheduleKind::ZbH2 | ScheduleKind::Zbv
+        )
     }
 
     /// Whether every micro-batch's backward is followed at once by its own all-reduce and
@@ -147,12 +160,42 @@ impl ScheduleKind {
         self == ScheduleKind::PipeDreamAsync
     }
 
-    /// Chunks per device group under interleaved 1F1B (`v`), else 1: only then do several
-    /// stages share devices.
+    /// Chunks per device group under interleaved 1F1B (`v`) and ZB-V (2), else 1: only then
+    /// do several stages share devices.
     pub fn chunks(self) -> usize {
         match self {
             ScheduleKind::Interleaved(v) => v.max(1) as usize,
+            ScheduleKind::Zbv => 2,
             _ => 1,
+        }
+    }
+
+    /// Whether the schedule deals several stages to each device group: `interleaved-V`,
+    /// `interleaved` (`V` yet to pick) and `zbv`. Planners then re-cut their stages into chunks
+    /// ([`crate::planners::interleave`]).
+    pub fn chunked(self) -> bool {
+        matches!(self, ScheduleKind::Interleaved(_) | ScheduleKind::Zbv)
+    }
+
+    /// The device group (of `p`) that runs stage `s` of a schedule with several chunks per
+    /// group ([`ScheduleKind::chunks`]): `s mod p` under interleaved 1F1B (Megatron-LM deals
+    /// the chunks round robin), the V of ZB-V (`s` down the groups, then `2p − 1 − s` back
+    /// up), `s` otherwise.
+    pub fn group_of(self, s: usize, p: usize) -> usize {
+        match self {
+            ScheduleKind::Interleaved(_) => s % p.max(1),
+            ScheduleKind::Zbv if s >= p => (2 * p).saturating_sub(1 + s),
+            _ => s,
+        }
+    }
+
+    /// The stage of chunk `c` on device group `r` of `p` (the inverse of
+    /// [`ScheduleKind::group_of`]): `c·p + r` under interleaved 1F1B, `r` and `2p − 1 − r`
+    /// under ZB-V.
+    pub fn chunk_stage(self, c: usize, r: usize, p: usize) -> usize {
+        match self {
+            ScheduleKind::Zbv if c == 1 => 2 * p - 1 - r,
+            _ => c * p + r,
         }
     }
 
@@ -199,7 +242,8 @@ impl ScheduleKind {
             | ScheduleKind::GppPerStage
             | ScheduleKind::ZbH1
             | ScheduleKind::PipeDreamAsync
-            | ScheduleKind::Interleaved(_) => depth,
+            | ScheduleKind::Interleaved(_)
+            | ScheduleKind::Zbv => depth,
             ScheduleKind::DappleB | ScheduleKind::ZbH2 => 2 * depth - 1,
             ScheduleKind::OneFOneBSo => 2 * depth,
             ScheduleKind::Kfkb(1) => depth,

@@ -622,8 +622,10 @@ pub fn replay(
                         accumulated.clear();
                         grads[d] = 0.0;
                     } else {
-                        // This chunk's gradients go; the device's other chunks keep theirs.
-                        for q in &stage.params {
+                        // This chunk's gradients go (those of what its step updates); the
+                        // device's other chunks keep theirs.
+                        let updated = stage.updated();
+                        for q in stage.params.iter().filter(|q| updated.contains(q.as_str())) {
                             if let Some(b) = accumulated.remove(format!("grad/{q}").as_str()) {
                                 grads[d] -= b;
                             }

@@ -21,6 +21,8 @@
 //! | `zb-h1` | `min(depth(s), M)`, backward split into `B` and `W`, `W` lagging by `max depth − depth(s)` | Qi et al. 2023 §3.1 ZB-H1 |
 //! | `zb-h2` | `min(2·depth(s) − 1, M)`, backward split, `W` lagging by `2·(max depth − depth(s))` | Qi et al. 2023 §3.1 ZB-H2 |
 //! | `pipedream-async` | `min(depth(s), M)`, an all-reduce and optimizer step after every backward, weight stashing | PipeDream §3.3–3.4 |
+//! | `interleaved-V` | `V` stages per device group, round robin; Megatron's order ([`interleaved_order`]) | Narayanan et al. SC'21 §2.2 |
+//! | `zbv` | 2 stages per device group as a V, backward split; ZB-V's order ([`zbv_order`]) | Qi et al. 2024 §6 ZB-V |
 //!
 //! **Re-computation** (GPipe's re-materialisation, DAPPLE's "RC"): the `*-recompute` kinds emit the
 //! same instruction order as their base kind, and a `Backward` stands for "re-run the forward of
@@ -184,7 +186,7 @@ pub fn fb_order_grouped(warmup: usize, group: usize, m: usize) -> Vec<(bool, usi
 }
 
 /// One pass of a stage's order ([`with_weight_passes`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Pass {
     Fwd,
     /// The backward, or its input-gradient part when a weight pass follows.
@@ -433,42 +435,45 @@ fn push_pass(
     }
 }
 
-/// Interleaved 1F1B's layout: with `v` chunks, the stage graph's `S = v·P` stages are dealt to
-/// `P` device groups round robin, stage `s` on the devices of stage `s mod P` (the same list,
-/// so replica `j` of every chunk of a group is on one device), the first `P` on disjoint
-/// devices, and every stage edge goes from a lower stage to a higher one. `Ok(P)`, or what is
-/// wrong.
-pub fn interleaved_groups(sg: &StageGraph, v: usize) -> std::result::Result<usize, String> {
-    let n = sg.stages.len();
+/// The layout of a schedule with several chunks per device group ([`ScheduleKind::chunks`]
+/// `= v`): the stage graph's `S = v·P` stages on `P` device groups, stage `s` on the devices
+/// of stage [`ScheduleKind::group_of`]`(s, P)` (the same list, so replica `j` of every chunk of
+/// a group is on one device): round robin under interleaved 1F1B, a V under ZB-V. The `P`
+/// stages that define the groups are on disjoint devices, and every stage edge goes from a
+/// lower stage to a higher one. `Ok(P)`, or what is wrong.
+pub fn interleaved_groups(
+    sg: &StageGraph,
+    kind: ScheduleKind,
+) -> std::result::Result<usize, String> {
+    let (n, v) = (sg.stages.len(), kind.chunks());
     if v < 2 || n < 2 * v || !n.is_multiple_of(v) {
         return Err(format!(
-            "interleaved-{v} needs {v} stages per device group and at least 2 groups; the plan has {n} stages"
+            "{kind} needs {v} stages per device group and at least 2 groups; the plan has {n} stages"
         ));
     }
     let p = n / v;
     let mut seen = std::collections::BTreeSet::new();
-    for s in 0..p {
-        for &d in &sg.stages[s].devices {
+    for r in 0..p {
+        for &d in &sg.stages[r].devices {
             if !seen.insert(d) {
                 return Err(format!(
-                    "interleaved-{v}: device {d} is in two of the first {p} stages (the device groups)"
+                    "{kind}: device {d} is in two of the first {p} stages (the device groups)"
                 ));
             }
         }
     }
     for s in p..n {
-        if sg.stages[s].devices != sg.stages[s % p].devices {
+        let g = kind.group_of(s, p);
+        if sg.stages[s].devices != sg.stages[g].devices {
             return Err(format!(
-                "interleaved-{v}: stage {s} must run on the devices of stage {} ({:?}), not {:?}",
-                s % p,
-                sg.stages[s % p].devices,
-                sg.stages[s].devices
+                "{kind}: stage {s} must run on the devices of stage {g} ({:?}), not {:?}",
+                sg.stages[g].devices, sg.stages[s].devices
             ));
         }
     }
     if let Some(e) = sg.edges.iter().find(|e| e.src >= e.dst) {
         return Err(format!(
-            "interleaved-{v}: stage {} feeds stage {}, an earlier one",
+            "{kind}: stage {} feeds stage {}, an earlier one",
             e.src, e.dst
         ));
     }
@@ -503,31 +508,110 @@ pub fn interleaved_order(r: usize, p: usize, v: usize, m: usize) -> Vec<(bool, u
         .collect()
 }
 
-/// Interleaved 1F1B ([`interleaved_order`]) on a stage graph laid out as
-/// [`interleaved_groups`] says (the caller checks it; a stage graph that is not is scheduled as
-/// 1F1B). Each stage's replicas split the micro-batch evenly; after its last backward every
-/// device flushes each of its stages in stage order.
+/// ZB-V's order of the device group of rank `r` of `p` with `m` micro-batches (Qi et al.,
+/// ICLR 2024, §6, Figure 7; the order of torch's `ScheduleZBVZeroBubble`): `(pass, chunk,
+/// micro-batch)`, chunk 0 the group's stage `r` on the way down, chunk 1 its stage `2p − 1 − r`
+/// on the way back. With `c0`/`c1` for the chunks:
+/// - warm-up: `2(p − r) − 1` forwards of `c0`; `r` pairs (forward `c1`, forward `c0`); `p − r`
+///   triples (forward, `B`, `W` of `c1`);
+/// - steady state, until every forward has run: forward `c0` (while any remain), `B` and `W`
+///   of `c0`, forward, `B` and `W` of `c1`;
+/// - cool-down: `r` pairs (`B` of `c0`, `B` of `c1`), `p − r` pairs (`B`, and the oldest
+///   pending `W`, of `c0`), then the pending `W`s of `c1` and of `c0`.
+///
+/// The order is built for `max(m, 2p − 1)` micro-batches (the fewest that fill the V) and
+/// keeps those below `m`. A group holds at most `2p` chunk micro-batches of activations, the
+/// `p` whole-stage micro-batches of 1F1B's first stage (the paper's "same peak memory as
+/// 1F1B"); with equal chunks and `F = B = W` every device runs without a gap once its first
+/// forward has run (`passes/tests/sim_closed_forms.rs` has the closed form).
+pub fn zbv_order(r: usize, p: usize, m: usize) -> Vec<(Pass, usize, usize)> {
+    let mm = m.max(2 * p - 1);
+    let mut out = Vec::with_capacity(6 * mm);
+    let (mut f, mut b, mut w) = ([0usize; 2], [0usize; 2], [0usize; 2]);
+    let push = |out: &mut Vec<(Pass, usize, usize)>, pass: Pass, c: usize, n: &mut usize| {
+        out.push((pass, c, *n));
+        *n += 1;
+    };
+    for _ in 0..2 * (p - r) - 1 {
+        push(&mut out, Pass::Fwd, 0, &mut f[0]);
+    }
+    for _ in 0..r {
+        push(&mut out, Pass::Fwd, 1, &mut f[1]);
+        push(&mut out, Pass::Fwd, 0, &mut f[0]);
+    }
+    for _ in 0..p - r {
+        push(&mut out, Pass::Fwd, 1, &mut f[1]);
+        push(&mut out, Pass::Bwd, 1, &mut b[1]);
+        push(&mut out, Pass::Wgt, 1, &mut w[1]);
+    }
+    while f[1] < f[0] || f[0] < mm {
+        if f[0] < mm {
+            push(&mut out, Pass::Fwd, 0, &mut f[0]);
+        }
+        push(&mut out, Pass::Bwd, 0, &mut b[0]);
+        push(&mut out, Pass::Wgt, 0, &mut w[0]);
+        push(&mut out, Pass::Fwd, 1, &mut f[1]);
+        push(&mut out, Pass::Bwd, 1, &mut b[1]);
+        push(&mut out, Pass::Wgt, 1, &mut w[1]);
+    }
+    for _ in 0..r {
+        push(&mut out, Pass::Bwd, 0, &mut b[0]);
+        push(&mut out, Pass::Bwd, 1, &mut b[1]);
+    }
+    for _ in 0..p - r {
+        push(&mut out, Pass::Bwd, 0, &mut b[0]);
+        push(&mut out, Pass::Wgt, 0, &mut w[0]);
+    }
+    for c in [1, 0] {
+        while w[c] < b[c] {
+            push(&mut out, Pass::Wgt, c, &mut w[c]);
+        }
+    }
+    out.retain(|x| x.2 < m);
+    out
+}
+
+/// The order of device group `r` of `p` under a schedule with several chunks per group
+/// (`kind.chunks() ≥ 2`), `m` micro-batches: `(pass, chunk, micro-batch)`, chunk `c` being
+/// stage [`ScheduleKind::chunk_stage`]`(c, r, p)`. [`interleaved_order`] or [`zbv_order`];
+/// a chunk whose backward does not split runs its whole backward at `Bwd` and skips `Wgt`.
+pub fn chunk_order(kind: ScheduleKind, r: usize, p: usize, m: usize) -> Vec<(Pass, usize, usize)> {
+    match kind {
+        ScheduleKind::Zbv => zbv_order(r, p, m),
+        _ => interleaved_order(r, p, kind.chunks(), m)
+            .into_iter()
+            .map(|(f, c, mb)| (if f { Pass::Fwd } else { Pass::Bwd }, c, mb))
+            .collect(),
+    }
+}
+
+/// A schedule with several chunks per device group ([`chunk_order`]: interleaved 1F1B, ZB-V)
+/// on a stage graph laid out as [`interleaved_groups`] says (the caller checks it; a stage
+/// graph that is not is scheduled as 1F1B). Each stage's replicas split the micro-batch
+/// evenly; after its last pass every device flushes all its chunks together.
 fn generate_interleaved(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
-    let v = kind.chunks();
-    let Ok(p) = interleaved_groups(sg, v) else {
+    let Ok(p) = interleaved_groups(sg, kind) else {
         return generate(sg, ScheduleKind::OneFOneB, m);
     };
     let ndev = device_count(sg);
     let mut programs: Vec<Vec<Instr>> = vec![Vec::new(); ndev];
     let mut warmup = vec![0; sg.stages.len()];
     for r in 0..p {
-        let order = interleaved_order(r, p, v, m);
+        let order = chunk_order(kind, r, p, m);
         // Forwards of each chunk before the device's first backward.
-        for &(_, c, _) in order.iter().take_while(|x| x.0) {
-            warmup[c * p + r] += 1;
+        for &(_, c, _) in order.iter().take_while(|x| x.0 == Pass::Fwd) {
+            warmup[kind.chunk_stage(c, r, p)] += 1;
         }
         for (j, &d) in sg.stages[r].devices.iter().enumerate() {
             let prog = &mut programs[d];
-            for &(f, c, mb) in &order {
-                let pass = if f { Pass::Fwd } else { Pass::Bwd };
-                push_pass(prog, sg, kind, c * p + r, j, pass, mb);
+            for &(pass, c, mb) in &order {
+                let s = kind.chunk_stage(c, r, p);
+                if pass == Pass::Wgt && !sg.splits_backward(s, kind) {
+                    continue;
+                }
+                push_pass(prog, sg, kind, s, j, pass, mb);
             }
-            push_interleaved_flush(prog, r, p, v, sg, d);
+            push_interleaved_flush(prog, (r, p), kind, sg, d);
         }
     }
     Schedule {
@@ -596,19 +680,20 @@ fn push_all_reduces(
     prog.extend(ars.into_iter().map(|x| x.1));
 }
 
-/// Interleaved 1F1B's flush on device `d` of group `r` (`p` groups, `v` chunks), as codegen
-/// emits it: one all-reduce per device set holding `d` (the group's replicas with every chunk's
-/// gradients together, under the group's first stage; each tied group), then each chunk's
-/// optimizer step.
+/// The flush on device `d` of group `r` of `p` under a schedule with several chunks per group,
+/// as codegen emits it: one all-reduce per device set holding `d` (the group's replicas with
+/// every chunk's gradients together, under the group's first stage; each tied group), then
+/// each chunk's optimizer step.
 fn push_interleaved_flush(
     prog: &mut Vec<Instr>,
-    r: usize,
-    p: usize,
-    v: usize,
+    (r, p): (usize, usize),
+    kind: ScheduleKind,
     sg: &StageGraph,
     d: usize,
 ) {
-    let chunks: Vec<usize> = (0..v).map(|c| c * p + r).collect();
+    let chunks: Vec<usize> = (0..kind.chunks())
+        .map(|c| kind.chunk_stage(c, r, p))
+        .collect();
     let st = &sg.stages[r];
     let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
     let bytes: f64 = chunks

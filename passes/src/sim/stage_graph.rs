@@ -385,13 +385,29 @@ impl StageGraph {
                 .collect();
             devices.sort_unstable();
             devices.dedup();
+            // Holders on one device set (chunks of a device group) share the device's one copy,
+            // which the lowest of them steps (codegen's `stage_pieces`).
+            let keeps = |s: usize| {
+                holders
+                    .iter()
+                    .find(|&&h| specs[h].devices == specs[s].devices)
+                    .is_none_or(|&h| h == s)
+            };
+            let keepers = holders.iter().filter(|&&s| keeps(s)).count();
             for &s in &holders {
-                if s != owner {
-                    extra[s] += t.bytes;
+                match (keeps(s), s == owner) {
+                    (true, false) => extra[s] += t.bytes,
+                    (false, true) => extra[s] -= t.bytes,
+                    _ => {}
                 }
-                tied_in[s] += t.bytes;
+                if keeps(s) && keepers > 1 {
+                    tied_in[s] += t.bytes;
+                }
             }
-            *tied.entry(devices).or_default() += t.bytes;
+            // Held on one device set, its gradients go with that set's others.
+            if keepers > 1 {
+                *tied.entry(devices).or_default() += t.bytes;
+            }
             let bwd = t.backward_readers.as_ref().map(|r| {
                 r.iter()
                     .map(|&n| stage_of[n])

@@ -742,7 +742,10 @@ impl Worker<'_> {
                 .ok_or_else(|| other(format!("the step piece has no output '{out}'")))?;
             self.globals.insert(target.clone(), t);
         }
-        for p in &stage.params {
+        // The gradients of what it updated go; another chunk of the device that reads a
+        // parameter this step does not update leaves that one's to its holder's step.
+        let updated = stage.updated();
+        for p in stage.params.iter().filter(|p| updated.contains(p.as_str())) {
             self.globals.remove(&format!("grad/{p}"));
         }
         Ok(())

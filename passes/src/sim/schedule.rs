@@ -588,7 +588,8 @@ pub fn chunk_order(kind: ScheduleKind, r: usize, p: usize, m: usize) -> Vec<(Pas
 /// A schedule with several chunks per device group ([`chunk_order`]: interleaved 1F1B, ZB-V)
 /// on a stage graph laid out as [`interleaved_groups`] says (the caller checks it; a stage
 /// graph that is not is scheduled as 1F1B). Each stage's replicas split the micro-batch
-/// evenly; after its last pass every device flushes all its chunks together.
+/// evenly, or take whole micro-batches in turn where they cannot ([`StageGraph::round_robin`]);
+/// after its last pass every device flushes all its chunks together.
 fn generate_interleaved(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
     let Ok(p) = interleaved_groups(sg, kind) else {
         return generate(sg, ScheduleKind::OneFOneB, m);
@@ -602,11 +603,16 @@ fn generate_interleaved(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
         for &(_, c, _) in order.iter().take_while(|x| x.0 == Pass::Fwd) {
             warmup[kind.chunk_stage(c, r, p)] += 1;
         }
+        let replicas = sg.stages[r].devices.len();
         for (j, &d) in sg.stages[r].devices.iter().enumerate() {
             let prog = &mut programs[d];
             for &(pass, c, mb) in &order {
                 let s = kind.chunk_stage(c, r, p);
                 if pass == Pass::Wgt && !sg.splits_backward(s, kind) {
+                    continue;
+                }
+                // Replicas that take whole micro-batches in turn run their own.
+                if sg.is_round_robin(s) && mb % replicas != j {
                     continue;
                 }
                 push_pass(prog, sg, kind, s, j, pass, mb);

@@ -598,6 +598,12 @@ fn partition_step(st: &mut CompileState) -> Result<usize> {
     plan.verify(&planned.graph, &planned.cluster)
         .with_context(|| format!("planner '{label}' produced an invalid plan"))?;
     let specs = plan.specs();
+    // The order the plan was simulated with, where it is not the schedule kind's own.
+    let mut popts = PlanOptions::new(opts.batch);
+    popts.optimizer = memory_optimizer(&opts.optimizer);
+    let pass_orders = plan
+        .pass_orders(&planned.graph, &planned.cluster, &popts)
+        .with_context(|| format!("{}: the plan's schedule", planned.name))?;
     let copts = codegen::CompileOptions {
         model_name: Path::new(&planned.name)
             .file_name()
@@ -611,6 +617,7 @@ fn partition_step(st: &mut CompileState) -> Result<usize> {
         optimizer_spec: opts.optimizer_spec.clone(),
         per_stage: per_stage_of(plan),
         vertical_sync: opts.vertical_sync,
+        pass_orders,
     };
     (st.progress)(&format!("compiling {} stages", specs.len()));
     let part = codegen::partition(planned.module(), &specs, &copts)
@@ -751,8 +758,8 @@ pub fn plan_trace(
         opts.optimizer,
         kind,
     );
-    let sched = sim::schedule::generate(&sg, kind, plan.micro_batches() as usize);
-    let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+    let m = plan.micro_batches() as usize;
+    let (_, res) = sim::fill::scheduled(&sg, kind, m, cluster, opts.allreduce)?;
     Ok(serde_json::to_string(&sim::trace::chrome_trace(&res))?)
 }
 

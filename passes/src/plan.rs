@@ -663,6 +663,32 @@ impl Plan {
         }
     }
 
+    /// Per device, the passes of the schedule this plan was simulated with
+    /// ([`sim::fill::scheduled`] on its stage graph, as [`Plan::assemble`] builds it), for
+    /// codegen to lay out the same order; `None` where that is the schedule kind's fixed order
+    /// (all but the zero-bubble schedules, whose weight passes move into idle slots).
+    pub fn pass_orders(
+        &self,
+        g: &CostGraph,
+        cluster: &Cluster,
+        opts: &PlanOptions,
+    ) -> Result<Option<Vec<sim::fill::PassOrder>>> {
+        if !sim::fill::fills(self.schedule) {
+            return Ok(None);
+        }
+        let sg = StageGraph::from_specs_for(
+            g,
+            cluster,
+            &self.specs(),
+            self.micro_batch.size() as f64,
+            opts.optimizer,
+            self.schedule,
+        );
+        let m = self.micro_batches() as usize;
+        let (sched, _) = sim::fill::scheduled(&sg, self.schedule, m, cluster, opts.allreduce)?;
+        Ok(Some(sim::fill::pass_orders(&sched)))
+    }
+
     /// The same stages and micro-batch under `schedule`, simulated again (`planner` names the
     /// result): how a planner tries another schedule on the stages it chose.
     pub fn rescheduled(
@@ -761,7 +787,12 @@ impl Plan {
                 return Ok(None);
             }
         }
-        let res = sim::simulate(&sg, &sched, cluster, opts.allreduce)?;
+        // The zero-bubble schedules with their weight passes moved into idle slots.
+        let res = if sim::fill::fills(schedule) {
+            sim::fill::fill_weight_gaps(&sg, sched, cluster, opts.allreduce)?.1
+        } else {
+            sim::simulate(&sg, &sched, cluster, opts.allreduce)?
+        };
         Self::from_simulation(
             planner,
             g,

@@ -34,6 +34,7 @@ fn options(micro_batch: u64) -> CompileOptions {
         optimizer_spec: "sgd:lr=0.1".into(),
         per_stage: None,
         vertical_sync: false,
+        pass_orders: None,
     }
 }
 

@@ -199,6 +199,11 @@ pub fn replayed_peak(simulate_json: &serde_json::Value) -> f64 {
 /// Train the program in `out` 3 steps with `run --check` (it must pass), and replay it with
 /// `pipec simulate`: the replay's iteration within 5% of the plan's. `what` names the case.
 pub fn check_and_replay(out: &Path, what: &str) {
+    check_and_replay_within(out, what, 0.05);
+}
+
+/// [`check_and_replay`] with the replay within `tol` (relative) of the plan.
+pub fn check_and_replay_within(out: &Path, what: &str, tol: f64) {
     let o = out.to_str().expect("utf-8");
     let so = pipec_ok(&["run", o, "--steps", "3", "--check"]);
     assert!(so.contains("check ok"), "{what}: {so}");
@@ -209,7 +214,7 @@ pub fn check_and_replay(out: &Path, what: &str) {
         sim["planned_iteration_time_s"].as_f64().expect("planned"),
     );
     assert!(
-        (replay / plan - 1.0).abs() < 0.05,
+        (replay / plan - 1.0).abs() < tol,
         "{what}: replay {replay} vs plan {plan}"
     );
 }

@@ -76,6 +76,9 @@ pub struct Context<'a> {
     /// GraphPipe's per-stage micro-batch sizes and kFkB groups (`gpp-per-stage`), with the
     /// warm-up of every stage; `None`: `micro_batch` everywhere, the schedule kind's order.
     pub per_stage: Option<PerStageOrder>,
+    /// Per device, its passes in the plan's order ([`super::CompileOptions::pass_orders`]);
+    /// `None`: the schedule kind's order.
+    pub pass_orders: Option<&'a [crate::sim::fill::PassOrder]>,
 }
 
 /// Per-stage micro-batch sizes `b_s`, groups `k_s` and warm-ups `K_s` (see
@@ -636,7 +639,23 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                 }
             };
             emit_tied(&mut list, &mut live, &mut tied_stashed, 0);
-            let passes = with_weight_passes(&events, split, weight_lag(cx.schedule, &depth, s));
+            let passes: Vec<(Pass, usize)> = match cx.pass_orders.and_then(|o| o.get(dev)) {
+                // The plan's own order (weight passes moved into idle slots).
+                Some(order) => order
+                    .iter()
+                    .filter(|x| x.1 == s && (split || x.0 != Pass::Wgt))
+                    .map(|x| (x.0, x.2))
+                    .collect(),
+                None => Vec::new(),
+            };
+            // The kind's order where the plan gives none (or, for a backward codegen splits,
+            // no weight pass: the simulator splits by the same rule, so this does not happen).
+            let passes = if passes.is_empty() || (split && !passes.iter().any(|x| x.0 == Pass::Wgt))
+            {
+                with_weight_passes(&events, split, weight_lag(cx.schedule, &depth, s))
+            } else {
+                passes
+            };
             // The all-reduces of the device's gradients (in one global order) and the step:
             // once at the end (the flush), or for micro-batch `mb` alone (its own tags).
             let update = |list: &mut Vec<Instr>, mb: Option<u32>| {

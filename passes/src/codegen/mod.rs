@@ -79,6 +79,10 @@ pub struct CompileOptions {
     /// stage's computes of a micro-batch read the weight version the input stage's forward of
     /// it read.
     pub vertical_sync: bool,
+    /// Per device, its passes in order (`(pass, stage, mb)`), where the plan's schedule is not
+    /// the kind's fixed order: the zero-bubble schedules' weight passes moved into idle slots
+    /// ([`crate::sim::fill`], [`crate::plan::Plan::pass_orders`]).
+    pub pass_orders: Option<Vec<crate::sim::fill::PassOrder>>,
 }
 
 /// A compiled program with the modules and data its files hold.
@@ -780,6 +784,7 @@ pub fn communicate(
         input_grads: sp.built.iter().map(|p| p.input_grads.clone()).collect(),
         param_grads: sp.built.iter().map(|p| p.param_grads.clone()).collect(),
         vertical_sync: opts.vertical_sync,
+        pass_orders: opts.pass_orders.as_deref(),
         per_stage: opts.per_stage.as_ref().map(|ps| {
             // The simulator's warm-ups (Appendix A.1's in-flight samples) on the stage DAG.
             let mut succ = vec![Vec::new(); ns];

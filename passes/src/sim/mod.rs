@@ -51,6 +51,7 @@
 //! micro-batches in flight per stage, and every task's start and end for the Chrome trace
 //! ([`trace::chrome_trace`]).
 
+pub mod fill;
 pub mod in_flight;
 mod kind;
 pub mod replay;

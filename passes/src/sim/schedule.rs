@@ -60,7 +60,9 @@
 //! stage DAG). With `S` equal stages, `M ≥ S` and free communication an iteration takes
 //! `M(F+B+W) + (S−1)(max(F,W)+B−W)` (the paper's `(S−1)(F+B−W)` bubble for `W ≤ F`) where 1F1B
 //! takes `(M+S−1)(F+B+W)`, and no stage holds more than `S` micro-batches, 1F1B's first-stage
-//! count (`passes/tests/sim_closed_forms.rs`).
+//! count (`passes/tests/sim_closed_forms.rs`). On a stage DAG or with unequal stages a plan's
+//! zero-bubble schedule then has its `W`s moved into the waits a simulation finds
+//! ([`crate::sim::fill`]; the closed forms are of this generator's order).
 //!
 //! `zb-h2` (same section) adds forwards to the warm-up, DAPPLE policy B's `2·depth(s) − 1`, so no
 //! stage waits for its first backward, and lags `W` twice as far ([`weight_lag`]). With `S` equal

@@ -77,7 +77,7 @@ use self::dp::{ScratchPool, StageTable};
 use self::search::{device_granule, lower_bounds, search_with, SearchParams, SearchResult};
 use self::sp_tree::{assign_side_nodes, decompose, node_work, SpTree};
 use self::units::{UnitGraph, MAX_DP_UNITS};
-use crate::sim::{compute_bound, simulate, ScheduleKind, SimResult, StageEdge, StageGraph};
+use crate::sim::{compute_bound, ScheduleKind, SimResult, StageEdge, StageGraph};
 use pipec_compiler::{Error, Result};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -268,8 +268,7 @@ fn ranking_time(
     m: usize,
 ) -> Result<(f64, Option<SimResult>)> {
     let run = |m: usize| -> Result<SimResult> {
-        let sched = crate::sim::schedule::generate(sg, schedule, m);
-        simulate(sg, &sched, cluster, opts.allreduce)
+        Ok(crate::sim::fill::scheduled(sg, schedule, m, cluster, opts.allreduce)?.1)
     };
     // Replicas that take whole micro-batches in turn reach their steady state only once each
     // has had a micro-batch: until then the runs add replicas, not time (a stage of 256
@@ -400,8 +399,8 @@ pub fn simulate_as_chain(
         schedule,
         true,
     );
-    let sched = crate::sim::schedule::generate(&sg, schedule, plan.micro_batches() as usize);
-    let res = simulate(&sg, &sched, cluster, opts.allreduce)?;
+    let m = plan.micro_batches() as usize;
+    let (_, res) = crate::sim::fill::scheduled(&sg, schedule, m, cluster, opts.allreduce)?;
     let t = res.iteration_time_s;
     plan.iteration_time_s = t;
     plan.bubble_fraction = res.bubble_fraction;

@@ -148,6 +148,17 @@ impl StageProgram {
         self.updates.iter().map(|(_, q)| q.as_str()).collect()
     }
 
+    /// The parameters (of [`StageProgram::params`]) its step updates: all it holds, but a
+    /// parameter several chunks of one device read, which the first such chunk's step updates.
+    /// A step frees the gradients of these.
+    pub fn stepped_params(&self) -> impl Iterator<Item = &str> {
+        let updated = self.updated();
+        self.params
+            .iter()
+            .map(String::as_str)
+            .filter(move |q| updated.contains(q))
+    }
+
     /// The piece a [`Instr::Compute`] of `pass` runs, if the stage has it.
     pub fn piece(&self, pass: PieceKind) -> Option<&Piece> {
         match pass {
@@ -1063,8 +1074,7 @@ pub fn dataflow(p: &Program) -> Result<()> {
                         }
                         globals.insert(target.as_str());
                     }
-                    let updated = st.updated();
-                    for q in st.params.iter().filter(|q| updated.contains(q.as_str())) {
+                    for q in st.stepped_params() {
                         globals.remove(format!("grad/{q}").as_str());
                     }
                 }

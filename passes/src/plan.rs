@@ -529,7 +529,7 @@ fn check_interleaved(
     (micro_batch, m): (u64, u64),
 ) -> Result<()> {
     let p = sim::schedule::interleaved_groups(sg, schedule).map_err(Error::msg)?;
-    if matches!(schedule, ScheduleKind::Interleaved(_)) && !m.is_multiple_of(p as u64) {
+    if schedule.micro_batches_in_groups() && !m.is_multiple_of(p as u64) {
         return Err(Error::option(
             PlanOption::MicroBatch,
             micro_batch,

@@ -27,8 +27,9 @@
 //! Several chunks per device group (`interleaved-V`, `zbv`:
 //! [`crate::sim::schedule::chunk_order`]): every stage replica's list is built as above, cut
 //! into one segment per pass (`F`, `B`, `W`), and each device's list is its chunks' segments in
-//! the device's order, an [`Instr::Stage`] before each switch of chunk; the flush is the device's all-reduces (its chunks' gradients together,
-//! one per device set), then each chunk's step.
+//! the device's order, an [`Instr::Stage`] before each switch of chunk; the flush is the
+//! device's all-reduces (its chunks' gradients together, one per device set), then each
+//! chunk's step.
 
 use super::layout::{concrete_dims, cot_name, layout, Layout};
 use crate::sim::schedule::{
@@ -639,23 +640,21 @@ pub fn device_programs(cx: &Context) -> Result<Vec<DeviceProgram>> {
                 }
             };
             emit_tied(&mut list, &mut live, &mut tied_stashed, 0);
-            let passes: Vec<(Pass, usize)> = match cx.pass_orders.and_then(|o| o.get(dev)) {
-                // The plan's own order (weight passes moved into idle slots).
-                Some(order) => order
+            // The plan's own order (weight passes moved into idle slots), else the kind's
+            // (also where the plan has no weight pass for a backward codegen splits: the
+            // simulator splits by the same rule, so this does not happen).
+            let planned = cx.pass_orders.and_then(|o| o.get(dev)).map(|order| {
+                order
                     .iter()
                     .filter(|x| x.1 == s && (split || x.0 != Pass::Wgt))
                     .map(|x| (x.0, x.2))
-                    .collect(),
-                None => Vec::new(),
-            };
-            // The kind's order where the plan gives none (or, for a backward codegen splits,
-            // no weight pass: the simulator splits by the same rule, so this does not happen).
-            let passes = if passes.is_empty() || (split && !passes.iter().any(|x| x.0 == Pass::Wgt))
-            {
-                with_weight_passes(&events, split, weight_lag(cx.schedule, &depth, s))
-            } else {
-                passes
-            };
+                    .collect::<Vec<_>>()
+            });
+            let passes = planned
+                .filter(|p| !p.is_empty() && (!split || p.iter().any(|x| x.0 == Pass::Wgt)))
+                .unwrap_or_else(|| {
+                    with_weight_passes(&events, split, weight_lag(cx.schedule, &depth, s))
+                });
             // The all-reduces of the device's gradients (in one global order) and the step:
             // once at the end (the flush), or for micro-batch `mb` alone (its own tags).
             let update = |list: &mut Vec<Instr>, mb: Option<u32>| {

@@ -17,8 +17,8 @@
 //! that group's share).
 //!
 //! Micro-batch: the planner's when every group's replicas divide it and, under interleaved
-//! 1F1B, the pipeline's `P` groups divide the micro-batch count, else the nearest that does (smaller first: interleaving
-//! wants micro-batches); `--micro-batch` is kept as given. The plan is simulated under
+//! 1F1B, the pipeline's `P` groups divide the micro-batch count, else the nearest that does
+//! (smaller first: interleaving wants micro-batches); `--micro-batch` is kept as given. The plan is simulated under
 //! `interleaved-V` like any other ([`Plan::assemble`]); its objective is that simulated time.
 //!
 //! Cost: the planner's search, one pass over the nodes and one simulation.
@@ -180,7 +180,7 @@ fn interleaved_micro_batch(opts: &PlanOptions, base: &Plan, kind: ScheduleKind) 
     }
     let batch = opts.batch.max(1);
     let p = base.stages.len() as u64;
-    let in_groups = matches!(kind, ScheduleKind::Interleaved(_));
+    let in_groups = kind.micro_batches_in_groups();
     let fits = |mb: u64| {
         micro_batches(batch, mb).is_ok_and(|m| !in_groups || m.is_multiple_of(p))
             && base

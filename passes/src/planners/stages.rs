@@ -198,7 +198,7 @@ impl Planner for UserStages {
         // Interleaved 1F1B runs the micro-batches through the chunks in groups of the device
         // groups' count.
         let groups = specs.len() / schedule.chunks();
-        let in_groups = matches!(schedule, ScheduleKind::Interleaved(_));
+        let in_groups = schedule.micro_batches_in_groups();
         let batch = opts.batch.max(1);
         let sizes: Vec<u64> = match opts.micro_batch() {
             Some(mb) => vec![mb],

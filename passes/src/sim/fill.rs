@@ -52,16 +52,7 @@ pub fn pass_orders(sched: &Schedule) -> Vec<PassOrder> {
     sched
         .programs
         .iter()
-        .map(|prog| {
-            prog.iter()
-                .filter_map(|i| match *i {
-                    Instr::Forward { stage, mb } => Some((Pass::Fwd, stage, mb)),
-                    Instr::Backward { stage, mb } => Some((Pass::Bwd, stage, mb)),
-                    Instr::WeightGrad { stage, mb } => Some((Pass::Wgt, stage, mb)),
-                    _ => None,
-                })
-                .collect()
-        })
+        .map(|prog| prog.iter().filter_map(Instr::pass).collect())
         .collect()
 }
 
@@ -91,13 +82,13 @@ pub fn fill_weight_gaps(
 
 /// One round of moves over every device's list, or `None` when no `W` fits any wait.
 fn moved_weights(sched: &Schedule, res: &SimResult) -> Option<Schedule> {
-    // Compute tasks by (device, kind, stage, mb): 0 forward, 1 backward, 2 weight.
-    let mut at: HashMap<(usize, u8, usize, usize), (f64, f64)> = HashMap::new();
+    // Compute tasks' (start, end) by (device, pass, stage, mb).
+    let mut at: HashMap<(usize, Pass, usize, usize), (f64, f64)> = HashMap::new();
     for t in &res.tasks {
         let key = match t.kind {
-            TaskKind::Forward { stage, mb, device } => (device, 0, stage, mb),
-            TaskKind::Backward { stage, mb, device } => (device, 1, stage, mb),
-            TaskKind::WeightGrad { stage, mb, device } => (device, 2, stage, mb),
+            TaskKind::Forward { stage, mb, device } => (device, Pass::Fwd, stage, mb),
+            TaskKind::Backward { stage, mb, device } => (device, Pass::Bwd, stage, mb),
+            TaskKind::WeightGrad { stage, mb, device } => (device, Pass::Wgt, stage, mb),
             _ => continue,
         };
         at.insert(key, (t.start, t.end));
@@ -111,28 +102,26 @@ fn moved_weights(sched: &Schedule, res: &SimResult) -> Option<Schedule> {
         let mut taken = vec![false; prog.len()];
         let mut prev_end = f64::NEG_INFINITY;
         for (i, ins) in prog.iter().enumerate() {
-            let (k, s, mb) = match *ins {
-                Instr::Forward { stage, mb } => (0u8, stage, mb),
-                Instr::Backward { stage, mb } => (1, stage, mb),
-                Instr::WeightGrad { stage, mb } => (2, stage, mb),
-                _ => continue,
+            let Some((pass, s, mb)) = ins.pass() else {
+                continue;
             };
-            let Some(&(start, end)) = at.get(&(d, k, s, mb)) else {
+            let Some(&(start, end)) = at.get(&(d, pass, s, mb)) else {
                 continue;
             };
             if taken[i] {
                 continue;
             }
-            if k != 2 && prev_end.is_finite() && start - prev_end > eps {
+            if pass != Pass::Wgt && prev_end.is_finite() && start - prev_end > eps {
                 let mut left = start - prev_end;
                 let mut chosen = Vec::new();
                 for (w, wi) in prog.iter().enumerate().skip(i + 1) {
                     let Instr::WeightGrad { stage, mb } = *wi else {
                         continue;
                     };
-                    let (Some(&(ws, we)), Some(&(_, be))) =
-                        (at.get(&(d, 2, stage, mb)), at.get(&(d, 1, stage, mb)))
-                    else {
+                    let (Some(&(ws, we)), Some(&(_, be))) = (
+                        at.get(&(d, Pass::Wgt, stage, mb)),
+                        at.get(&(d, Pass::Bwd, stage, mb)),
+                    ) else {
                         continue;
                     };
                     if !taken[w] && be <= prev_end + eps && we - ws <= left + eps {

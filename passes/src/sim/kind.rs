@@ -177,6 +177,13 @@ impl ScheduleKind {
         matches!(self, ScheduleKind::Interleaved(_) | ScheduleKind::Zbv)
     }
 
+    /// Whether the order runs the micro-batches through the chunks in groups of the `P` device
+    /// groups, so that the micro-batch count must be a multiple of `P`: interleaved 1F1B
+    /// (Megatron-LM's order); ZB-V's order takes any count.
+    pub fn micro_batches_in_groups(self) -> bool {
+        matches!(self, ScheduleKind::Interleaved(_))
+    }
+
     /// The device group (of `p`) that runs stage `s` of a schedule with several chunks per
     /// group ([`ScheduleKind::chunks`]): `s mod p` under interleaved 1F1B (Megatron-LM deals
     /// the chunks round robin), the V of ZB-V (`s` down the groups, then `2p − 1 − s` back

@@ -624,8 +624,7 @@ pub fn replay(
                     } else {
                         // This chunk's gradients go (those of what its step updates); the
                         // device's other chunks keep theirs.
-                        let updated = stage.updated();
-                        for q in stage.params.iter().filter(|q| updated.contains(q.as_str())) {
+                        for q in stage.stepped_params() {
                             if let Some(b) = accumulated.remove(format!("grad/{q}").as_str()) {
                                 grads[d] -= b;
                             }

@@ -88,7 +88,7 @@
 //! all-reduces its gradients over its replicas, then every device applies the optimizer step.
 
 pub use super::kind::ScheduleKind;
-use super::stage_graph::{PerStage, SimStage, StageGraph};
+use super::stage_graph::{PerStage, StageGraph};
 use crate::cost::comm::routes;
 use serde::Serialize;
 
@@ -143,6 +143,19 @@ pub enum Instr {
     },
     /// Apply the optimizer to the stage's parameters.
     OptimizerStep { stage: usize },
+}
+
+impl Instr {
+    /// The pass a compute of a micro-batch runs, `(pass, stage, mb)`; `None` for messages,
+    /// all-reduces and steps.
+    pub fn pass(&self) -> Option<(Pass, usize, usize)> {
+        match *self {
+            Instr::Forward { stage, mb } => Some((Pass::Fwd, stage, mb)),
+            Instr::Backward { stage, mb } => Some((Pass::Bwd, stage, mb)),
+            Instr::WeightGrad { stage, mb } => Some((Pass::Wgt, stage, mb)),
+            _ => None,
+        }
+    }
 }
 
 /// A schedule: the instruction list of every device (empty for devices no stage uses).
@@ -313,7 +326,7 @@ pub fn generate(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedule {
                 push_pass(prog, sg, kind, s, j, pass, mb);
             }
             if !kind.per_micro_batch_step() {
-                push_flush(prog, s, st, sg, d);
+                push_flush(prog, &[s], sg, d);
             }
         }
     }
@@ -432,7 +445,7 @@ fn push_pass(
         }
         if kind.per_micro_batch_step() {
             let st = &sg.stages[s];
-            push_flush(prog, s, st, sg, st.devices[j]);
+            push_flush(prog, &[s], sg, st.devices[j]);
         }
     }
 }
@@ -619,7 +632,10 @@ fn generate_interleaved(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                 }
                 push_pass(prog, sg, kind, s, j, pass, mb);
             }
-            push_interleaved_flush(prog, (r, p), kind, sg, d);
+            let chunks: Vec<usize> = (0..kind.chunks())
+                .map(|c| kind.chunk_stage(c, r, p))
+                .collect();
+            push_flush(prog, &chunks, sg, d);
         }
     }
     Schedule {
@@ -640,27 +656,37 @@ fn device_count(sg: &StageGraph) -> usize {
         .map_or(0, |d| d + 1)
 }
 
-/// The flush after the last backward of stage `s`'s replica on device `d`: the all-reduces of
-/// its gradients, then the optimizer step. As codegen emits them: one all-reduce per device set
-/// in ascending order of the sets, the stage's replicas (its own parameters, when replicated)
-/// and each tied group holding `d` ([`StageGraph::tied`], `stage` numbered after the stages).
-fn push_flush(prog: &mut Vec<Instr>, s: usize, st: &SimStage, sg: &StageGraph, d: usize) {
+/// The flush on device `d` after the last pass of its `stages` (one, or a device group's
+/// chunks in stage order): the all-reduces of their gradients, then each one's optimizer step.
+/// As codegen emits them: one all-reduce per device set in ascending order of the sets, the
+/// stages' replicas (all their own parameters together, under the first stage, when
+/// replicated) and each tied group holding `d` ([`StageGraph::tied`], `stage` numbered after
+/// the stages).
+fn push_flush(prog: &mut Vec<Instr>, stages: &[usize], sg: &StageGraph, d: usize) {
+    let Some(&first) = stages.first() else {
+        return;
+    };
+    let st = &sg.stages[first];
     let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
     // Codegen all-reduces the gradients a stage has; none when no parameter of it is trained.
-    if st.devices.len() > 1 && st.parameter_bytes - st.tied_bytes > 0.0 {
+    let bytes: f64 = stages
+        .iter()
+        .map(|&s| sg.stages[s].parameter_bytes - sg.stages[s].tied_bytes)
+        .sum();
+    if st.devices.len() > 1 && bytes > 0.0 {
         let mut key = st.devices.clone();
         key.sort_unstable();
         ars.push((
             key,
             Instr::AllReduce {
-                stage: s,
+                stage: first,
                 group: st.devices.clone(),
-                bytes: st.parameter_bytes - st.tied_bytes,
+                bytes,
             },
         ));
     }
     push_all_reduces(prog, ars, sg, d);
-    prog.push(Instr::OptimizerStep { stage: s });
+    prog.extend(stages.iter().map(|&s| Instr::OptimizerStep { stage: s }));
 }
 
 /// The all-reduces `ars` (keyed by their sorted device sets) and those of every tied group
@@ -686,42 +712,6 @@ fn push_all_reduces(
     }
     ars.sort_by(|a, b| a.0.cmp(&b.0));
     prog.extend(ars.into_iter().map(|x| x.1));
-}
-
-/// The flush on device `d` of group `r` of `p` under a schedule with several chunks per group,
-/// as codegen emits it: one all-reduce per device set holding `d` (the group's replicas with
-/// every chunk's gradients together, under the group's first stage; each tied group), then
-/// each chunk's optimizer step.
-fn push_interleaved_flush(
-    prog: &mut Vec<Instr>,
-    (r, p): (usize, usize),
-    kind: ScheduleKind,
-    sg: &StageGraph,
-    d: usize,
-) {
-    let chunks: Vec<usize> = (0..kind.chunks())
-        .map(|c| kind.chunk_stage(c, r, p))
-        .collect();
-    let st = &sg.stages[r];
-    let mut ars: Vec<(Vec<usize>, Instr)> = Vec::new();
-    let bytes: f64 = chunks
-        .iter()
-        .map(|&s| sg.stages[s].parameter_bytes - sg.stages[s].tied_bytes)
-        .sum();
-    if st.devices.len() > 1 && bytes > 0.0 {
-        let mut key = st.devices.clone();
-        key.sort_unstable();
-        ars.push((
-            key,
-            Instr::AllReduce {
-                stage: r,
-                group: st.devices.clone(),
-                bytes,
-            },
-        ));
-    }
-    push_all_reduces(prog, ars, sg, d);
-    prog.extend(chunks.iter().map(|&s| Instr::OptimizerStep { stage: s }));
 }
 
 /// The micro-batches replica `k` of `r` runs under round robin: `k, k + r, k + 2r, ... < m`.
@@ -809,7 +799,7 @@ fn generate_round_robin(sg: &StageGraph, kind: ScheduleKind, m: usize) -> Schedu
                     }
                 }
             }
-            push_flush(prog, s, st, sg, d);
+            push_flush(prog, &[s], sg, d);
         }
     }
     Schedule {
@@ -940,7 +930,7 @@ fn generate_per_stage(sg: &StageGraph, ps: &PerStage, m: usize) -> Schedule {
                     }
                 }
             }
-            push_flush(prog, s, st, sg, d);
+            push_flush(prog, &[s], sg, d);
         }
     }
     Schedule {

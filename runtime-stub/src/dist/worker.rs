@@ -744,8 +744,7 @@ impl Worker<'_> {
         }
         // The gradients of what it updated go; another chunk of the device that reads a
         // parameter this step does not update leaves that one's to its holder's step.
-        let updated = stage.updated();
-        for p in stage.params.iter().filter(|p| updated.contains(p.as_str())) {
+        for p in stage.stepped_params() {
             self.globals.remove(&format!("grad/{p}"));
         }
         Ok(())
